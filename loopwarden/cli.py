@@ -1,0 +1,116 @@
+"""One entry point: ``loopwarden <command>``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator
+from typing import BinaryIO
+
+CHUNK = 64 * 1024
+
+
+def _chunks(f: BinaryIO) -> Iterator[bytes]:
+    while chunk := f.read(CHUNK):
+        yield chunk
+
+
+def _numbered(paths: list[str]) -> Iterator[tuple[str, int, bytes]]:
+    from loopwarden.replay import iter_lines
+
+    for path in paths or ["-"]:
+        if path == "-":
+            name, f, close = "<stdin>", sys.stdin.buffer, False
+        else:
+            try:
+                f, name, close = open(path, "rb"), path, True
+            except OSError as exc:
+                raise SystemExit(f"loopwarden replay: cannot read {path!r}: {exc.strerror}") from exc
+        try:
+            for number, line in enumerate(iter_lines(_chunks(f)), start=1):
+                yield name, number, line
+        finally:
+            if close:
+                f.close()
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from loopwarden.codecs import encode
+    from loopwarden.replay import Replay, replay_lines, summary_table
+    from loopwarden.rules import Settings
+
+    if args.advance_s < 0:
+        raise SystemExit(f"loopwarden replay: --advance-s must be >= 0, got {args.advance_s}")
+    out = sys.stdout.buffer
+    replay = Replay(Settings(retention_s=args.retention_s))
+
+    def emit(t):
+        out.write(encode(t) + b"\n")
+
+    def bad(b):
+        print(str(b), file=sys.stderr)
+
+    invalid = replay_lines(_numbered(args.files), replay, emit, bad)
+    for t in replay.finish(args.advance_s):
+        emit(t)
+    out.flush()
+    if args.summary:
+        print(summary_table(replay), file=sys.stderr)
+    if invalid:
+        print(f"loopwarden replay: {invalid} invalid line(s) skipped", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from loopwarden.codecs import json_schema
+
+    print(json.dumps(json_schema(), indent=2, sort_keys=True))
+    return 0
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if value != value or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="loopwarden",
+        description="Per-run health of AI agent fleets: why each run stopped, and whether the work got done.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("replay", help="classify JSON-lines events offline (event-time clock)")
+    p.add_argument("files", nargs="*", metavar="FILE", help="JSON-lines files; stdin when none or '-'")
+    p.add_argument("--advance-s", type=_positive_float, default=0.0, metavar="SECONDS",
+                   help="after the last event, advance the clock by this much and fire due timers (default 0)")
+    p.add_argument("--summary", action="store_true", help="print a table of final states and reasons on stderr")
+    p.add_argument("--retention-s", type=_positive_float, default=7 * 86400, metavar="SECONDS",
+                   help="drop settled runs and orphan receipts after this long without events (default 7 days)")
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("schema", help="print the JSON Schema of every input and output event")
+    p.set_defaults(func=cmd_schema)
+
+    if importlib.util.find_spec("faust") is not None:  # the [processor] extra is installed
+        from loopwarden.streams.commands import add_commands
+
+        add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Wire types of the loopwarden contract (spec.md sections 3 and 6). Imports msgspec only."""
+
+from loopwarden.codecs.events import (
+    CAUSES,
+    FINISH_REASONS,
+    RECEIPT_KINDS,
+    STATES,
+    TOOL_STATUSES,
+    Approval,
+    ApprovalResolved,
+    ApprovalRouted,
+    Condition,
+    Custom,
+    Evidence,
+    HealthTransition,
+    InputEvent,
+    LoopFinished,
+    OutcomeReceipt,
+    Policy,
+    RunEnded,
+    RunStarted,
+    StepCount,
+    StepFinished,
+    TokenBudget,
+    ToolCall,
+    ToolCallCondition,
+    Usage,
+)
+from loopwarden.codecs.exceptions import InvalidEvent
+from loopwarden.codecs.wire import (
+    JSON,
+    MSGPACK,
+    decode_input,
+    decode_outcome_event,
+    decode_step_event,
+    decode_transition,
+    encode,
+    json_schema,
+)
+
+__all__ = [
+    "CAUSES", "FINISH_REASONS", "RECEIPT_KINDS", "STATES", "TOOL_STATUSES",
+    "Approval", "ApprovalResolved", "ApprovalRouted", "Condition", "Custom", "Evidence",
+    "HealthTransition", "InputEvent", "InvalidEvent", "LoopFinished", "OutcomeReceipt",
+    "Policy", "RunEnded", "RunStarted", "StepCount", "StepFinished", "TokenBudget",
+    "ToolCall", "ToolCallCondition", "Usage",
+    "JSON", "MSGPACK", "decode_input", "decode_outcome_event", "decode_step_event",
+    "decode_transition", "encode", "json_schema",
+]

@@ -1,0 +1,272 @@
+"""Wire types of spec.md sections 3 and 6, as frozen msgspec Structs.
+
+Every constraint of the contract lives here, either as a ``Meta`` on a reusable
+alias or as a cross-field check in ``__post_init__``, so a value that decodes is
+a value the rules core can trust.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+import msgspec
+from msgspec import Meta, Struct, field
+
+# -- reusable limits ---------------------------------------------------------
+# ts fits in a JavaScript number exactly, so TypeScript producers and consumers agree.
+MAX_SAFE_INT = 2**53 - 1
+
+RunId = Annotated[str, Meta(min_length=1, max_length=200)]
+AgentName = Annotated[str, Meta(min_length=1, max_length=100)]
+# Ids and names the spec leaves unbounded get a generous bound, so that one
+# producer cannot make per-run state (or a dead-letter log line) arbitrarily big.
+Ident = Annotated[str, Meta(min_length=1, max_length=200)]
+Name = Annotated[str, Meta(min_length=1, max_length=200)]
+ShortText = Annotated[str, Meta(max_length=200)]
+TsMs = Annotated[int, Meta(ge=0, le=MAX_SAFE_INT)]
+Count = Annotated[int, Meta(ge=0, le=MAX_SAFE_INT)]
+Tokens = Annotated[int, Meta(ge=0, le=MAX_SAFE_INT)]
+# A year is far beyond any sane timeout; the bound keeps deadlines inside int range.
+DurationS = Annotated[float, Meta(gt=0, le=366 * 86400)]
+EvidenceValue = Union[
+    Annotated[str, Meta(max_length=1000)], bool, int, float
+]
+
+FinishReason = Literal[
+    "stop", "length", "content-filter", "tool-calls", "error", "interrupted", "other"
+]
+ToolStatus = Literal["result", "error", "pending", "approval_requested", "denied"]
+Cause = Literal[
+    "natural_finish",
+    "stop_condition",
+    "unexecuted_tool",
+    "approval_required",
+    "tool_error",
+    "aborted",
+    "timeout",
+    "error",
+    "unknown",
+]
+ReceiptKind = Literal["file", "record", "message", "deployment", "analysis", "other"]
+Verifier = Literal["destination", "validator", "human"]
+Role = Literal["bound", "completion"]
+State = Literal[
+    "RUNNING",
+    "WAITING",
+    "WAITING_UNROUTED",
+    "STUCK",
+    "BOUNDED_STOP",
+    "FAILED",
+    "VERIFYING",
+    "VERIFIED_COMPLETE",
+    "FALSE_COMPLETE",
+    "UNCERTAIN",
+]
+
+STATES: tuple[str, ...] = State.__args__  # type: ignore[attr-defined]
+CAUSES: tuple[str, ...] = Cause.__args__  # type: ignore[attr-defined]
+FINISH_REASONS: tuple[str, ...] = FinishReason.__args__  # type: ignore[attr-defined]
+TOOL_STATUSES: tuple[str, ...] = ToolStatus.__args__  # type: ignore[attr-defined]
+RECEIPT_KINDS: tuple[str, ...] = ReceiptKind.__args__  # type: ignore[attr-defined]
+
+
+# -- stop conditions (tagged by `kind`) ---------------------------------------
+class _Condition(Struct, frozen=True, tag_field="kind"):
+    pass
+
+
+class StepCount(_Condition, tag="step_count"):
+    """``isStepCount(count)``: fires when the segment has exactly ``count`` steps."""
+
+    count: Count
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return (f"step_count:{self.count}",)
+
+
+class ToolCallCondition(_Condition, tag="tool_call"):
+    """``hasToolCall(...tools)``: fires when the last step calls one of ``tools``."""
+
+    tools: Annotated[tuple[Name, ...], Meta(min_length=1, max_length=100)]
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(f"tool_call:{t}" for t in self.tools)
+
+
+class LoopFinished(_Condition, tag="loop_finished"):
+    """``isLoopFinished()``: never fires (it removes the default step cap)."""
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return ("loop_finished",)
+
+
+class TokenBudget(_Condition, tag="token_budget"):
+    """Fires when the segment's summed tokens reach ``max_tokens``."""
+
+    max_tokens: Annotated[int, Meta(gt=0, le=MAX_SAFE_INT)]
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return (f"token_budget:{self.max_tokens}",)
+
+
+class Custom(_Condition, tag="custom"):
+    """An opaque condition: loopwarden only learns it fired from ``run_ended.fired``."""
+
+    name: Name
+    role: Role
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return (f"custom:{self.name}",)
+
+
+Condition = Union[StepCount, ToolCallCondition, LoopFinished, TokenBudget, Custom]
+
+
+class Policy(Struct, frozen=True):
+    """The stop policy a run was started with (spec.md section 3)."""
+
+    version: ShortText
+    stop_when: Annotated[tuple[Condition, ...], Meta(max_length=100)] | None = None
+    inactivity_timeout_s: DurationS = 300.0
+    receipt_window_s: DurationS = 600.0
+    required_outcomes: Annotated[tuple[ReceiptKind, ...], Meta(max_length=6)] = ()
+
+
+DEFAULT_POLICY_CONDITIONS: tuple[Condition, ...] = (StepCount(count=20),)
+
+
+# -- nested records -----------------------------------------------------------
+class ToolCall(Struct, frozen=True):
+    id: Ident
+    name: Name
+    status: ToolStatus
+
+
+class Usage(Struct, frozen=True):
+    input_tokens: Tokens | None = None
+    output_tokens: Tokens | None = None
+    total_tokens: Tokens | None = None
+
+    @property
+    def tokens(self) -> int:
+        """Tokens this step counts towards a budget (total, else input + output)."""
+        if self.total_tokens is not None:
+            return self.total_tokens
+        return (self.input_tokens or 0) + (self.output_tokens or 0)
+
+
+class Approval(Struct, frozen=True):
+    approval_id: Ident
+    tool_call_id: Ident
+    tool_name: Name
+    owner: Name | None = None
+    deadline_ts: TsMs | None = None
+    resume_token: Annotated[str, Meta(min_length=1, max_length=1000)] | None = None
+
+    @property
+    def routed(self) -> bool:
+        return (
+            self.owner is not None
+            and self.deadline_ts is not None
+            and self.resume_token is not None
+        )
+
+
+# -- input events on agent.steps / agent.outcomes (tagged by `type`) -----------
+class _Event(Struct, frozen=True, tag_field="type"):
+    run_id: RunId
+    ts: TsMs
+
+
+class RunStarted(_Event, tag="run_started"):
+    agent: AgentName
+    policy: Policy
+
+
+class StepFinished(_Event, tag="step_finished"):
+    step: Count
+    finish_reason: FinishReason
+    segment: Count = 0
+    tool_calls: Annotated[tuple[ToolCall, ...], Meta(max_length=1000)] = ()
+    usage: Usage = field(default_factory=Usage)
+
+
+class RunEnded(_Event, tag="run_ended"):
+    cause: Cause
+    step_count: Count
+    # The spec gives these two no default: they are required, and may be null.
+    approval: Approval | None
+    error_name: ShortText | None
+    segment: Count = 0
+    fired: Annotated[tuple[Annotated[str, Meta(max_length=300)], ...], Meta(max_length=200)] = ()
+
+    def __post_init__(self) -> None:
+        if self.cause == "approval_required" and self.approval is None:
+            raise ValueError(
+                "`approval` is required when cause is 'approval_required', got null"
+            )
+
+
+class ApprovalRouted(_Event, tag="approval_routed"):
+    approval_id: Ident
+    owner: Name | None
+    deadline_ts: TsMs | None
+    resume_token: Annotated[str, Meta(min_length=1, max_length=1000)] | None
+
+
+class ApprovalResolved(_Event, tag="approval_resolved"):
+    approval_id: Ident
+    approved: bool
+
+
+class OutcomeReceipt(_Event, tag="outcome_receipt"):
+    receipt_id: Ident
+    kind: ReceiptKind
+    verifier: Verifier
+    verified: bool
+    evidence: Annotated[dict[Annotated[str, Meta(max_length=100)], EvidenceValue], Meta(max_length=64)] = {}
+
+
+StepEvent = Union[RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved]
+OutcomeEvent = OutcomeReceipt
+InputEvent = Union[RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved, OutcomeReceipt]
+
+STEP_EVENT_TYPES: tuple[type, ...] = (RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved)
+INPUT_EVENT_TYPES: tuple[type, ...] = STEP_EVENT_TYPES + (OutcomeReceipt,)
+
+
+# -- output on agent.health --------------------------------------------------
+class Evidence(Struct, frozen=True):
+    """Content-free evidence attached to every transition (spec.md section 6)."""
+
+    reported_cause: str | None
+    derived_cause: str | None
+    fired: tuple[str, ...]
+    step_count: int
+    segments: int
+    tool_errors: int
+    finish_reason: str | None
+    disagreements: tuple[str, ...]
+    receipt_ids: tuple[str, ...]
+    approval: Approval | None
+    # Beyond the spec's list: events that were ignored and counted (duplicates,
+    # steps after their segment ended, approvals for another id), by kind.
+    ignored: dict[str, int] = {}
+
+
+class HealthTransition(Struct, frozen=True, tag_field="type", tag="health_transition"):
+    run_id: str
+    seq: Annotated[int, Meta(ge=1)]
+    ts: int
+    emitted_ts: int
+    agent: str | None
+    policy_version: str | None
+    from_state: State | None
+    to_state: State
+    reason: str
+    evidence: Evidence

@@ -1,0 +1,129 @@
+"""Offline replay (spec.md section 8): the rules core on an event-time clock.
+
+Bytes in (any chunking), transitions out. Before each event the clock moves to
+the event's ``ts`` (never backwards) and due timers fire in deadline order; at
+the end the clock can be advanced further so windows and timeouts run out.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from loopwarden.codecs import HealthTransition, InputEvent, InvalidEvent, decode_input
+from loopwarden.rules import DEFAULT_SETTINGS, RunState, Settings, apply, fire_next, next_deadline
+from loopwarden.rules.machine import Result
+
+
+@dataclass(frozen=True)
+class BadLine:
+    source: str
+    line: int
+    reason: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.line}: invalid event ({self.reason}): {self.message}"
+
+
+class Replay:
+    """Feed events in order; collect transitions. One instance per replay."""
+
+    def __init__(self, settings: Settings = DEFAULT_SETTINGS) -> None:
+        self.settings = settings
+        self.states: dict[str, RunState] = {}
+        self.final: dict[str, HealthTransition] = {}
+        self.notes: Counter[tuple[str, str]] = Counter()
+        self.clock: int | None = None
+        self._timers: list[tuple[int, str]] = []
+
+    def _schedule(self, run_id: str) -> None:
+        state = self.states.get(run_id)
+        if state is not None:
+            deadline = next_deadline(state, self.settings)
+            if deadline is not None:
+                heapq.heappush(self._timers, (deadline, run_id))
+
+    def _take(self, res: Result, run_id: str) -> list[HealthTransition]:
+        self.notes.update(res.notes)
+        if res.state is None:
+            self.states.pop(run_id, None)
+        else:
+            self.states[run_id] = res.state
+        for t in res.transitions:
+            self.final[run_id] = t
+        self._schedule(run_id)
+        return res.transitions
+
+    def advance_to(self, now_ms: int) -> list[HealthTransition]:
+        """Move the clock to ``now_ms`` (never backwards) and fire due timers in deadline order."""
+        self.clock = now_ms if self.clock is None else max(self.clock, now_ms)
+        out: list[HealthTransition] = []
+        while self._timers and self._timers[0][0] <= self.clock:
+            deadline, run_id = heapq.heappop(self._timers)
+            state = self.states.get(run_id)
+            if state is None or next_deadline(state, self.settings) != deadline:
+                continue  # stale: the run changed since this timer was set
+            out += self._take(fire_next(state, self.clock, self.settings), run_id)
+        return out
+
+    def feed(self, event: InputEvent) -> list[HealthTransition]:
+        out = self.advance_to(event.ts)
+        assert self.clock is not None
+        out += self._take(apply(self.states.get(event.run_id), event, self.clock), event.run_id)
+        return out
+
+    def finish(self, advance_s: float = 0.0) -> list[HealthTransition]:
+        """After the last event: advance the clock by ``advance_s`` and fire due timers."""
+        if self.clock is None:
+            return []
+        return self.advance_to(self.clock + int(round(advance_s * 1000)))
+
+
+def iter_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Reassemble lines from chunks of any size (the last line may lack a newline)."""
+    buf = b""
+    for chunk in chunks:
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        yield from lines
+    if buf:
+        yield buf
+
+
+def replay_lines(
+    lines: Iterable[tuple[str, int, bytes]],
+    replay: Replay,
+    on_transition: Callable[[HealthTransition], None],
+    on_bad: Callable[[BadLine], None],
+) -> int:
+    """Run numbered lines through ``replay``; returns the count of invalid lines."""
+    bad = 0
+    for source, number, raw in lines:
+        if not raw.strip():
+            continue
+        try:
+            event = decode_input(raw)
+        except InvalidEvent as exc:
+            bad += 1
+            on_bad(BadLine(source, number, exc.reason, str(exc)))
+            continue
+        for t in replay.feed(event):
+            on_transition(t)
+    return bad
+
+
+def summary_table(replay: Replay) -> str:
+    """Final state and reason of every run, counted, plus ignored events and disagreements."""
+    rows = Counter((t.to_state, t.reason) for t in replay.final.values())
+    lines = [f"{'final state':<20} {'reason':<26} {'runs':>6}"]
+    lines += [f"{s:<20} {r:<26} {n:>6}" for (s, r), n in sorted(rows.items())]
+    lines.append(f"{'total':<47} {sum(rows.values()):>6}")
+    extra = sorted((k, v, n) for (k, v), n in replay.notes.items() if k in ("ignored", "disagreement", "receipt"))
+    if extra:
+        lines.append("")
+        lines.append(f"{'counted':<20} {'kind':<26} {'events':>6}")
+        lines += [f"{k:<20} {v:<26} {n:>6}" for k, v, n in extra]
+    return "\n".join(lines)

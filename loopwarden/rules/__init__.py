@@ -1,0 +1,23 @@
+"""The functional core: stop conditions, cause derivation, precedence, the run state machine.
+
+No I/O, no clock, no faust, no prometheus: ``now_ms`` is an argument.
+"""
+
+from loopwarden.rules.conditions import derive_cause, evaluate, is_evaluated
+from loopwarden.rules.machine import (
+    DEFAULT_SETTINGS,
+    Result,
+    RunState,
+    Settings,
+    apply,
+    fire_due,
+    fire_next,
+    next_deadline,
+)
+from loopwarden.rules.precedence import PRECEDENCE, Facts, receipt_verdict, verdict
+
+__all__ = [
+    "DEFAULT_SETTINGS", "PRECEDENCE", "Facts", "Result", "RunState", "Settings",
+    "apply", "derive_cause", "evaluate", "fire_due", "fire_next", "is_evaluated",
+    "next_deadline", "receipt_verdict", "verdict",
+]

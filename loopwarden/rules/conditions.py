@@ -1,0 +1,131 @@
+"""Stop conditions with the AI SDK's exact semantics, and the derived stop cause.
+
+The SDK (``ai`` 7) evaluates ``stopWhen`` only when the loop could otherwise
+continue, and its built-ins are::
+
+    isStepCount(n)   = ({steps}) => steps.length === n            // equality
+    hasToolCall(...) = ({steps}) => steps.at(-1)?.toolCalls?.some(name in tools)
+    isLoopFinished() = () => false
+
+Everything here is a pure function of small values; nothing keeps step records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from loopwarden.codecs.events import (
+    DEFAULT_POLICY_CONDITIONS,
+    Condition,
+    Custom,
+    LoopFinished,
+    Policy,
+    StepCount,
+    StepFinished,
+    TokenBudget,
+    ToolCallCondition,
+)
+
+CONTINUING_FINISH = ("stop", "tool-calls")
+# A tool call in one of these states has an outcome the model can see, so the
+# loop may go on; `pending` and `approval_requested` end it.
+SETTLED_STATUSES = ("result", "error", "denied")
+
+
+def conditions_of(policy: Policy | None) -> tuple[Condition, ...]:
+    """The conditions in force: ``stop_when``, or the ToolLoopAgent default cap."""
+    if policy is None or policy.stop_when is None:
+        return DEFAULT_POLICY_CONDITIONS
+    return policy.stop_when
+
+
+def is_evaluated(step: StepFinished) -> bool:
+    """Whether the SDK evaluates ``stopWhen`` after this step.
+
+    Only after a step with at least one client tool call, finish reason ``stop``
+    or ``tool-calls``, and every call settled (result, error or denial).
+    """
+    return (
+        bool(step.tool_calls)
+        and step.finish_reason in CONTINUING_FINISH
+        and all(tc.status in SETTLED_STATUSES for tc in step.tool_calls)
+    )
+
+
+def evaluate(
+    conditions: Iterable[Condition],
+    steps_in_segment: int,
+    segment_tokens: int,
+    last_tool_names: Sequence[str],
+) -> tuple[str, ...]:
+    """Ids of the conditions that are true on a segment prefix, sorted.
+
+    Parameters
+    ----------
+    conditions
+        The policy's conditions.
+    steps_in_segment
+        ``steps.length`` at the evaluation (the SDK's 0-based step number + 1).
+    segment_tokens
+        Tokens summed over the segment's steps so far (see ``Usage.tokens``).
+    last_tool_names
+        Tool names called by the last step (whatever their status).
+    """
+    fired: set[str] = set()
+    for cond in conditions:
+        if isinstance(cond, StepCount):
+            if steps_in_segment == cond.count:
+                fired.add(cond.ids[0])
+        elif isinstance(cond, ToolCallCondition):
+            for tool in cond.tools:
+                if tool in last_tool_names:
+                    fired.add(f"tool_call:{tool}")
+        elif isinstance(cond, TokenBudget):
+            if segment_tokens >= cond.max_tokens:
+                fired.add(cond.ids[0])
+        # LoopFinished never fires; Custom cannot be evaluated here.
+    return tuple(sorted(fired))
+
+
+def declared_ids(conditions: Iterable[Condition]) -> dict[str, str]:
+    """Map every condition id the policy declares to its role (``bound``/``completion``/``none``)."""
+    roles: dict[str, str] = {}
+    for cond in conditions:
+        if isinstance(cond, (StepCount, TokenBudget)):
+            role = "bound"
+        elif isinstance(cond, ToolCallCondition):
+            role = "completion"
+        elif isinstance(cond, Custom):
+            role = cond.role
+        else:  # LoopFinished
+            role = "none"
+        for cid in cond.ids:
+            roles[cid] = role
+    return roles
+
+
+def derive_cause(
+    steps_seen: int,
+    last_statuses: Sequence[str],
+    last_finish_reason: str | None,
+    fired_at_last: Sequence[str],
+    reported_fired: Sequence[str],
+    conditions: Sequence[Condition],
+) -> tuple[str, tuple[str, ...]]:
+    """Re-derive a segment's stop cause from its steps (spec.md section 5).
+
+    Returns the derived cause and the derived fired set (empty under rules 1-4).
+    """
+    if steps_seen == 0:
+        return "unknown", ()
+    if "approval_requested" in last_statuses:
+        return "approval_required", ()
+    if not last_statuses or last_finish_reason not in CONTINUING_FINISH:
+        return "natural_finish", ()
+    if "pending" in last_statuses:
+        return "unexecuted_tool", ()
+    custom_declared = {cid for cid in declared_ids(conditions) if cid.startswith("custom:")}
+    fired = set(fired_at_last) | {cid for cid in reported_fired if cid in custom_declared}
+    if fired:
+        return "stop_condition", tuple(sorted(fired))
+    return "unknown", ()

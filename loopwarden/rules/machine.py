@@ -1,0 +1,478 @@
+"""The per-run state machine: fold events into a compact :class:`RunState`.
+
+Both shells (the Faust processor and offline replay) call :func:`apply` for each
+event and :func:`fire_next` / :func:`next_deadline` for timers. Nothing here does
+I/O or reads a clock: ``now_ms`` is an argument. ``apply`` updates the state it
+is given in place (the caller owns it) and returns the transitions and notes
+that the shell must publish and count.
+
+Notes are ``(kind, label)`` pairs from bounded sets, for metrics:
+``("ignored", <why>)``, ``("disagreement", <name>)``, ``("cause", <derived cause>)``,
+``("receipt", on_time|late|negative|held|duplicate|orphan)``, ``("evicted", <state>)``.
+"""
+
+from __future__ import annotations
+
+from msgspec import Struct, field
+
+from loopwarden.codecs.events import (
+    Approval,
+    ApprovalResolved,
+    ApprovalRouted,
+    Evidence,
+    HealthTransition,
+    InputEvent,
+    OutcomeReceipt,
+    Policy,
+    RunEnded,
+    RunStarted,
+    StepFinished,
+)
+from loopwarden.rules.conditions import (
+    conditions_of,
+    declared_ids,
+    derive_cause,
+    evaluate,
+    is_evaluated,
+)
+from loopwarden.rules.precedence import (
+    FALSE_COMPLETE,
+    VERIFIED_COMPLETE,
+    Facts,
+    receipt_verdict,
+    verdict,
+)
+
+Note = tuple[str, str]
+
+DEFAULT_RETENTION_S = 7 * 86400
+# Bounds that keep one run's state small whatever a producer sends.
+MAX_GAPS = 32
+MAX_RECEIPT_IDS = 256
+# Boundary facts the steps cannot show: not checked against the derived cause.
+UNCHECKED_CAUSES = ("aborted", "timeout", "error", "tool_error")
+# States whose run has nothing left to wait for: dropped after retention.
+# (RUNNING, WAITING and VERIFYING have their own timers, which end in one of these.)
+TIMERLESS = (None, "STUCK", "WAITING_UNROUTED", "BOUNDED_STOP", "FAILED", "UNCERTAIN", VERIFIED_COMPLETE, FALSE_COMPLETE)
+
+
+class Settings(Struct, frozen=True):
+    """Engine-wide knobs (per-run knobs travel in the run's Policy)."""
+
+    retention_s: float = DEFAULT_RETENTION_S
+
+
+DEFAULT_SETTINGS = Settings()
+
+
+class Segment(Struct):
+    """Accumulated facts of one open segment; no step records are kept."""
+
+    steps_seen: int = 0
+    max_step: int = -1
+    gaps: list[tuple[int, int]] = []  # skipped step ranges, inclusive, not yet seen
+    step_gap: bool = False
+    tokens: int = 0
+    tool_errors: int = 0
+    stop_step: int | None = None  # first step at which the policy fired
+    # the last step L (highest step number)
+    finish_reason: str | None = None
+    statuses: tuple[str, ...] = ()  # status of each tool call of L
+    fired: tuple[str, ...] = ()  # policy evaluated at L
+
+
+class RunState(Struct):
+    """Everything loopwarden keeps about one run."""
+
+    run_id: str
+    health: str | None = None
+    seq: int = 0
+    agent: str | None = None
+    policy: Policy | None = None  # None until run_started: the default policy applies
+    last_activity_ts: int | None = None  # last event on agent.steps
+    last_seen_ts: int = 0  # last event on either topic (retention)
+    open: dict[int, Segment] = {}
+    ended: list[int] = []
+    current: int = -1  # highest segment index seen
+    tool_errors: int = 0  # whole run
+    # the verdict of the last ended segment
+    reported_cause: str | None = None
+    derived_cause: str | None = None
+    fired: tuple[str, ...] = ()
+    disagreements: tuple[str, ...] = ()
+    ended_step_count: int = 0
+    ended_finish_reason: str | None = None
+    approval: Approval | None = None
+    approval_pending: bool = False
+    verify_deadline_ts: int | None = None
+    receipt_ids: list[str] = []
+    verified_kinds: list[str] = []
+    negative_kinds: list[str] = []
+    ignored: dict[str, int] = {}
+
+
+class Result(Struct):
+    state: RunState | None
+    transitions: list[HealthTransition] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
+
+
+# -- helpers ------------------------------------------------------------------
+def _ms(seconds: float) -> int:
+    return int(round(seconds * 1000))
+
+
+_DEFAULT_POLICY = Policy(version="")
+
+
+def _policy_s(state: RunState, attr: str) -> float:
+    """A per-run duration from the run's policy, or the default policy's."""
+    return getattr(state.policy or _DEFAULT_POLICY, attr)
+
+
+def _evidence(state: RunState) -> Evidence:
+    seg = state.open.get(state.current)
+    if seg is not None:  # the current segment is still open
+        step_count, finish_reason = seg.steps_seen, seg.finish_reason
+    else:
+        step_count, finish_reason = state.ended_step_count, state.ended_finish_reason
+    return Evidence(
+        reported_cause=state.reported_cause,
+        derived_cause=state.derived_cause,
+        fired=state.fired,
+        step_count=step_count,
+        segments=len(state.open) + len(state.ended),
+        tool_errors=state.tool_errors,
+        finish_reason=finish_reason,
+        disagreements=state.disagreements,
+        receipt_ids=tuple(state.receipt_ids),
+        approval=state.approval,
+        ignored=dict(state.ignored),
+    )
+
+
+def _move(state: RunState, res: Result, to: str, reason: str, ts: int, now_ms: int) -> None:
+    """Emit a transition unless the run is already in ``to``."""
+    if state.health == to:
+        return
+    state.seq += 1
+    res.transitions.append(
+        HealthTransition(
+            run_id=state.run_id,
+            seq=state.seq,
+            ts=ts,
+            emitted_ts=now_ms,
+            agent=state.agent,
+            policy_version=state.policy.version if state.policy is not None else None,
+            from_state=state.health,
+            to_state=to,
+            reason=reason,
+            evidence=_evidence(state),
+        )
+    )
+    state.health = to
+
+
+def _ignore(state: RunState, res: Result, why: str) -> None:
+    state.ignored[why] = state.ignored.get(why, 0) + 1
+    res.notes.append(("ignored", why))
+
+
+def _activity(state: RunState, res: Result, ts: int, now_ms: int) -> None:
+    state.last_activity_ts = ts if state.last_activity_ts is None else max(state.last_activity_ts, ts)
+    state.last_seen_ts = max(state.last_seen_ts, ts)
+    if state.health is None:
+        _move(state, res, "RUNNING", "started", ts, now_ms)
+
+
+def _receipts_verdict(state: RunState) -> str | None:
+    required = state.policy.required_outcomes if state.policy is not None else ()
+    return receipt_verdict(state.verified_kinds, state.negative_kinds, required)
+
+
+# -- event handlers -----------------------------------------------------------
+def _on_run_started(state: RunState, ev: RunStarted, now_ms: int, res: Result) -> None:
+    if state.policy is None:
+        # A late run_started sets the policy from then on; it is never inferred.
+        state.policy = ev.policy
+        state.agent = ev.agent
+    else:
+        _ignore(state, res, "duplicate_run_started")
+    _activity(state, res, ev.ts, now_ms)
+
+
+def _seen(seg: Segment, step: int) -> bool:
+    if step > seg.max_step:
+        return False
+    return not any(lo <= step <= hi for lo, hi in seg.gaps)
+
+
+def _fill_gap(seg: Segment, step: int) -> None:
+    for i, (lo, hi) in enumerate(seg.gaps):
+        if lo <= step <= hi:
+            parts = [(a, b) for a, b in ((lo, step - 1), (step + 1, hi)) if a <= b]
+            seg.gaps[i : i + 1] = parts
+            return
+
+
+def _on_step(state: RunState, ev: StepFinished, now_ms: int, res: Result) -> None:
+    _activity(state, res, ev.ts, now_ms)
+    if ev.segment in state.ended:
+        _ignore(state, res, "step_after_end")
+        return
+    seg = state.open.get(ev.segment)
+    if seg is None:
+        seg = state.open[ev.segment] = Segment()
+        state.current = max(state.current, ev.segment)
+    if _seen(seg, ev.step):
+        _ignore(state, res, "duplicate_step")
+        return
+
+    if ev.step > seg.max_step + 1:
+        seg.step_gap = True
+        seg.gaps.append((seg.max_step + 1, ev.step - 1))
+        del seg.gaps[:-MAX_GAPS]
+    elif ev.step <= seg.max_step:
+        _fill_gap(seg, ev.step)
+    seg.steps_seen += 1
+    seg.tokens += ev.usage.tokens
+    errors = sum(1 for tc in ev.tool_calls if tc.status == "error")
+    seg.tool_errors += errors
+    state.tool_errors += errors
+
+    fired: tuple[str, ...] = ()
+    if is_evaluated(ev):
+        fired = evaluate(
+            conditions_of(state.policy),
+            steps_in_segment=ev.step + 1,  # the SDK's steps.length at this step
+            segment_tokens=seg.tokens,
+            last_tool_names=[tc.name for tc in ev.tool_calls],
+        )
+        if fired and (seg.stop_step is None or ev.step < seg.stop_step):
+            seg.stop_step = ev.step
+    if ev.step > seg.max_step:
+        seg.max_step = ev.step
+        seg.finish_reason = ev.finish_reason
+        seg.statuses = tuple(tc.status for tc in ev.tool_calls)
+        seg.fired = fired
+
+    if state.health != "RUNNING":
+        # A step after STUCK or after any verdict means the run is moving again.
+        _move(state, res, "RUNNING", "progress", ev.ts, now_ms)
+
+
+def _disagreements(state: RunState, ev: RunEnded, seg: Segment, derived: str, derived_fired: tuple[str, ...]) -> tuple[str, ...]:
+    found = []
+    if ev.cause not in UNCHECKED_CAUSES and ev.cause != derived:
+        found.append("cause_mismatch")
+    if any(cid not in derived_fired for cid in ev.fired):
+        found.append("fired_mismatch")
+    if ev.step_count != seg.steps_seen:
+        found.append("step_count_mismatch")
+    if seg.stop_step is not None and seg.max_step > seg.stop_step:
+        found.append("policy_overrun")
+    if ev.cause == "stop_condition" and state.policy is None:
+        found.append("policy_unknown")
+    if seg.step_gap:
+        found.append("step_gap")
+    if ev.cause == "unknown":
+        found.append("cause_not_recorded")
+    if ev.cause == "tool_error" and seg.tool_errors == 0:
+        found.append("tool_error_unseen")
+    return tuple(sorted(found))
+
+
+def _on_run_ended(state: RunState, ev: RunEnded, now_ms: int, res: Result) -> None:
+    _activity(state, res, ev.ts, now_ms)
+    if ev.segment in state.ended:
+        _ignore(state, res, "duplicate_run_ended")
+        return
+    seg = state.open.pop(ev.segment, None) or Segment()
+    state.ended.append(ev.segment)
+    state.current = max(state.current, ev.segment)
+
+    conditions = conditions_of(state.policy)
+    derived, derived_fired = derive_cause(
+        seg.steps_seen, seg.statuses, seg.finish_reason, seg.fired, ev.fired, conditions
+    )
+    disagreements = _disagreements(state, ev, seg, derived, derived_fired)
+    res.notes.append(("cause", derived))
+    res.notes.extend(("disagreement", d) for d in disagreements)
+
+    state.reported_cause = ev.cause
+    state.derived_cause = derived
+    state.fired = derived_fired
+    state.disagreements = disagreements
+    state.ended_step_count = seg.steps_seen
+    state.ended_finish_reason = seg.finish_reason
+    state.verify_deadline_ts = None
+    if ev.cause == "approval_required":
+        state.approval = ev.approval
+        state.approval_pending = True
+    else:
+        state.approval_pending = False
+
+    to, reason = verdict(
+        Facts(
+            cause=ev.cause,
+            derived_cause=derived,
+            fired=derived_fired,
+            roles=declared_ids(conditions),
+            disagreements=disagreements,
+            last_tool_error="error" in seg.statuses,
+            approval=ev.approval,
+            receipt_state=_receipts_verdict(state),
+        )
+    )
+    if to == "VERIFYING":
+        state.verify_deadline_ts = ev.ts + _ms(_policy_s(state, "receipt_window_s"))
+    _move(state, res, to, reason, ev.ts, now_ms)
+
+
+def _on_approval_routed(state: RunState, ev: ApprovalRouted, now_ms: int, res: Result) -> None:
+    _activity(state, res, ev.ts, now_ms)
+    approval = state.approval
+    if not state.approval_pending or approval is None or approval.approval_id != ev.approval_id:
+        _ignore(state, res, "unmatched_approval")
+        return
+    state.approval = Approval(
+        approval_id=approval.approval_id,
+        tool_call_id=approval.tool_call_id,
+        tool_name=approval.tool_name,
+        owner=ev.owner if ev.owner is not None else approval.owner,
+        deadline_ts=ev.deadline_ts if ev.deadline_ts is not None else approval.deadline_ts,
+        resume_token=ev.resume_token if ev.resume_token is not None else approval.resume_token,
+    )
+    if state.health == "WAITING_UNROUTED" and state.approval.routed:
+        _move(state, res, "WAITING", "approval_routed", ev.ts, now_ms)
+
+
+def _on_approval_resolved(state: RunState, ev: ApprovalResolved, now_ms: int, res: Result) -> None:
+    _activity(state, res, ev.ts, now_ms)
+    approval = state.approval
+    if not state.approval_pending or approval is None or approval.approval_id != ev.approval_id:
+        _ignore(state, res, "unmatched_approval")
+        return
+    # Approved or denied, the run resumes in the next segment.
+    state.approval_pending = False
+    _move(state, res, "RUNNING", "approval_resolved", ev.ts, now_ms)
+
+
+def _on_receipt(state: RunState, ev: OutcomeReceipt, now_ms: int, res: Result) -> None:
+    state.last_seen_ts = max(state.last_seen_ts, ev.ts)  # not activity: receipts never start a run
+    if ev.receipt_id in state.receipt_ids:
+        _ignore(state, res, "duplicate_receipt")
+        res.notes.append(("receipt", "duplicate"))
+        return
+    state.receipt_ids.append(ev.receipt_id)
+    del state.receipt_ids[:-MAX_RECEIPT_IDS]
+    kinds = state.verified_kinds if ev.verified else state.negative_kinds
+    if ev.kind not in kinds:
+        kinds.append(ev.kind)
+
+    late = state.health == FALSE_COMPLETE or (
+        state.verify_deadline_ts is not None and ev.ts > state.verify_deadline_ts
+    )
+    if not ev.verified:
+        label = "negative"
+    elif state.health is None:
+        label = "held"
+    else:
+        label = "late" if late else "on_time"
+    res.notes.append(("receipt", label))
+
+    found = _receipts_verdict(state)
+    if state.health == "VERIFYING" and found is not None:
+        _move(state, res, found, "receipt" if found == VERIFIED_COMPLETE else "negative_receipt", ev.ts, now_ms)
+    elif state.health == FALSE_COMPLETE and found == VERIFIED_COMPLETE:
+        _move(state, res, VERIFIED_COMPLETE, "late_receipt", ev.ts, now_ms)
+    # After any other verdict (or before one) the receipt is kept for evidence and the next verdict.
+
+
+_HANDLERS = {
+    RunStarted: _on_run_started,
+    StepFinished: _on_step,
+    RunEnded: _on_run_ended,
+    ApprovalRouted: _on_approval_routed,
+    ApprovalResolved: _on_approval_resolved,
+    OutcomeReceipt: _on_receipt,
+}
+
+
+def apply(state: RunState | None, event: InputEvent, now_ms: int) -> Result:
+    """Fold one event into its run's state.
+
+    Parameters
+    ----------
+    state
+        The run's state, or None for a run not seen yet (a new state is made).
+    event
+        A decoded, valid input event of this run.
+    now_ms
+        The shell's clock (event time in replay, processing time in the processor):
+        the ``emitted_ts`` of any transition.
+    """
+    if state is None:
+        state = RunState(run_id=event.run_id)
+    res = Result(state=state)
+    _HANDLERS[type(event)](state, event, now_ms, res)
+    return res
+
+
+# -- timers -------------------------------------------------------------------
+def _timers(state: RunState, settings: Settings) -> list[tuple[int, str]]:
+    """Deadlines (ms) of the run's timers with their kind."""
+    timers = []
+    if state.health == "RUNNING" and state.last_activity_ts is not None:
+        timers.append((state.last_activity_ts + _ms(_policy_s(state, "inactivity_timeout_s")), "no_progress"))
+    elif state.health == "WAITING" and state.approval is not None and state.approval.deadline_ts is not None:
+        timers.append((state.approval.deadline_ts, "approval_expired"))
+    elif state.health == "VERIFYING" and state.verify_deadline_ts is not None:
+        timers.append((state.verify_deadline_ts, "receipt_window_expired"))
+    if state.health in TIMERLESS:
+        timers.append((state.last_seen_ts + _ms(settings.retention_s), "retention"))
+    return timers
+
+
+def next_deadline(state: RunState, settings: Settings = DEFAULT_SETTINGS) -> int | None:
+    """The earliest deadline (ms) of the run's timers, or None when it has none."""
+    timers = _timers(state, settings)
+    return min(timers)[0] if timers else None
+
+
+def fire_next(state: RunState, now_ms: int, settings: Settings = DEFAULT_SETTINGS) -> Result:
+    """Fire the run's earliest timer if it is due (deadline <= ``now_ms``).
+
+    The transition's ``ts`` is the deadline. A run dropped after retention comes
+    back as ``Result(state=None)``, with orphaned receipts counted in the notes.
+    """
+    res = Result(state=state)
+    timers = _timers(state, settings)
+    if not timers:
+        return res
+    deadline, kind = min(timers)
+    if deadline > now_ms:
+        return res
+    if kind == "retention":
+        res.state = None
+        if state.health is None:
+            res.notes.extend(("receipt", "orphan") for _ in state.receipt_ids)
+        res.notes.append(("evicted", state.health or "NEVER_STARTED"))
+    elif kind == "receipt_window_expired":
+        _move(state, res, FALSE_COMPLETE, kind, deadline, now_ms)
+    else:  # no_progress, approval_expired
+        _move(state, res, "STUCK", kind, deadline, now_ms)
+    return res
+
+
+def fire_due(state: RunState, now_ms: int, settings: Settings = DEFAULT_SETTINGS) -> Result:
+    """Fire every timer of the run due by ``now_ms``, in deadline order."""
+    res = Result(state=state)
+    while res.state is not None:
+        step = fire_next(res.state, now_ms, settings)
+        if not step.transitions and not step.notes:
+            break
+        res.state = step.state
+        res.transitions.extend(step.transitions)
+        res.notes.extend(step.notes)
+    return res
