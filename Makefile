@@ -1,0 +1,53 @@
+# Every install step lives here, so a clean clone (and CI) needs only `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+PY     := $(VENV)/bin/python
+LW     := $(VENV)/bin/loopwarden
+EMITTER := emitters/ai-sdk
+
+.PHONY: setup python kafka node test test-unit test-python test-node dev replay-seed schema golden bench clean
+
+setup: python kafka node
+
+python: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+# The real Apache Kafka broker, as jars from Maven Central (dev/kafka/pom.xml).
+kafka: python
+	$(PY) -m loopwarden.localkafka fetch
+
+node: $(EMITTER)/node_modules/.package-lock.json
+$(EMITTER)/node_modules/.package-lock.json: $(EMITTER)/package-lock.json $(EMITTER)/package.json
+	cd $(EMITTER) && npm ci --no-audit --no-fund
+	touch $@
+
+# The README's test command: unit, integration (real Kafka) and e2e (real AI SDK) tests.
+test: setup
+	$(PY) -m pytest tests
+	cd $(EMITTER) && npm test
+
+test-unit: python
+	$(PY) -m pytest tests/unit
+
+# The README's main command: local Kafka + worker + simulated fleet, transitions shown live.
+dev: setup
+	$(LW) dev
+
+replay-seed: python
+	$(LW) replay ../shared/cases/seed-eleven.jsonl --advance-s 1800 --summary
+
+schema: python
+	$(LW) schema > schema/loopwarden.schema.json
+
+golden: python
+	$(PY) -m tests.vectors.make_golden
+
+bench: setup
+	$(PY) -m bench.run
+
+clean:
+	rm -rf $(VENV) dev/kafka/lib dev/kafka/target $(EMITTER)/node_modules $(EMITTER)/dist .kafka

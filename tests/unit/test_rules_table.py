@@ -1,0 +1,278 @@
+"""One row per rule of spec.md section 5, replayed through the core on an event-time clock."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import msgspec
+import pytest
+
+from loopwarden.codecs import decode_input
+from loopwarden.replay import Replay
+from loopwarden.rules.machine import evidence_of
+from tests.builders import (
+    DONE_POLICY,
+    approval,
+    ended,
+    receipt,
+    resolved,
+    routed,
+    started,
+    step,
+    steps,
+    timed,
+)
+
+CAP3 = [{"kind": "step_count", "count": 3}]
+WINDOW_S = 600
+
+
+class Row(NamedTuple):
+    rule: str
+    events: list[dict]
+    state: str
+    reason: str
+    advance_s: float = 0
+    path: tuple[str, ...] | None = None  # every to_state, in order, when the rule is about the path
+    evidence: dict[str, Any] | None = None  # fields of the run's evidence after the last event
+
+
+def run(events: list[dict], advance_s: float = 0) -> tuple[list[dict], dict]:
+    """Transitions as dicts, and the run's evidence after the last event (as the read API shows it)."""
+    replay = Replay()
+    out = []
+    for e in events:
+        out += replay.feed(decode_input(msgspec.json.encode(e)))
+    out += replay.finish(advance_s)
+    state = replay.states.get(events[-1]["run_id"])
+    evidence = msgspec.json.decode(msgspec.json.encode(evidence_of(state))) if state is not None else {}
+    return [msgspec.json.decode(msgspec.json.encode(t)) for t in out], evidence
+
+
+natural = [started(), step(0, ("lookup", "result")), step(1), ended("natural_finish", 2)]
+
+ROWS = [
+    # -- completion needs a receipt ------------------------------------------------------
+    Row("natural finish then a verified receipt", timed(*natural, receipt("rc1")),
+        "VERIFIED_COMPLETE", "receipt", path=("RUNNING", "VERIFYING", "VERIFIED_COMPLETE")),
+    Row("natural finish, no receipt: window expires", timed(*natural), "FALSE_COMPLETE",
+        "receipt_window_expired", advance_s=WINDOW_S),
+    Row("window not yet over: still verifying", timed(*natural), "VERIFYING", "natural_finish",
+        advance_s=WINDOW_S - 5),
+    Row("receipt_window_s from the policy", timed(started(stop_when=DONE_POLICY, receipt_window_s=10), *natural[1:]),
+        "FALSE_COMPLETE", "receipt_window_expired", advance_s=11),
+    Row("receipt held before run_ended decides at once", timed(*natural[:3], receipt("rc1"), natural[3]),
+        "VERIFIED_COMPLETE", "receipt", path=("RUNNING", "VERIFIED_COMPLETE")),
+    Row("receipt before any event of the run is held", timed(receipt("rc1"), *natural),
+        "VERIFIED_COMPLETE", "receipt", path=("RUNNING", "VERIFIED_COMPLETE")),
+    Row("negative receipt while verifying", timed(*natural, receipt("rc1", verified=False)),
+        "FALSE_COMPLETE", "negative_receipt"),
+    Row("held negative receipt decides at once", timed(receipt("rc1", verified=False), *natural),
+        "FALSE_COMPLETE", "receipt", path=("RUNNING", "FALSE_COMPLETE")),
+    Row("late receipt after the window", timed(*natural) + [receipt("rc1", ts=1_000_000 + (WINDOW_S + 60) * 1000)],
+        "VERIFIED_COMPLETE", "late_receipt", path=("RUNNING", "VERIFYING", "FALSE_COMPLETE", "VERIFIED_COMPLETE")),
+    Row("receipt after a non-completion verdict: evidence only",
+        timed(started(stop_when=CAP3), *steps(3), ended("stop_condition", 3, "step_count:3"), receipt("rc1")),
+        "BOUNDED_STOP", "stop_condition"),
+    Row("required outcomes: all kinds must be verified",
+        timed(started(required_outcomes=["file", "record"]), *natural[1:], receipt("a", "file")),
+        "VERIFYING", "natural_finish"),
+    Row("required outcomes covered",
+        timed(started(required_outcomes=["file", "record"]), *natural[1:], receipt("a", "file"), receipt("b", "record")),
+        "VERIFIED_COMPLETE", "receipt"),
+    Row("negative receipt for a kind not required is no verdict",
+        timed(started(required_outcomes=["file"]), *natural[1:], receipt("a", "record", verified=False)),
+        "VERIFYING", "natural_finish"),
+    Row("negative receipt for a required kind",
+        timed(started(required_outcomes=["file"]), *natural[1:], receipt("a", "file", verified=False)),
+        "FALSE_COMPLETE", "negative_receipt"),
+    Row("duplicate receipt ignored and counted", timed(*natural, receipt("rc1", verified=False), receipt("rc1", verified=False)),
+        "FALSE_COMPLETE", "negative_receipt", evidence={"ignored": {"duplicate_receipt": 1}, "receipt_ids": ["rc1"]}),
+    # -- derived causes ----------------------------------------------------------------
+    Row("tool without execute: unexecuted_tool", timed(started(), step(0, ("done", "pending")), ended("unexecuted_tool", 1)),
+        "VERIFYING", "unexecuted_tool", evidence={"derived_cause": "unexecuted_tool", "fired": []}),
+    Row("hasToolCall(done) with execute: completion condition",
+        timed(started(), step(0, ("done", "result")), ended("stop_condition", 1, "tool_call:done")),
+        "VERIFYING", "stop_condition", evidence={"fired": ["tool_call:done"]}),
+    Row("finish reason length ends the loop naturally, calls unexecuted",
+        timed(started(), step(0, ("lookup", "pending"), finish="length"), ended("natural_finish", 1)),
+        "VERIFYING", "natural_finish", evidence={"finish_reason": "length"}),
+    Row("step cap is a bound", timed(started(stop_when=CAP3), *steps(3), ended("stop_condition", 3, "step_count:3")),
+        "BOUNDED_STOP", "stop_condition"),
+    Row("token budget is a bound",
+        timed(started(stop_when=[{"kind": "token_budget", "max_tokens": 100}]),
+              step(0, ("a", "result"), tokens=60), step(1, ("a", "result"), tokens=60),
+              ended("stop_condition", 2, "token_budget:100")),
+        "BOUNDED_STOP", "stop_condition"),
+    Row("token budget falls back to input + output",
+        timed(started(stop_when=[{"kind": "token_budget", "max_tokens": 30}]),
+              *steps(2), ended("stop_condition", 2, "token_budget:30")),
+        "BOUNDED_STOP", "stop_condition"),
+    Row("custom bound condition fired", timed(started(stop_when=[{"kind": "custom", "name": "budget", "role": "bound"}]),
+                                              *steps(2), ended("stop_condition", 2, "custom:budget")),
+        "BOUNDED_STOP", "stop_condition"),
+    Row("custom completion condition fired", timed(started(stop_when=[{"kind": "custom", "name": "ok", "role": "completion"}]),
+                                                   *steps(2), ended("stop_condition", 2, "custom:ok")),
+        "VERIFYING", "stop_condition"),
+    Row("a bound and a completion fired together: bounded",
+        timed(started(stop_when=[{"kind": "step_count", "count": 1}, {"kind": "tool_call", "tools": ["done"]}]),
+              step(0, ("done", "result")), ended("stop_condition", 1, "step_count:1", "tool_call:done")),
+        "BOUNDED_STOP", "stop_condition"),
+    # -- precedence ----------------------------------------------------------------------
+    Row("cause tool_error fails", timed(started(stop_when=[{"kind": "custom", "name": "stopOnToolError", "role": "bound"}]),
+                                        step(0, ("a", "error")), ended("tool_error", 1, "custom:stopOnToolError")),
+        "FAILED", "tool_error"),
+    Row("a tool error in L fails whatever the cause", timed(started(stop_when=[{"kind": "step_count", "count": 1}]),
+                                                            step(0, ("a", "error")), ended("stop_condition", 1, "step_count:1")),
+        "FAILED", "tool_error"),
+    Row("cause error fails", timed(started(), step(0, ("a", "result")), ended("error", 1, error_name="APICallError")),
+        "FAILED", "error"),
+    Row("an earlier, recovered tool error only counts in evidence",
+        timed(started(), step(0, ("a", "error")), step(1), ended("natural_finish", 2)),
+        "VERIFYING", "natural_finish", evidence={"tool_errors": 1}),
+    Row("approval routed: waiting", timed(started(), step(0, ("pay", "approval_requested")),
+                                          ended("approval_required", 1, approval=approval())),
+        "WAITING", "approval_required"),
+    Row("approval without owner/deadline/token: unrouted", timed(started(), step(0, ("pay", "approval_requested")),
+                                                                 ended("approval_required", 1, approval=approval(routed=False))),
+        "WAITING_UNROUTED", "approval_required"),
+    Row("approval beats a disagreement", timed(started(), step(0, ("pay", "approval_requested")),
+                                               ended("approval_required", 5, approval=approval())),
+        "WAITING", "approval_required", evidence={"disagreements": ["step_count_mismatch"]}),
+    Row("failure beats approval", timed(started(), step(0, ("pay", "approval_requested"), ("a", "error")),
+                                        ended("approval_required", 1, approval=approval())),
+        "FAILED", "tool_error"),
+    Row("timeout is stuck even when a bound fired",
+        timed(started(stop_when=CAP3), *steps(3), ended("timeout", 3, "step_count:3", error_name="TimeoutError")),
+        "STUCK", "timeout"),
+    Row("timeout beats a disagreement", timed(started(), *steps(2), ended("timeout", 7, error_name="TimeoutError")),
+        "STUCK", "timeout"),
+    Row("abort is a bounded stop", timed(started(), *steps(2), ended("aborted", 2, error_name="AbortError")),
+        "BOUNDED_STOP", "aborted"),
+    # -- disagreements -------------------------------------------------------------------
+    Row("cause_mismatch", timed(started(), step(0, ("done", "result")), ended("natural_finish", 1)),
+        "UNCERTAIN", "cause_mismatch", evidence={"derived_cause": "stop_condition", "reported_cause": "natural_finish"}),
+    Row("fired_mismatch", timed(started(), step(0, ("done", "result")), ended("stop_condition", 1, "tool_call:done", "step_count:20")),
+        "UNCERTAIN", "fired_mismatch"),
+    Row("fired_mismatch: custom id the policy does not declare",
+        timed(started(), step(0, ("done", "result")), ended("stop_condition", 1, "tool_call:done", "custom:mine")),
+        "UNCERTAIN", "fired_mismatch"),
+    Row("step_count_mismatch", timed(*natural[:3], ended("natural_finish", 3)), "UNCERTAIN", "step_count_mismatch"),
+    Row("policy_overrun: 21 steps under isStepCount(20)",
+        timed(started(), *steps(21), ended("stop_condition", 21, "step_count:20")),
+        "UNCERTAIN", "cause_mismatch", evidence={"disagreements": ["cause_mismatch", "fired_mismatch", "policy_overrun"]}),
+    Row("policy_overrun: hasToolCall only looks at the last step",
+        timed(started(), step(0, ("done", "result")), step(1, ("lookup", "result")), step(2), ended("natural_finish", 3)),
+        "UNCERTAIN", "policy_overrun"),
+    Row("policy_unknown: stop_condition without run_started",
+        timed(*steps(20), ended("stop_condition", 20, "step_count:20")),
+        "UNCERTAIN", "policy_unknown"),
+    Row("step_gap", timed(started(), step(0, ("a", "result")), step(2), ended("natural_finish", 2)),
+        "UNCERTAIN", "step_gap"),
+    Row("step_gap: first step not 0", timed(started(), step(1), ended("natural_finish", 1)), "UNCERTAIN", "step_gap"),
+    Row("cause_not_recorded", timed(started(), *steps(2), ended("unknown", 2)),
+        "UNCERTAIN", "cause_not_recorded", evidence={"disagreements": ["cause_not_recorded"]}),
+    Row("cause unknown where the steps show a cause: two disagreements",
+        timed(started(), step(0, ("done", "result")), ended("unknown", 1)),
+        "UNCERTAIN", "cause_mismatch", evidence={"disagreements": ["cause_mismatch", "cause_not_recorded"]}),
+    Row("tool_error_unseen (FAILED still wins)", timed(started(), *steps(1), step(1), ended("tool_error", 2)),
+        "FAILED", "tool_error", evidence={"disagreements": ["tool_error_unseen"]}),
+    Row("isLoopFinished never fires: a stop_condition under it is unexplained",
+        timed(started(stop_when=[{"kind": "loop_finished"}]), *steps(3), ended("stop_condition", 3)),
+        "UNCERTAIN", "cause_mismatch"),
+    Row("isStepCount is equality: count 0 never fires",
+        timed(started(stop_when=[{"kind": "step_count", "count": 0}]), *steps(2), ended("stop_condition", 2, "step_count:0")),
+        "UNCERTAIN", "cause_mismatch"),
+    Row("conditions are not evaluated after a step with a pending call",
+        timed(started(stop_when=[{"kind": "step_count", "count": 1}]), step(0, ("done", "pending")), ended("unexecuted_tool", 1)),
+        "VERIFYING", "unexecuted_tool"),
+    # -- duplicates and late events ------------------------------------------------------
+    Row("duplicate step ignored and counted", timed(started(), step(0, ("a", "result")), step(0, ("zzz", "error")), step(1), ended("natural_finish", 2)),
+        "VERIFYING", "natural_finish", evidence={"ignored": {"duplicate_step": 1}, "tool_errors": 0, "disagreements": []}),
+    Row("step after its segment ended: recorded, no state change", timed(*natural, step(2)),
+        "VERIFYING", "natural_finish", path=("RUNNING", "VERIFYING")),
+    Row("second run_ended for a segment: recorded, no state change",
+        timed(*natural, ended("error", 2)), "VERIFYING", "natural_finish", path=("RUNNING", "VERIFYING")),
+    # -- segments and approvals --------------------------------------------------------
+    Row("step counts restart per segment",
+        timed(started(stop_when=CAP3), *steps(2), step(2, ("pay", "approval_requested")),
+              ended("approval_required", 3, approval=approval()), resolved(),
+              *steps(3, seg=1), ended("stop_condition", 3, "step_count:3", seg=1)),
+        "BOUNDED_STOP", "stop_condition",
+        path=("RUNNING", "WAITING", "RUNNING", "BOUNDED_STOP"), evidence={"segments": 2, "step_count": 3}),
+    Row("a count that spans segments does not fire",
+        timed(started(stop_when=CAP3), *steps(1), step(1, ("pay", "approval_requested")),
+              ended("approval_required", 2, approval=approval()), resolved(),
+              *steps(2, seg=1), ended("stop_condition", 2, "step_count:3", seg=1)),
+        "UNCERTAIN", "cause_mismatch"),
+    Row("unrouted approval routed later", timed(started(), step(0, ("pay", "approval_requested")),
+                                                ended("approval_required", 1, approval=approval(routed=False)), routed()),
+        "WAITING", "approval_routed"),
+    Row("approval for another id ignored", timed(started(), step(0, ("pay", "approval_requested")),
+                                                 ended("approval_required", 1, approval=approval(routed=False)), routed("other")),
+        "WAITING_UNROUTED", "approval_required", evidence={"ignored": {"unmatched_approval": 1}}),
+    Row("approval deadline passes", timed(started(), step(0, ("pay", "approval_requested")),
+                                          ended("approval_required", 1, approval=approval(deadline_ts=1_100_000))),
+        "STUCK", "approval_expired", advance_s=100),
+    Row("approval resolved (denied): running again", timed(started(), step(0, ("pay", "approval_requested")),
+                                                           ended("approval_required", 1, approval=approval()), resolved(approved=False)),
+        "RUNNING", "approval_resolved"),
+    Row("a step of a new segment after a verdict", timed(*natural, step(0, seg=1)), "RUNNING", "progress"),
+    # -- inactivity ----------------------------------------------------------------------
+    Row("no activity for inactivity_timeout_s", timed(started(), *steps(2)), "STUCK", "no_progress", advance_s=300),
+    Row("inactivity_timeout_s from the policy", timed(started(inactivity_timeout_s=5), *steps(2)), "STUCK", "no_progress", advance_s=5),
+    Row("a step after STUCK: running again", timed(started(inactivity_timeout_s=5), step(0, ("a", "result"))) + [step(1, ("a", "result"), ts=1_100_000)],
+        "RUNNING", "progress", path=("RUNNING", "STUCK", "RUNNING")),
+    Row("receipts are not activity", timed(started(inactivity_timeout_s=5), step(0, ("a", "result")), receipt("x")),
+        "STUCK", "no_progress", advance_s=10),
+    Row("unrouted approvals do not time out", timed(started(inactivity_timeout_s=5), step(0, ("pay", "approval_requested")),
+                                                    ended("approval_required", 1, approval=approval(routed=False))),
+        "WAITING_UNROUTED", "approval_required", advance_s=3600),
+    # -- runs with partial records -------------------------------------------------------
+    Row("no run_started: default policy (step_count 20)",
+        timed(*steps(3), step(3), ended("natural_finish", 4)), "VERIFYING", "natural_finish",
+        evidence={"reported_cause": "natural_finish"}),
+    Row("late run_started sets the policy from then on",
+        timed(step(0, ("a", "result")), started(stop_when=[{"kind": "step_count", "count": 2}]),
+              step(1, ("a", "result")), ended("stop_condition", 2, "step_count:2")),
+        "BOUNDED_STOP", "stop_condition"),
+    Row("run_ended as the first event: started, then the verdict", timed(ended("aborted", 0)),
+        "BOUNDED_STOP", "aborted", path=("RUNNING", "BOUNDED_STOP")),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.rule for r in ROWS])
+def test_rule(row: Row) -> None:
+    """Each rule of spec.md section 5 yields its state and reason."""
+    out, evidence = run(row.events, row.advance_s)
+    assert out, "no transition at all"
+    last = out[-1]
+    assert (last["to_state"], last["reason"]) == (row.state, row.reason), [
+        (t["to_state"], t["reason"]) for t in out
+    ]
+    if row.path is not None:
+        assert tuple(t["to_state"] for t in out) == row.path
+    for key, want in (row.evidence or {}).items():
+        assert evidence[key] == want, key
+    assert [t["seq"] for t in out] == list(range(1, len(out) + 1))
+
+
+def test_receipts_of_a_run_that_never_appears_are_orphans_after_retention() -> None:
+    """A receipt never starts a run; after retention it is dropped and counted as an orphan."""
+    replay = Replay()
+    for e in timed(receipt("a"), receipt("b")):
+        assert replay.feed(decode_input(msgspec.json.encode(e))) == []
+    assert "r" in replay.states
+    assert replay.finish(7 * 86400 + 5) == []
+    assert "r" not in replay.states
+    assert replay.notes[("receipt", "orphan")] == 2
+
+
+def test_timer_transition_ts_is_the_deadline() -> None:
+    """A timer's transition carries its deadline as ts and the clock as emitted_ts."""
+    out, _ = run(timed(*natural), advance_s=3600)
+    expired = out[-1]
+    assert expired["reason"] == "receipt_window_expired"
+    run_ended_ts = timed(*natural)[-1]["ts"]
+    assert expired["ts"] == run_ended_ts + WINDOW_S * 1000
+    assert expired["emitted_ts"] == run_ended_ts + 3600 * 1000
