@@ -8,7 +8,8 @@ that the shell must publish and count.
 
 Notes are ``(kind, label)`` pairs from bounded sets, for metrics:
 ``("ignored", <why>)``, ``("disagreement", <name>)``, ``("cause", <derived cause>)``,
-``("receipt", on_time|late|negative|held|duplicate|orphan)``, ``("evicted", <state>)``.
+``("reported_cause", <cause>)``, ``("receipt", on_time|late|negative|held|duplicate|orphan)``,
+``("timer", <kind>)``, ``("evicted", <state>)``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ DEFAULT_RETENTION_S = 7 * 86400
 # Bounds that keep one run's state small whatever a producer sends.
 MAX_GAPS = 32
 MAX_RECEIPT_IDS = 256
+MAX_HISTORY = 32
 # Boundary facts the steps cannot show: not checked against the derived cause.
 UNCHECKED_CAUSES = ("aborted", "timeout", "error", "tool_error")
 # States whose run has nothing left to wait for: dropped after retention.
@@ -109,6 +111,8 @@ class RunState(Struct):
     verified_kinds: list[str] = []
     negative_kinds: list[str] = []
     ignored: dict[str, int] = {}
+    # (seq, ts, to_state, reason) of the last MAX_HISTORY transitions, for the read API
+    history: list[tuple[int, int, str, str]] = []
 
 
 class Result(Struct):
@@ -130,7 +134,8 @@ def _policy_s(state: RunState, attr: str) -> float:
     return getattr(state.policy or _DEFAULT_POLICY, attr)
 
 
-def _evidence(state: RunState) -> Evidence:
+def evidence_of(state: RunState) -> Evidence:
+    """The evidence a transition of this run would carry now (also served by the read API)."""
     seg = state.open.get(state.current)
     if seg is not None:  # the current segment is still open
         step_count, finish_reason = seg.steps_seen, seg.finish_reason
@@ -167,10 +172,12 @@ def _move(state: RunState, res: Result, to: str, reason: str, ts: int, now_ms: i
             from_state=state.health,
             to_state=to,
             reason=reason,
-            evidence=_evidence(state),
+            evidence=evidence_of(state),
         )
     )
     state.health = to
+    state.history.append((state.seq, ts, to, reason))
+    del state.history[:-MAX_HISTORY]
 
 
 def _ignore(state: RunState, res: Result, why: str) -> None:
@@ -297,6 +304,7 @@ def _on_run_ended(state: RunState, ev: RunEnded, now_ms: int, res: Result) -> No
     )
     disagreements = _disagreements(state, ev, seg, derived, derived_fired)
     res.notes.append(("cause", derived))
+    res.notes.append(("reported_cause", ev.cause))
     res.notes.extend(("disagreement", d) for d in disagreements)
 
     state.reported_cause = ev.cause
@@ -402,6 +410,11 @@ _HANDLERS = {
 def apply(state: RunState | None, event: InputEvent, now_ms: int) -> Result:
     """Fold one event into its run's state.
 
+    Timers of the run that were due by the event's ``ts`` fire first (event time:
+    a receipt stamped after the receipt window is late however soon it is
+    processed), so a run's transitions do not depend on how promptly the shell
+    ticks. Retention never fires here: an event keeps its run alive.
+
     Parameters
     ----------
     state
@@ -415,6 +428,11 @@ def apply(state: RunState | None, event: InputEvent, now_ms: int) -> Result:
     if state is None:
         state = RunState(run_id=event.run_id)
     res = Result(state=state)
+    while True:
+        due = [t for t in _timers(state, DEFAULT_SETTINGS) if t[1] != "retention" and t[0] <= event.ts]
+        if not due:
+            break
+        _fire(state, *min(due), now_ms, res)
     _HANDLERS[type(event)](state, event, now_ms, res)
     return res
 
@@ -458,11 +476,15 @@ def fire_next(state: RunState, now_ms: int, settings: Settings = DEFAULT_SETTING
         if state.health is None:
             res.notes.extend(("receipt", "orphan") for _ in state.receipt_ids)
         res.notes.append(("evicted", state.health or "NEVER_STARTED"))
-    elif kind == "receipt_window_expired":
-        _move(state, res, FALSE_COMPLETE, kind, deadline, now_ms)
-    else:  # no_progress, approval_expired
-        _move(state, res, "STUCK", kind, deadline, now_ms)
+    else:
+        _fire(state, deadline, kind, now_ms, res)
     return res
+
+
+def _fire(state: RunState, deadline: int, kind: str, now_ms: int, res: Result) -> None:
+    res.notes.append(("timer", kind))
+    to = FALSE_COMPLETE if kind == "receipt_window_expired" else "STUCK"  # no_progress, approval_expired
+    _move(state, res, to, kind, deadline, now_ms)
 
 
 def fire_due(state: RunState, now_ms: int, settings: Settings = DEFAULT_SETTINGS) -> Result:

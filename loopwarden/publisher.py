@@ -1,0 +1,74 @@
+"""A minimal publisher for Python agents and destinations: loopwarden's Structs, sent with aiokafka.
+
+Same topics and keys as the TypeScript emitter: input events on ``agent.steps``,
+receipts on ``agent.outcomes``, keyed by run_id, JSON (or MessagePack with the
+``content-type: application/msgpack`` header)::
+
+    async with Publisher("127.0.0.1:9092") as pub:
+        await pub.publish(RunStarted(run_id="r1", ts=now_ms(), agent="a", policy=Policy(version="v1")))
+"""
+
+from __future__ import annotations
+
+import time
+
+from aiokafka import AIOKafkaProducer
+
+from loopwarden.codecs import JSON, MSGPACK, InputEvent, OutcomeReceipt, encode
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Publisher:
+    def __init__(
+        self,
+        bootstrap: str,
+        steps_topic: str = "agent.steps",
+        outcomes_topic: str = "agent.outcomes",
+        content_type: str = JSON,
+        linger_ms: int = 5,
+    ) -> None:
+        if content_type not in (JSON, MSGPACK):
+            raise ValueError(f"content_type: {content_type!r} must be {JSON!r} or {MSGPACK!r}")
+        self.steps_topic, self.outcomes_topic, self.content_type = steps_topic, outcomes_topic, content_type
+        # Idempotence: a retried send is not written twice.
+        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
+                                          linger_ms=linger_ms)
+        self.sent = 0
+
+    async def start(self) -> "Publisher":
+        await self._producer.start()
+        return self
+
+    async def stop(self) -> None:
+        await self._producer.stop()  # flushes what is buffered
+
+    async def __aenter__(self) -> "Publisher":
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    def topic_for(self, event: InputEvent) -> str:
+        return self.outcomes_topic if isinstance(event, OutcomeReceipt) else self.steps_topic
+
+    async def publish(self, event: InputEvent, wait: bool = False) -> None:
+        """Send one event keyed by its run_id; ``wait`` blocks until the broker acked it."""
+        headers = [("content-type", MSGPACK.encode())] if self.content_type == MSGPACK else None
+        await self.publish_raw(self.topic_for(event), event.run_id.encode(), encode(event, self.content_type),
+                               headers=headers, wait=wait)
+
+    async def publish_raw(self, topic: str, key: bytes | None, value: bytes, headers=None, wait: bool = False,
+                          partition: int | None = None) -> None:
+        fut = await self._producer.send(topic, value=value, key=key, headers=headers, partition=partition)
+        self.sent += 1
+        if wait:
+            await fut
+
+    async def flush(self) -> None:
+        await self._producer.flush()
+
+    async def partitions(self, topic: str) -> set[int]:
+        return set(await self._producer.partitions_for(topic))

@@ -1,0 +1,196 @@
+"""The Faust application: one agent over the input topics, one table of run state.
+
+``build(config)`` returns a :class:`Loopwarden` holding the ``faust.App``; the
+worker command runs it with ``faust.Worker``. Topic values are raw bytes, decoded
+by loopwarden.codecs inside the agent: a Faust codec error would kill the agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import faust
+
+from loopwarden.codecs import encode
+from loopwarden.rules import Settings
+from loopwarden.streams.config import Config
+from loopwarden.streams.topics import ensure_topics
+from loopwarden.streams.metrics import Metrics
+from loopwarden.streams.processor import DeadLetter, Output, Processor, Tick, encode_tick
+
+log = logging.getLogger("loopwarden.worker")
+
+TABLE = "runs"
+
+
+def _header(headers, name: str) -> str | None:
+    """A header's value as text, from Faust's list-of-pairs or mapping form."""
+    if not headers:
+        return None
+    pairs = headers.items() if isinstance(headers, dict) else headers
+    for key, value in pairs:
+        if key.lower() == name:
+            return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
+    return None
+
+
+def _pairs(headers) -> list[tuple[str, bytes]]:
+    if not headers:
+        return []
+    pairs = headers.items() if isinstance(headers, dict) else headers
+    return [(k, v if isinstance(v, (bytes, bytearray)) else str(v).encode()) for k, v in pairs]
+
+
+class Loopwarden:
+    """The Faust app plus the processor it drives."""
+
+    def __init__(self, config: Config, metrics: Metrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or Metrics()
+        self.ready = False
+        app = faust.App(
+            config.app_id,
+            broker=config.broker_url,
+            store="rocksdb://" if config.store == "rocksdb" else "memory://",
+            datadir=config.data_dir,
+            topic_partitions=config.partitions,
+            topic_replication_factor=config.replication,
+            # Standby replicas would keep other workers' runs in the table; failover
+            # replays the changelog instead.
+            table_standby_replicas=0,
+            consumer_auto_offset_reset="earliest",
+            web_enabled=True,
+            web_bind=config.web_host,
+            web_port=config.web_port,
+            web_host=config.web_host,
+            canonical_url=f"http://{config.web_host}:{config.web_port}",
+            producer_acks=-1,
+            # A worker that died is noticed in seconds, not the default minute.
+            broker_session_timeout=6.0,
+            broker_heartbeat_interval=1.0,
+            broker_commit_every=1000,
+            broker_commit_interval=1.0,
+            stream_wait_empty=False,
+            web_in_thread=False,
+            # Faust's own pages (/table, /router, stats, graph) would serve table
+            # contents without auth: only loopwarden's routes are served.
+            web_router_enabled=False,
+            web_tables_enabled=False,
+            web_stats_enabled=False,
+            web_graph_enabled=False,
+            web_metrics_enabled=False,
+            key_serializer="raw",
+            value_serializer="raw",
+        )
+        self.app = app
+        raw = {"key_serializer": "raw", "value_serializer": "raw"}
+        self.inputs = app.topic(config.steps_topic, config.outcomes_topic, config.ticks_topic,
+                                partitions=config.partitions, **raw)
+        self.ticks = app.topic(config.ticks_topic, partitions=config.partitions, **raw)
+        self.health = app.topic(config.health_topic, **raw)
+        self.deadletter = app.topic(config.deadletter_topic, **raw)
+        # Keys are run ids as bytes, values MessagePack of Stored: raw both ways.
+        self.table = app.Table(TABLE, default=None, partitions=config.partitions, key_type=bytes, value_type=bytes)
+        self.processor = Processor(
+            self.table,
+            steps_topic=config.steps_topic,
+            outcomes_topic=config.outcomes_topic,
+            ticks_topic=config.ticks_topic,
+            settings=Settings(retention_s=config.retention_s),
+            metrics=self.metrics,
+            clock=config.clock,
+        )
+        self._wire()
+
+    # -- Faust wiring -------------------------------------------------------------
+    def active_partitions(self) -> set[int]:
+        return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == self.config.steps_topic}
+
+    def _wire(self) -> None:
+        app, config = self.app, self.config
+
+        @self.table.on_recover
+        async def _rebuild_timers() -> None:
+            n = self.processor.rebuild(self.table.items(), self.active_partitions())
+            self.ready = True
+            log.info("table recovered: %d runs on partitions %s", n, sorted(self.active_partitions()))
+
+        @app.agent(self.inputs, name="loopwarden.process")
+        async def process(stream):
+            async for event in stream.events():
+                await self.handle(event)
+
+        @app.timer(interval=config.tick_interval_s, name="loopwarden.tick")
+        async def _tick() -> None:
+            # A tick to each owned partition: timers then fire inside the agent, in
+            # stream order, so the changelog captures what they change.
+            for tp in self.app.assignor.assigned_actives():
+                if tp.topic == config.ticks_topic:
+                    await self.ticks.send(value=encode_tick(Tick()), partition=tp.partition, force=True)
+
+        @app.timer(interval=5.0, name="loopwarden.lag")
+        async def _lag() -> None:
+            await self.update_lag()
+
+        from loopwarden.streams.web import add_routes
+
+        add_routes(self)
+
+    async def handle(self, event) -> None:
+        msg = event.message
+        try:
+            out = self.processor.on_message(
+                msg.topic, msg.partition, event.key, event.value, _header(msg.headers, "content-type")
+            )
+        except Exception as exc:  # a bug of ours must not stop the stream nor lose the message
+            log.exception("internal error on %s[%d]@%d; dead-lettered", msg.topic, msg.partition, msg.offset)
+            out = Output(deadletter=DeadLetter("internal_error", f"{type(exc).__name__}: {exc}"))
+        acks = []
+        for t in out.transitions:
+            acks.append(await self.health.send(key=t.run_id.encode(), value=encode(t), force=True))
+        if out.deadletter is not None:
+            log.warning("invalid message on %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, out.deadletter.error)
+            headers = _pairs(msg.headers) + [
+                ("error", out.deadletter.error[:2000].encode()),
+                ("error_reason", out.deadletter.reason.encode()),
+                ("source_topic", msg.topic.encode()),
+                ("source_partition", str(msg.partition).encode()),
+                ("source_offset", str(msg.offset).encode()),
+            ]
+            acks.append(await self.deadletter.send(key=event.key, value=event.value, headers=headers, force=True))
+        if acks:
+            await asyncio.gather(*acks)
+        self.processor.apply_writes(out)
+
+    async def update_lag(self) -> None:
+        consumer = self.app.consumer
+        roles = self.processor.roles
+        totals = {role: 0 for role in roles.values()}
+        try:
+            for tp in self.app.assignor.assigned_actives():
+                role = roles.get(tp.topic)
+                if role is None:
+                    continue
+                highwater = consumer.highwater(tp)
+                position = await consumer.position(tp)
+                if highwater is not None and position is not None:
+                    totals[role] += max(0, highwater - position)
+        except Exception:  # lag is best effort; never disturb the worker
+            log.debug("lag update failed", exc_info=True)
+            return
+        for role, lag in totals.items():
+            self.metrics.lag.labels(role).set(lag)
+
+
+def build(config: Config, metrics: Metrics | None = None) -> Loopwarden:
+    return Loopwarden(config, metrics)
+
+
+def run_worker(config: Config) -> None:
+    """Create topics, then run one Faust worker until SIGTERM/SIGINT."""
+    asyncio.run(ensure_topics(config))
+    lw = build(config)
+    worker = faust.Worker(lw.app, loglevel=config.log_level, quiet=True, redirect_stdouts=False)
+    worker.execute_from_commandline()
+

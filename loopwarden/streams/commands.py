@@ -1,0 +1,247 @@
+"""Kafka-side commands: worker, dev, simulate, tail, tick."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from loopwarden.streams.config import CLOCKS, STORES, Config, from_env
+from loopwarden.streams.exceptions import ConfigError
+
+COLORS = {
+    "RUNNING": "36", "WAITING": "33", "WAITING_UNROUTED": "33;1", "STUCK": "35;1", "BOUNDED_STOP": "34",
+    "FAILED": "31;1", "VERIFYING": "37", "VERIFIED_COMPLETE": "32;1", "FALSE_COMPLETE": "31", "UNCERTAIN": "35",
+}
+
+
+def _config(args: argparse.Namespace) -> Config:
+    overrides = {k: getattr(args, k, None) for k in (
+        "broker", "app_id", "steps_topic", "outcomes_topic", "health_topic", "deadletter_topic", "ticks_topic",
+        "partitions", "store", "data_dir", "web_host", "web_port", "clock", "tick_interval_s", "retention_s",
+        "log_level",
+    )}
+    try:
+        return from_env(overrides)
+    except ConfigError as exc:
+        raise SystemExit(f"loopwarden: {exc}") from None
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--broker", help="Kafka bootstrap host:port[,host:port] (env LOOPWARDEN_BROKER; default 127.0.0.1:9092)")
+    p.add_argument("--steps-topic", dest="steps_topic", help="default agent.steps (LOOPWARDEN_STEPS_TOPIC)")
+    p.add_argument("--outcomes-topic", dest="outcomes_topic", help="default agent.outcomes (LOOPWARDEN_OUTCOMES_TOPIC)")
+    p.add_argument("--health-topic", dest="health_topic", help="default agent.health (LOOPWARDEN_HEALTH_TOPIC)")
+    p.add_argument("--deadletter-topic", dest="deadletter_topic", help="default agent.deadletter (LOOPWARDEN_DEADLETTER_TOPIC)")
+    p.add_argument("--ticks-topic", dest="ticks_topic", help="default loopwarden.ticks (LOOPWARDEN_TICKS_TOPIC)")
+    p.add_argument("--partitions", type=int, help="partitions of the topics it creates (LOOPWARDEN_PARTITIONS; default 8)")
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("worker", help="run a stream-processor worker (Faust) against Kafka")
+    _common(p)
+    p.add_argument("--app-id", dest="app_id", help="consumer group / table prefix (LOOPWARDEN_APP_ID; default loopwarden)")
+    p.add_argument("--store", choices=STORES, help="table store (LOOPWARDEN_STORE; default memory)")
+    p.add_argument("--data-dir", dest="data_dir", help="RocksDB and Faust data directory (LOOPWARDEN_DATA_DIR)")
+    p.add_argument("--web-host", dest="web_host", help="HTTP bind address (LOOPWARDEN_WEB_HOST; default 127.0.0.1)")
+    p.add_argument("--web-port", dest="web_port", type=int, help="HTTP port (LOOPWARDEN_WEB_PORT; default 6066)")
+    p.add_argument("--clock", choices=CLOCKS, help="timer clock: wall (processing time) or event (LOOPWARDEN_CLOCK)")
+    p.add_argument("--tick-interval-s", dest="tick_interval_s", type=float, help="timer tick period (default 1.0)")
+    p.add_argument("--retention-s", dest="retention_s", type=float, help="drop settled runs after this (default 7 days)")
+    p.add_argument("--log-level", dest="log_level", help="info, warning, debug (LOOPWARDEN_LOG_LEVEL)")
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("simulate", help="publish a realistic mixed fleet (every state, receipts, bad messages)")
+    _common(p)
+    p.add_argument("--runs", type=int, default=200, help="number of runs (default 200)")
+    p.add_argument("--rate", type=float, default=5.0, help="runs started per second (default 5)")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--fast", action="store_true", help="publish as fast as possible with synthetic timestamps")
+    p.add_argument("--out", help="write JSON lines (valid events only) to this file instead of publishing")
+    p.add_argument("--inactivity-s", type=float, default=300.0, help="policy inactivity_timeout_s of simulated runs")
+    p.add_argument("--window-s", type=float, default=600.0, help="policy receipt_window_s of simulated runs")
+    p.add_argument("--bad-every", type=int, default=100, help="one invalid message after every N runs (0: none)")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("tail", help="print transitions from agent.health")
+    _common(p)
+    p.add_argument("--from-beginning", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the raw JSON lines")
+    p.add_argument("--idle-exit-s", type=float, default=None, help="exit after this long without a message")
+    p.set_defaults(func=cmd_tail)
+
+    p = sub.add_parser("tick", help="send one timer tick to every partition (with --clock event: advance the clock)")
+    _common(p)
+    p.add_argument("--now-ms", type=int, required=True, help="the clock value the workers move to")
+    p.set_defaults(func=cmd_tick)
+
+    p = sub.add_parser("dev", help="local Kafka + worker + simulated fleet; shows transitions live")
+    p.add_argument("--port", type=int, default=9092, help="broker port (a free one if taken)")
+    p.add_argument("--dir", default=".kafka", help="broker working directory (default .kafka)")
+    p.add_argument("--runs", type=int, default=300)
+    p.add_argument("--rate", type=float, default=3.0)
+    p.add_argument("--web-port", dest="web_port", type=int, default=6066)
+    p.set_defaults(func=cmd_dev)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from loopwarden.streams.app import run_worker
+
+    config = _config(args)
+    print(f"loopwarden worker: broker={config.broker} topics={config.steps_topic},{config.outcomes_topic} -> "
+          f"{config.health_topic} partitions={config.partitions} store={config.store} clock={config.clock} "
+          f"http://{config.web_host}:{config.web_port}", file=sys.stderr, flush=True)
+    run_worker(config)
+    return 0
+
+
+async def _simulate(config: Config, args: argparse.Namespace) -> int:
+    from loopwarden.publisher import Publisher
+    from loopwarden.simulate import fleet
+    from loopwarden.streams.topics import ensure_topics
+
+    await ensure_topics(config)  # before the broker auto-creates them with the wrong partition count
+    start = int(time.time() * 1000) if not args.fast else 1_780_000_000_000
+    messages = fleet(args.runs, seed=args.seed, start_ms=start, rate=args.rate,
+                     timers_s=(args.inactivity_s, args.window_s), bad_every=args.bad_every)
+    topics = {"steps": config.steps_topic, "outcomes": config.outcomes_topic}
+    async with Publisher(config.bootstrap, config.steps_topic, config.outcomes_topic) as pub:
+        t0 = time.monotonic()
+        for m in messages:
+            if not args.fast:
+                delay = (m.ts - start) / 1000 - (time.monotonic() - t0)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            await pub.publish_raw(topics[m.topic], m.key, m.value)
+        await pub.flush()
+    print(f"loopwarden simulate: published {len(messages)} messages for {args.runs} runs", file=sys.stderr)
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from loopwarden.simulate import fleet
+
+    if args.runs < 1 or args.rate <= 0:
+        raise SystemExit(f"loopwarden simulate: --runs must be >= 1 and --rate > 0, got {args.runs} and {args.rate}")
+    if args.out:
+        messages = fleet(args.runs, seed=args.seed, rate=args.rate, timers_s=(args.inactivity_s, args.window_s),
+                         bad_every=args.bad_every)
+        with open(args.out, "wb") as f:
+            for m in messages:
+                f.write(m.value + b"\n")
+        print(f"loopwarden simulate: wrote {len(messages)} lines to {args.out}", file=sys.stderr)
+        return 0
+    return asyncio.run(_simulate(_config(args), args))
+
+
+def format_transition(t: dict, color: bool) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(t["ts"] / 1000))
+    to = t["to_state"]
+    shown = f"\x1b[{COLORS.get(to, '0')}m{to:<17}\x1b[0m" if color else f"{to:<17}"
+    ev = t["evidence"]
+    extra = f" disagreements={','.join(ev['disagreements'])}" if ev.get("disagreements") else ""
+    return f"{stamp}  {t['run_id'][:44]:<44} {(t['from_state'] or '-'):>17} -> {shown} {t['reason']}{extra}"
+
+
+async def _tail(config: Config, args: argparse.Namespace) -> int:
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(config.health_topic, bootstrap_servers=config.bootstrap,
+                                auto_offset_reset="earliest" if args.from_beginning else "latest",
+                                enable_auto_commit=False, group_id=None)
+    await consumer.start()
+    color = sys.stdout.isatty() and not args.json
+    try:
+        while True:
+            batch = await consumer.getmany(timeout_ms=int((args.idle_exit_s or 1) * 1000))
+            if not batch and args.idle_exit_s is not None:
+                return 0
+            for records in batch.values():
+                for rec in records:
+                    if args.json:
+                        print(rec.value.decode(), flush=True)
+                    else:
+                        print(format_transition(json.loads(rec.value), color), flush=True)
+    finally:
+        await consumer.stop()
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_tail(_config(args), args))
+    except KeyboardInterrupt:
+        return 0
+
+
+async def _tick(config: Config, now_ms: int) -> int:
+    from loopwarden.publisher import Publisher
+    from loopwarden.streams.processor import Tick, encode_tick
+
+    async with Publisher(config.bootstrap) as pub:
+        parts = await pub.partitions(config.ticks_topic)
+        for p in sorted(parts):
+            await pub.publish_raw(config.ticks_topic, None, encode_tick(Tick(now_ms=now_ms)), partition=p)
+    return 0
+
+
+def cmd_tick(args: argparse.Namespace) -> int:
+    return asyncio.run(_tick(_config(args), args.now_ms))
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    """Start a local Kafka, one worker and a live simulated fleet; tail transitions until Ctrl-C."""
+    from loopwarden.localkafka import LocalKafka, fetch, free_port
+
+    fetch(quiet=False)
+    port = args.port if _port_free(args.port) else free_port()
+    kafka = LocalKafka(Path(args.dir), port=port)
+    print(f"loopwarden dev: starting Apache Kafka on 127.0.0.1:{port} (data in {args.dir}) ...", file=sys.stderr, flush=True)
+    kafka.start(timeout_s=120)
+    env = {**os.environ, "LOOPWARDEN_BROKER": kafka.bootstrap, "LOOPWARDEN_PARTITIONS": "4"}
+    procs: list[subprocess.Popen] = []
+    lw = [sys.executable, "-m", "loopwarden.cli"]
+    try:
+        worker_log = open(Path(args.dir) / "worker.log", "ab")
+        procs.append(subprocess.Popen([*lw, "worker", "--web-port", str(args.web_port)], env=env,
+                                      stdout=worker_log, stderr=subprocess.STDOUT))
+        print(f"loopwarden dev: worker started (log {args.dir}/worker.log; metrics http://127.0.0.1:{args.web_port}/metrics)",
+              file=sys.stderr, flush=True)
+        procs.append(subprocess.Popen([*lw, "simulate", "--runs", str(args.runs), "--rate", str(args.rate),
+                                       "--inactivity-s", "20", "--window-s", "30", "--bad-every", "40"], env=env))
+        print("loopwarden dev: simulated fleet publishing; transitions below (Ctrl-C to stop)\n", file=sys.stderr, flush=True)
+        from loopwarden.streams.commands import _tail as tail
+
+        ns = argparse.Namespace(from_beginning=True, json=False, idle_exit_s=None)
+        try:
+            asyncio.run(tail(from_env({"broker": kafka.bootstrap}), ns))
+        except KeyboardInterrupt:
+            pass
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        kafka.stop()
+        print("loopwarden dev: stopped", file=sys.stderr)
+    return 0
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

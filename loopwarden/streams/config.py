@@ -1,0 +1,105 @@
+"""Processor configuration: flags over environment variables over defaults, validated up front."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, fields
+
+from loopwarden.streams.exceptions import ConfigError
+
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_BROKER = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
+STORES = ("memory", "rocksdb")
+CLOCKS = ("wall", "event")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every knob of the processor. Each has an env var ``LOOPWARDEN_<NAME>``."""
+
+    broker: str = "127.0.0.1:9092"
+    app_id: str = "loopwarden"
+    steps_topic: str = "agent.steps"
+    outcomes_topic: str = "agent.outcomes"
+    health_topic: str = "agent.health"
+    deadletter_topic: str = "agent.deadletter"
+    # Internal: one tick per owned partition drives timers in stream order.
+    ticks_topic: str = "loopwarden.ticks"
+    partitions: int = 8
+    replication: int = 1
+    store: str = "memory"
+    data_dir: str = ".loopwarden-data"
+    web_host: str = "127.0.0.1"
+    web_port: int = 6066
+    token: str | None = field(default=None, repr=False)
+    clock: str = "wall"
+    tick_interval_s: float = 1.0
+    retention_s: float = 7 * 86400
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        for name in ("steps_topic", "outcomes_topic", "health_topic", "deadletter_topic", "ticks_topic"):
+            value = getattr(self, name)
+            if not _TOPIC.match(value):
+                raise ConfigError(f"{name}: {value!r} is not a valid Kafka topic name ([A-Za-z0-9._-], 1-249 chars)")
+        names = [self.steps_topic, self.outcomes_topic, self.health_topic, self.deadletter_topic, self.ticks_topic]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"topic names must differ, got {names}")
+        for part in self.broker.split(","):
+            if not _BROKER.match(part.strip()):
+                raise ConfigError(f"broker: {self.broker!r} is not host:port[,host:port...]")
+        if not re.match(r"^[A-Za-z0-9._-]{1,100}$", self.app_id):
+            raise ConfigError(f"app_id: {self.app_id!r} must be 1-100 chars of [A-Za-z0-9._-]")
+        if not 1 <= self.partitions <= 10_000:
+            raise ConfigError(f"partitions: {self.partitions} must be between 1 and 10000")
+        if not 1 <= self.replication <= 100:
+            raise ConfigError(f"replication: {self.replication} must be between 1 and 100")
+        if self.store not in STORES:
+            raise ConfigError(f"store: {self.store!r} must be one of {', '.join(STORES)}")
+        if self.clock not in CLOCKS:
+            raise ConfigError(f"clock: {self.clock!r} must be one of {', '.join(CLOCKS)}")
+        if not 0 <= self.web_port <= 65535:
+            raise ConfigError(f"web_port: {self.web_port} must be between 0 and 65535")
+        if not 0.05 <= self.tick_interval_s <= 3600:
+            raise ConfigError(f"tick_interval_s: {self.tick_interval_s} must be between 0.05 and 3600")
+        if self.retention_s <= 0:
+            raise ConfigError(f"retention_s: {self.retention_s} must be > 0")
+        if self.token is not None and len(self.token) < 16:
+            raise ConfigError("token: must be at least 16 characters (got a shorter one)")
+
+    @property
+    def broker_url(self) -> str:
+        return ";".join(f"kafka://{b.strip()}" for b in self.broker.split(","))
+
+    @property
+    def bootstrap(self) -> str:
+        return self.broker
+
+
+def env_name(name: str) -> str:
+    return "LOOPWARDEN_" + name.upper()
+
+
+def from_env(overrides: dict | None = None, environ: dict | None = None) -> Config:
+    """Build a Config from ``LOOPWARDEN_*`` variables, then ``overrides`` (flags; None = unset)."""
+    environ = os.environ if environ is None else environ
+    values: dict = {}
+    for f in fields(Config):
+        raw = environ.get(env_name(f.name))
+        if raw is None or raw == "":
+            continue
+        kind = f.type if isinstance(f.type, str) else f.type.__name__
+        try:
+            if kind.startswith("int"):
+                values[f.name] = int(raw)
+            elif kind.startswith("float"):
+                values[f.name] = float(raw)
+            else:
+                values[f.name] = raw
+        except ValueError:
+            raise ConfigError(f"{env_name(f.name)}: {raw!r} is not a valid {kind.split(' ')[0]}") from None
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            values[key] = value
+    return Config(**values)

@@ -1,0 +1,9 @@
+"""Errors raised by loopwarden.streams."""
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names it and the bad value."""
+
+
+class TopicLayoutError(RuntimeError):
+    """Existing topics do not fit (e.g. input topics not co-partitioned)."""

@@ -1,0 +1,247 @@
+"""What the Faust agent does with one message, without the Faust and Kafka parts.
+
+The agent hands every message (input event or tick) to :meth:`Processor.on_message`
+and performs the returned :class:`Output`: produce transitions, dead-letter the
+message. Per-run state lives in a mapping (the Faust table; a dict in tests),
+stored as MessagePack of :class:`Stored` (the run state plus the partition it
+belongs to, so timers can be rebuilt per partition after a rebalance).
+
+Timers cost O(due timers) per tick: one heap of ``(deadline, run_id)`` per owned
+partition, kept in memory and rebuilt from the table after every rebalance.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+
+import msgspec
+
+from loopwarden.codecs import STATES, HealthTransition, InvalidEvent, decode_outcome_event, decode_step_event
+from loopwarden.rules import RunState, Settings, apply, fire_next, next_deadline
+from loopwarden.rules.machine import Result
+from loopwarden.streams.metrics import Metrics
+
+log = logging.getLogger("loopwarden.processor")
+
+
+class Stored(msgspec.Struct, array_like=True):
+    """A table value: the run's state and the partition its events arrive on."""
+
+    partition: int
+    state: RunState
+
+
+class Tick(msgspec.Struct, frozen=True):
+    """A timer tick, produced to every partition of the ticks topic."""
+
+    now_ms: int | None = None  # None: use the processor's clock
+
+
+_encode_stored = msgspec.msgpack.Encoder().encode
+_decode_stored = msgspec.msgpack.Decoder(Stored).decode
+_decode_tick = msgspec.json.Decoder(Tick).decode
+encode_tick = msgspec.json.Encoder().encode
+
+
+@dataclass
+class DeadLetter:
+    reason: str
+    error: str
+
+
+@dataclass
+class Output:
+    """What the agent must do, in this order: produce ``transitions`` and the dead letter,
+    wait for their acks, then write ``writes`` to the table (None deletes). Written after
+    the acks, a restart can repeat a transition (same run_id, seq) but never lose one."""
+
+    transitions: list[HealthTransition] = field(default_factory=list)
+    deadletter: DeadLetter | None = None
+    writes: dict[str, bytes | None] = field(default_factory=dict)
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Processor:
+    """Per-worker processing state around the pure core."""
+
+    def __init__(
+        self,
+        table: MutableMapping[bytes, bytes],
+        *,
+        steps_topic: str,
+        outcomes_topic: str,
+        ticks_topic: str,
+        settings: Settings,
+        metrics: Metrics,
+        clock: str = "wall",
+        wall_ms=wall_clock_ms,
+    ) -> None:
+        self.table = table
+        self.roles = {steps_topic: "steps", outcomes_topic: "outcomes", ticks_topic: "ticks"}
+        self.settings = settings
+        self.metrics = metrics
+        self.clock_mode = clock
+        self.wall_ms = wall_ms
+        self.heaps: dict[int, list[tuple[int, str]]] = {}
+        self.clocks: dict[int, int] = {}  # event-time clock per partition (clock == "event")
+        self.state_counts: dict[str, int] = {}
+
+    # -- clock ----------------------------------------------------------------------
+    def _now(self, partition: int, ts: int | None) -> int:
+        """Processing time, or in event-time mode the partition's clock moved to ``ts``.
+
+        Only events on agent.steps and ticks move the event-time clock: receipts are
+        consumed from another topic, possibly far ahead, and are not activity.
+        """
+        if self.clock_mode == "wall":
+            return self.wall_ms()
+        clock = max(self.clocks.get(partition, 0), ts or 0)
+        self.clocks[partition] = clock
+        return clock
+
+    # -- table ----------------------------------------------------------------------
+    def load(self, run_id: str, out: Output | None = None) -> RunState | None:
+        raw = out.writes[run_id] if out is not None and run_id in out.writes else self.table.get(run_id.encode())
+        return None if raw is None else _decode_stored(raw).state
+
+    def _store(self, partition: int, run_id: str, res: Result, out: Output, before: str | None) -> None:
+        for kind, label in res.notes:
+            self.metrics.note(kind, label)
+        now_wall = self.wall_ms()
+        for t in res.transitions:
+            self.metrics.transitions.labels(t.from_state or "none", t.to_state).inc()
+            self.metrics.latency.observe(max(0.0, (now_wall - t.ts) / 1000))
+        out.transitions += res.transitions
+        state = res.state
+        after = state.health if state is not None else None
+        if before != after:
+            self._count(before, -1)
+            self._count(after, +1)
+        if state is None:
+            out.writes[run_id] = None
+            return
+        out.writes[run_id] = _encode_stored(Stored(partition, state))
+        deadline = next_deadline(state, self.settings)
+        if deadline is not None:
+            heapq.heappush(self.heaps.setdefault(partition, []), (deadline, run_id))
+
+    def _count(self, state: str | None, delta: int) -> None:
+        if state is None:
+            return
+        self.state_counts[state] = self.state_counts.get(state, 0) + delta
+        self.metrics.runs.labels(state).set(self.state_counts[state])
+
+    def apply_writes(self, out: Output) -> None:
+        """Write the output's states to the table (after the transitions were acked)."""
+        for run_id, raw in out.writes.items():
+            key = run_id.encode()
+            if raw is None:
+                self.table.pop(key, None)
+            else:
+                self.table[key] = raw
+
+    def rebuild(self, items, partitions: set[int]) -> int:
+        """Rebuild timer heaps and state counts from the table (after recovery).
+
+        Only runs of ``partitions`` (this worker's active ones) count: the memory
+        store may still hold keys of partitions that moved to another worker.
+        """
+        self.heaps.clear()
+        self.state_counts = {}
+        for state in STATES:
+            self.metrics.runs.labels(state).set(0)
+        n = 0
+        for key, raw in items:
+            stored = _decode_stored(raw)
+            if stored.partition not in partitions:
+                continue
+            run_id = key.decode() if isinstance(key, bytes) else key
+            n += 1
+            self._count(stored.state.health, +1)
+            deadline = next_deadline(stored.state, self.settings)
+            if deadline is not None:
+                self.heaps.setdefault(stored.partition, []).append((deadline, run_id))
+        for heap in self.heaps.values():
+            heapq.heapify(heap)
+        return n
+
+    # -- timers ---------------------------------------------------------------------
+    def fire_due(self, partition: int, now_ms: int, out: Output) -> None:
+        """Fire every due timer of ``partition`` in deadline order: O(due timers)."""
+        heap = self.heaps.get(partition)
+        while heap and heap[0][0] <= now_ms:
+            deadline, run_id = heapq.heappop(heap)
+            state = self.load(run_id, out)
+            if state is None or next_deadline(state, self.settings) != deadline:
+                continue  # stale entry: the run changed since this deadline was set
+            before = state.health
+            self._store(partition, run_id, fire_next(state, now_ms, self.settings), out, before)
+
+    # -- messages -------------------------------------------------------------------
+    def on_message(
+        self,
+        topic: str,
+        partition: int,
+        key: bytes | None,
+        value: bytes | None,
+        content_type: str | None = None,
+    ) -> Output:
+        """Handle one consumed message. Never raises on anything a producer can send."""
+        out = Output()
+        role = self.roles.get(topic)
+        if role is None:
+            out.deadletter = DeadLetter("wrong_topic", f"topic {topic!r} is not an input of this processor")
+            self.metrics.invalid.labels("steps", "wrong_topic").inc()
+            return out
+        if role == "ticks":
+            try:
+                tick = _decode_tick(value or b"{}")
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                return self._reject(out, role, InvalidEvent("undecodable", f"bad tick: {exc}"))
+            self.metrics.events.labels("ticks", "tick").inc()
+            now = self._now(partition, tick.now_ms) if tick.now_ms is not None else self._now(partition, None)
+            self.fire_due(partition, now, out)
+            return out
+
+        try:
+            decode = decode_step_event if role == "steps" else decode_outcome_event
+            event = decode(value if value is not None else b"", content_type)
+        except InvalidEvent as exc:
+            return self._reject(out, role, exc)
+        if key is None or key != event.run_id.encode():
+            shown = None if key is None else key[:80]
+            return self._reject(out, role, InvalidEvent(
+                "key_mismatch",
+                f"message key {shown!r} does not match run_id {event.run_id!r} (events must be keyed by run_id)",
+            ))
+        self.metrics.events.labels(role, event.__struct_config__.tag).inc()
+        now = self._now(partition, event.ts if role == "steps" else None)
+        # Timers due by now fire first, exactly as offline replay fires them before an event.
+        self.fire_due(partition, now, out)
+        state = self.load(event.run_id, out)
+        before = state.health if state is not None else None
+        self._store(partition, event.run_id, apply(state, event, now), out, before)
+        return out
+
+    def _reject(self, out: Output, role: str, exc: InvalidEvent) -> Output:
+        self.metrics.invalid.labels(role, exc.reason).inc()
+        out.deadletter = DeadLetter(exc.reason, str(exc))
+        return out
+
+    def runs_in_state(self, state: str, partitions: set[int], limit: int = 1000) -> list[dict]:
+        """Runs of this worker in ``state`` (a table scan; for the read API, not the hot path)."""
+        found = []
+        for key, raw in list(self.table.items()):
+            stored = _decode_stored(raw)
+            if stored.partition in partitions and stored.state.health == state:
+                found.append({"run_id": stored.state.run_id, "seq": stored.state.seq, "agent": stored.state.agent})
+                if len(found) >= limit:
+                    break
+        return found

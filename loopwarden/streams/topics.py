@@ -1,0 +1,50 @@
+"""Topic layout: create what is missing, refuse what does not fit."""
+
+from __future__ import annotations
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
+
+from loopwarden.streams.config import Config
+from loopwarden.streams.exceptions import TopicLayoutError
+
+
+async def ensure_topics(config: Config, timeout_s: float = 30) -> None:
+    """Create the topics if missing; refuse input topics that are not co-partitioned.
+
+    The input topics and the ticks topic must have the same partition count: the
+    run table is partitioned like them, and a tick of partition p fires p's timers.
+    """
+    admin = AIOKafkaAdminClient(bootstrap_servers=config.bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    await admin.start()
+    try:
+        wanted = [config.steps_topic, config.outcomes_topic, config.ticks_topic, config.health_topic, config.deadletter_topic]
+        # Describe only topics that exist: a metadata request for a missing topic
+        # lets a broker with auto.create.topics.enable create it with 1 partition.
+        present = set(await admin.list_topics())
+        existing = await admin.describe_topics([t for t in wanted if t in present]) if present & set(wanted) else []
+        counts = {t["topic"]: len(t["partitions"]) for t in existing if t.get("error_code", 0) == 0 and t["partitions"]}
+        missing = [name for name in wanted if name not in counts]
+        if missing:
+            try:
+                await admin.create_topics(
+                    [NewTopic(name, config.partitions, config.replication) for name in missing]
+                )
+            except KafkaError as exc:  # another worker may have created them meanwhile
+                if "TopicAlreadyExists" not in type(exc).__name__:
+                    raise
+            for name in missing:
+                counts[name] = config.partitions
+        co = {name: counts[name] for name in (config.steps_topic, config.outcomes_topic, config.ticks_topic)}
+        if len(set(co.values())) != 1:
+            raise TopicLayoutError(
+                "input topics must be co-partitioned (same partition count), got "
+                + ", ".join(f"{k}={v}" for k, v in co.items())
+            )
+        if co[config.steps_topic] != config.partitions:
+            raise TopicLayoutError(
+                f"{config.steps_topic} has {co[config.steps_topic]} partitions but partitions={config.partitions}; "
+                "set LOOPWARDEN_PARTITIONS to the existing count"
+            )
+    finally:
+        await admin.close()
