@@ -42,12 +42,15 @@ def conditions_of(policy: Policy | None) -> tuple[Condition, ...]:
 def is_evaluated(step: StepFinished) -> bool:
     """Whether the SDK evaluates ``stopWhen`` after this step.
 
-    Only after a step with at least one client tool call, finish reason ``stop``
-    or ``tool-calls``, and every call settled (result, error or denial).
+    As ``ai`` 7 does (``shouldStartNextStep``): the step has at least one client
+    tool call, every call settled (result, error or denial), and the finish reason
+    is not ``interrupted``. spec.md names only ``stop``/``tool-calls`` here; the SDK
+    also evaluates after e.g. a ``content-filter`` step whose calls were all denied
+    or failed (measured by the differential oracle), and loopwarden follows the SDK.
     """
     return (
         bool(step.tool_calls)
-        and step.finish_reason in CONTINUING_FINISH
+        and step.finish_reason != "interrupted"
         and all(tc.status in SETTLED_STATUSES for tc in step.tool_calls)
     )
 
@@ -112,18 +115,23 @@ def derive_cause(
     reported_fired: Sequence[str],
     conditions: Sequence[Condition],
 ) -> tuple[str, tuple[str, ...]]:
-    """Re-derive a segment's stop cause from its steps (spec.md section 5).
+    """Re-derive a segment's stop cause from its steps (spec.md section 5, with the SDK's rule).
 
+    Rules 1-4 as spec.md; rule 3 ("finish reason not stop/tool-calls") applies, as in
+    the SDK, only where the loop could not have gone on: a step whose calls all
+    settled under another finish reason was still evaluated (see :func:`is_evaluated`).
     Returns the derived cause and the derived fired set (empty under rules 1-4).
     """
     if steps_seen == 0:
         return "unknown", ()
     if "approval_requested" in last_statuses:
         return "approval_required", ()
-    if not last_statuses or last_finish_reason not in CONTINUING_FINISH:
+    if not last_statuses or last_finish_reason == "interrupted":
         return "natural_finish", ()
-    if "pending" in last_statuses:
-        return "unexecuted_tool", ()
+    if any(status not in SETTLED_STATUSES for status in last_statuses):  # a call has no result
+        if last_finish_reason not in CONTINUING_FINISH:
+            return "natural_finish", ()  # the model's finish: tools were not run
+        return "unexecuted_tool", ()  # an explicit done signal
     custom_declared = {cid for cid in declared_ids(conditions) if cid.startswith("custom:")}
     fired = set(fired_at_last) | {cid for cid in reported_fired if cid in custom_declared}
     if fired:

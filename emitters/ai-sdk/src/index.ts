@@ -1,0 +1,35 @@
+/**
+ * @loopwarden/ai-sdk — publish content-free run, step and stop records of AI SDK agents to
+ * loopwarden (spec.md). See README.md for the integration.
+ */
+export {
+  createLoopwarden,
+  Loopwarden,
+  WatchedAgent,
+  AgentRun,
+  TextRun,
+  type LoopwardenOptions,
+  type LoopwardenStats,
+  type PolicyOptions,
+  type RunOptions,
+  type ReceiptInput,
+  type ApprovalRouter,
+  type ApprovalRouting,
+  type ApprovalRequestInfo,
+} from './instrument.js';
+export {
+  isStepCount,
+  stepCountIs,
+  hasToolCall,
+  isLoopFinished,
+  tokenBudget,
+  namedCondition,
+  describeCondition,
+  stepTokens,
+  type AnyStopCondition,
+} from './conditions.js';
+export { MemorySink, KafkaSink, type Sink, type SinkRecord, type KafkaSinkOptions } from './sinks.js';
+export { Publisher, type PublisherOptions, type PublisherStats } from './publisher.js';
+export { summarizeStep, deriveBoundaryCause, sdkEvaluatesAfter, clipId, type StepSummary, type CallOutcome, type BoundaryVerdict } from './steps.js';
+export { LoopwardenConfigError } from './errors.js';
+export * from './events.js';

@@ -1,0 +1,744 @@
+/**
+ * Instrumenting ToolLoopAgent, generateText and streamText for one application-level run.
+ *
+ * Per `generate()`/`stream()` call (a *segment*), the instrumentation:
+ * - adds its own `onStepEnd` (the SDK's `onStepFinish`) that publishes `step_finished` and then
+ *   calls the caller's own per-call callback (the agent's settings callbacks are merged by the SDK);
+ * - passes a per-call `stopWhen` whose conditions are the agent's own, each wrapped to record what
+ *   it returned (same value, same timing), so `run_ended.fired` names what fired at the last
+ *   evaluation; without a `stopWhen` the SDK's default cap is left untouched;
+ * - wraps the call's promise, the only place an abort or timeout between steps is seen, and
+ *   publishes `run_ended` with the cause derived as in steps.ts.
+ * Everything it does is guarded: an internal failure is counted, the agent call proceeds as if
+ * uninstrumented, and nothing waits for Kafka.
+ */
+import { generateText, isStepCount as sdkIsStepCount, streamText, type ToolLoopAgent } from 'ai';
+import { describeCondition, firedIds, type AnyStopCondition } from './conditions.js';
+import { LoopwardenConfigError } from './errors.js';
+import {
+  encodeEvent,
+  LIMITS,
+  RECEIPT_KINDS,
+  VERIFIERS,
+  type Condition,
+  type EvidenceValue,
+  type OutcomeReceipt,
+  type Policy,
+  type ReceiptKind,
+  type StepsEvent,
+  type Verifier,
+} from './events.js';
+import { Publisher, type PublisherOptions, type PublisherStats } from './publisher.js';
+import type { Sink } from './sinks.js';
+import { approvalOf, clipId, deriveBoundaryCause, sdkEvaluatesAfter, summarizeStep, type CallOutcome, type StepSummary } from './steps.js';
+
+/** What the application is told when a segment stops for an approval. */
+export interface ApprovalRequestInfo {
+  runId: string;
+  agent: string;
+  segment: number;
+  approvalId: string;
+  toolCallId: string;
+  toolName: string;
+}
+
+/** Routing data the application attaches to an approval request (all three make it WAITING). */
+export interface ApprovalRouting {
+  owner?: string | null;
+  /** ms since the epoch */
+  deadlineTs?: number | null;
+  resumeToken?: string | null;
+}
+
+/** Called synchronously when a segment ends with `approval_required`; may return routing data. */
+export type ApprovalRouter = (request: ApprovalRequestInfo) => ApprovalRouting | null | undefined;
+
+/** Policy knobs other than `stop_when`, which is read from the agent / call. */
+export interface PolicyOptions {
+  /** Agent name on the wire (1–100 chars, a bounded set per fleet). Default: agent id, else 'agent'. */
+  agent?: string;
+  /** Recorded with every verdict. Default: the Loopwarden option, else 'unversioned'. */
+  policyVersion?: string;
+  inactivityTimeoutS?: number;
+  receiptWindowS?: number;
+  requiredOutcomes?: ReceiptKind[];
+  routeApproval?: ApprovalRouter;
+}
+
+export interface LoopwardenOptions extends PolicyOptions, PublisherOptions {
+  sink: Sink;
+  /** Topic names; defaults `agent.steps` and `agent.outcomes`. */
+  topics?: { steps?: string; outcomes?: string };
+  /** Clock in ms since the epoch (default Date.now). */
+  now?: () => number;
+  /** Told about failures inside the instrumentation (they are counted and swallowed). */
+  onInternalError?: (error: unknown) => void;
+}
+
+export interface RunOptions {
+  /** Segment number of the first call made through this handle (default 0). */
+  segment?: number;
+  /** Publish run_started before the first call (default: only when `segment` is 0). */
+  publishRunStarted?: boolean;
+  /** Approval id the run is waiting for, when resuming in another process. */
+  pendingApprovalId?: string;
+  routeApproval?: ApprovalRouter;
+}
+
+export interface ReceiptInput {
+  runId: string;
+  receiptId: string;
+  kind: ReceiptKind;
+  verifier: Verifier;
+  verified: boolean;
+  evidence?: Record<string, EvidenceValue>;
+  ts?: number;
+}
+
+export interface LoopwardenStats extends PublisherStats {
+  /** failures inside the instrumentation, swallowed so the agent is never affected */
+  internalErrors: number;
+}
+
+const DEFAULT_AGENT_STEP_CAP = 20;
+
+function checkRange(value: unknown, what: string, ok: (v: number) => boolean): void {
+  if (value !== undefined && (typeof value !== 'number' || !ok(value))) {
+    throw new LoopwardenConfigError(`${what} is invalid: ${String(value)}`);
+  }
+}
+
+function checkPolicyOptions(options: PolicyOptions): void {
+  if (options.agent !== undefined) {
+    const length = [...String(options.agent)].length;
+    if (typeof options.agent !== 'string' || length < 1 || length > 100) {
+      throw new LoopwardenConfigError(`agent name must be 1–100 characters, got ${JSON.stringify(options.agent)}`);
+    }
+  }
+  if (
+    options.policyVersion !== undefined &&
+    (typeof options.policyVersion !== 'string' || [...options.policyVersion].length > LIMITS.policyVersion)
+  ) {
+    throw new LoopwardenConfigError(`policyVersion must be a string of at most ${LIMITS.policyVersion} characters`);
+  }
+  const seconds = (v: number) => Number.isFinite(v) && v > 0 && v <= LIMITS.maxSeconds;
+  checkRange(options.inactivityTimeoutS, 'inactivityTimeoutS (seconds)', seconds);
+  checkRange(options.receiptWindowS, 'receiptWindowS (seconds)', seconds);
+  const kinds = options.requiredOutcomes;
+  if (
+    kinds !== undefined &&
+    (!Array.isArray(kinds) ||
+      new Set(kinds).size !== kinds.length ||
+      kinds.some((k) => !(RECEIPT_KINDS as readonly string[]).includes(k)))
+  ) {
+    throw new LoopwardenConfigError(`requiredOutcomes must be distinct receipt kinds (${RECEIPT_KINDS.join(', ')}), got ${JSON.stringify(kinds)}`);
+  }
+}
+
+function checkRunId(runId: unknown): asserts runId is string {
+  const length = typeof runId === 'string' ? [...runId].length : 0;
+  if (typeof runId !== 'string' || length < 1 || length > 200) {
+    throw new LoopwardenConfigError(`runId must be a string of 1–200 characters, got ${JSON.stringify(runId)}`);
+  }
+}
+
+/** A described stop policy: the wire conditions plus the SDK conditions to wrap per call. */
+interface DescribedPolicy {
+  stopWhen: Condition[] | null;
+  /** null: no stopWhen given, the SDK's own default runs unwrapped */
+  entries: Array<{ condition: AnyStopCondition; description: Condition }> | null;
+}
+
+function describeStopWhen(stopWhen: unknown, toolNames: readonly string[], label: string): DescribedPolicy {
+  if (stopWhen === undefined || stopWhen === null) return { stopWhen: null, entries: null };
+  const list = Array.isArray(stopWhen) ? stopWhen : [stopWhen];
+  if (list.length > LIMITS.stopWhenItems) {
+    throw new LoopwardenConfigError(`${label} has ${list.length} conditions; the wire allows ${LIMITS.stopWhenItems}`);
+  }
+  const entries = list.map((condition, i) => ({
+    condition: condition as AnyStopCondition,
+    description: describeCondition(condition, {
+      toolNames,
+      where: Array.isArray(stopWhen) ? `${label}[${i}]` : label,
+    }),
+  }));
+  return { stopWhen: entries.map((e) => e.description), entries };
+}
+
+function approvalResponsesIn(messages: unknown): Array<{ approvalId: string; approved: boolean }> {
+  // Only the trailing tool message(s): the answers this call resumes with, not older history.
+  if (!Array.isArray(messages)) return [];
+  const found: Array<{ approvalId: string; approved: boolean }> = [];
+  for (let i = messages.length - 1; i >= 0; i -= 1) {
+    const message = messages[i] as { role?: unknown; content?: unknown } | undefined;
+    if (message?.role !== 'tool') break;
+    const parts = Array.isArray(message.content) ? message.content : [];
+    for (const part of parts as Array<Record<string, unknown>>) {
+      if (part?.type === 'tool-approval-response' && typeof part.approvalId === 'string') {
+        found.push({ approvalId: part.approvalId, approved: part.approved === true });
+      }
+    }
+  }
+  return found.reverse();
+}
+
+type Callback = ((event: unknown) => unknown) | undefined;
+
+/** The client: one publisher, many runs. */
+export class Loopwarden {
+  readonly topics: { steps: string; outcomes: string };
+  private readonly publisher: Publisher;
+  private readonly now: () => number;
+  private internalErrors = 0;
+
+  constructor(readonly options: LoopwardenOptions) {
+    if (options == null || options.sink == null || typeof options.sink.send !== 'function') {
+      throw new LoopwardenConfigError('createLoopwarden needs a sink (KafkaSink or MemorySink)');
+    }
+    checkPolicyOptions(options);
+    this.topics = {
+      steps: options.topics?.steps ?? 'agent.steps',
+      outcomes: options.topics?.outcomes ?? 'agent.outcomes',
+    };
+    if (!this.topics.steps || !this.topics.outcomes) throw new LoopwardenConfigError('topic names must not be empty');
+    this.publisher = new Publisher(options.sink, options);
+    this.now = options.now ?? Date.now;
+  }
+
+  /** Guard for everything that runs inside an agent call. */
+  internalError(error: unknown): void {
+    this.internalErrors += 1;
+    try {
+      this.options.onInternalError?.(error);
+    } catch {
+      // the error hook itself failed: nothing else to do
+    }
+  }
+
+  clock(): number {
+    return Math.trunc(this.now());
+  }
+
+  /** Queue one agent.steps event. Never throws, never waits. */
+  emit(event: StepsEvent): boolean {
+    try {
+      return this.publisher.enqueue({ topic: this.topics.steps, key: event.run_id, value: encodeEvent(event) });
+    } catch (error) {
+      this.internalError(error);
+      return false;
+    }
+  }
+
+  policyFor(described: DescribedPolicy, options: PolicyOptions): Policy {
+    return {
+      version: options.policyVersion ?? this.options.policyVersion ?? 'unversioned',
+      stop_when: described.stopWhen,
+      inactivity_timeout_s: options.inactivityTimeoutS ?? this.options.inactivityTimeoutS ?? 300,
+      receipt_window_s: options.receiptWindowS ?? this.options.receiptWindowS ?? 600,
+      required_outcomes: [...(options.requiredOutcomes ?? this.options.requiredOutcomes ?? [])],
+    };
+  }
+
+  /**
+   * Watch a ToolLoopAgent. Reads its `stopWhen` once and describes it (throws
+   * LoopwardenConfigError for an opaque condition, at set-up time rather than in a run).
+   */
+  instrument<AGENT extends ToolLoopAgent<any, any, any, any>>(agent: AGENT, options: PolicyOptions = {}): WatchedAgent<AGENT> {
+    checkPolicyOptions(options);
+    const settings = (agent as unknown as { settings?: { stopWhen?: unknown } }).settings;
+    if (agent == null || typeof agent.generate !== 'function' || settings == null) {
+      throw new LoopwardenConfigError('instrument(agent) needs a ToolLoopAgent (its settings were not readable)');
+    }
+    const toolNames = Object.keys((agent.tools ?? {}) as object);
+    const described = describeStopWhen(settings.stopWhen, toolNames, 'stopWhen');
+    const name = options.agent ?? this.options.agent ?? agent.id ?? 'agent';
+    checkPolicyOptions({ agent: name });
+    return new WatchedAgent(this, agent, name, described, this.policyFor(described, options), options);
+  }
+
+  /** A run driven by `generateText`/`streamText` directly (policy read from each call's options). */
+  run(runId: string, options: PolicyOptions & RunOptions = {}): TextRun {
+    checkRunId(runId);
+    checkPolicyOptions(options);
+    const name = options.agent ?? this.options.agent ?? 'agent';
+    checkPolicyOptions({ agent: name });
+    return new TextRun(this, runId, name, options);
+  }
+
+  /** Publish an outcome receipt on the outcomes topic (for destinations, validators, humans). */
+  publishReceipt(receipt: ReceiptInput): boolean {
+    checkRunId(receipt.runId);
+    if (typeof receipt.receiptId !== 'string' || receipt.receiptId.length === 0 || [...receipt.receiptId].length > LIMITS.id) {
+      throw new LoopwardenConfigError(`receiptId must be 1–${LIMITS.id} characters`);
+    }
+    const evidence = Object.entries(receipt.evidence ?? {});
+    if (evidence.length > LIMITS.evidenceKeys) throw new LoopwardenConfigError(`evidence allows at most ${LIMITS.evidenceKeys} keys`);
+    for (const [key, value] of evidence) {
+      const okValue =
+        typeof value === 'boolean' ||
+        (typeof value === 'number' && Number.isFinite(value)) ||
+        (typeof value === 'string' && value.length <= LIMITS.evidenceString);
+      if (key.length > LIMITS.evidenceKey || !okValue) {
+        throw new LoopwardenConfigError(`evidence[${JSON.stringify(key)}] must be a str (<= ${LIMITS.evidenceString}), number or bool under a key of <= ${LIMITS.evidenceKey} characters`);
+      }
+    }
+    if (!(RECEIPT_KINDS as readonly string[]).includes(receipt.kind)) {
+      throw new LoopwardenConfigError(`receipt kind must be one of ${RECEIPT_KINDS.join(', ')}`);
+    }
+    if (!(VERIFIERS as readonly string[]).includes(receipt.verifier)) {
+      throw new LoopwardenConfigError(`verifier must be one of ${VERIFIERS.join(', ')}`);
+    }
+    const event: OutcomeReceipt = {
+      type: 'outcome_receipt',
+      run_id: receipt.runId,
+      ts: receipt.ts ?? this.clock(),
+      receipt_id: receipt.receiptId,
+      kind: receipt.kind,
+      verifier: receipt.verifier,
+      verified: receipt.verified === true,
+      evidence: { ...(receipt.evidence ?? {}) },
+    };
+    return this.publisher.enqueue({ topic: this.topics.outcomes, key: event.run_id, value: encodeEvent(event) });
+  }
+
+  /** Routing data for a pending approval, added after the segment ended. */
+  approvalRouted(runId: string, approvalId: string, routing: ApprovalRouting): boolean {
+    checkRunId(runId);
+    const approval = approvalOf({ approvalId, toolCallId: '', toolName: '' }, routing);
+    return this.emit({
+      type: 'approval_routed',
+      run_id: runId,
+      ts: this.clock(),
+      approval_id: approval.approval_id,
+      owner: approval.owner,
+      deadline_ts: approval.deadline_ts,
+      resume_token: approval.resume_token,
+    });
+  }
+
+  /** The decision on a pending approval (published automatically when a resume call carries it). */
+  approvalResolved(runId: string, approvalId: string, approved: boolean): boolean {
+    checkRunId(runId);
+    return this.emit({ type: 'approval_resolved', run_id: runId, ts: this.clock(), approval_id: clipId(approvalId), approved: approved === true });
+  }
+
+  stats(): LoopwardenStats {
+    return { ...this.publisher.stats(), internalErrors: this.internalErrors };
+  }
+
+  /** Wait until queued events are delivered (or `timeoutMs`); true when all were. */
+  flush(timeoutMs?: number): Promise<boolean> {
+    return this.publisher.flush(timeoutMs);
+  }
+
+  /** Flush, then close the sink. Call on shutdown. */
+  close(timeoutMs?: number): Promise<LoopwardenStats> {
+    return this.publisher.close(timeoutMs).then((stats) => ({ ...stats, internalErrors: this.internalErrors }));
+  }
+}
+
+/** Create the client. */
+export function createLoopwarden(options: LoopwardenOptions): Loopwarden {
+  return new Loopwarden(options);
+}
+
+/** State shared by the segments of one run. */
+class RunState {
+  started: boolean;
+  nextSegment: number;
+  pendingApprovalId: string | null;
+  readonly resolved = new Set<string>();
+
+  constructor(
+    readonly lw: Loopwarden,
+    readonly runId: string,
+    readonly agent: string,
+    readonly options: RunOptions & PolicyOptions,
+  ) {
+    const first = options.segment ?? 0;
+    if (!Number.isSafeInteger(first) || first < 0) throw new LoopwardenConfigError(`segment must be an integer >= 0, got ${first}`);
+    this.nextSegment = first;
+    this.started = !(options.publishRunStarted ?? first === 0);
+    this.pendingApprovalId = options.pendingApprovalId ?? null;
+  }
+
+  /** Start a segment: run_started (first time), approval_resolved for the answers carried. */
+  begin(policy: Policy, described: DescribedPolicy, messages: unknown): SegmentTracker {
+    if (!this.started) {
+      this.started = true;
+      this.lw.emit({ type: 'run_started', run_id: this.runId, ts: this.lw.clock(), agent: this.agent, policy });
+    }
+    for (const { approvalId, approved } of approvalResponsesIn(messages)) {
+      if (this.resolved.has(approvalId)) continue;
+      if (this.pendingApprovalId !== null && approvalId !== this.pendingApprovalId) continue;
+      this.resolved.add(approvalId);
+      this.lw.approvalResolved(this.runId, approvalId, approved);
+    }
+    this.pendingApprovalId = null;
+    const segment = this.nextSegment;
+    this.nextSegment += 1;
+    return new SegmentTracker(this, segment, described);
+  }
+
+  approvalRouted(approvalId: string, routing: ApprovalRouting): boolean {
+    return this.lw.approvalRouted(this.runId, approvalId, routing);
+  }
+
+  approvalResolved(approvalId: string, approved: boolean): boolean {
+    this.resolved.add(approvalId);
+    if (this.pendingApprovalId === approvalId) this.pendingApprovalId = null;
+    return this.lw.approvalResolved(this.runId, approvalId, approved);
+  }
+}
+
+/** One `generate()`/`stream()` call. */
+class SegmentTracker {
+  readonly steps: StepSummary[] = [];
+  private evaluatedLength = -1;
+  private readonly evaluatedFired = new Set<string>();
+  private ended = false;
+
+  constructor(
+    readonly run: RunState,
+    readonly segment: number,
+    readonly described: DescribedPolicy,
+  ) {}
+
+  private guard(fn: () => void): void {
+    try {
+      fn();
+    } catch (error) {
+      this.run.lw.internalError(error);
+    }
+  }
+
+  onStep(step: unknown): void {
+    this.guard(() => {
+      if (this.ended) return;
+      const summary = summarizeStep(step, this.steps.length);
+      this.steps.push(summary);
+      this.run.lw.emit({
+        type: 'step_finished',
+        run_id: this.run.runId,
+        ts: this.run.lw.clock(),
+        segment: this.segment,
+        step: summary.step,
+        finish_reason: summary.finish_reason,
+        tool_calls: summary.tool_calls,
+        usage: summary.usage,
+      });
+    });
+  }
+
+  /** The call's own stopWhen, each condition wrapped to record its result; undefined = leave as is. */
+  wrappedStopWhen(): AnyStopCondition[] | undefined {
+    if (this.described.entries === null) return undefined;
+    return this.described.entries.map(({ condition, description }) => {
+      const wrapped: AnyStopCondition = (options) => {
+        const result = condition(options);
+        const note = (value: unknown) =>
+          this.guard(() => {
+            const steps = (options as { steps: ArrayLike<unknown> }).steps;
+            if (steps.length !== this.evaluatedLength) {
+              this.evaluatedLength = steps.length;
+              this.evaluatedFired.clear();
+            }
+            if (value) for (const id of firedIds(description, steps)) this.evaluatedFired.add(id);
+          });
+        if (result != null && typeof (result as PromiseLike<boolean>).then === 'function') {
+          return Promise.resolve(result).then((value) => {
+            note(value);
+            return value;
+          });
+        }
+        note(result);
+        return result;
+      };
+      return wrapped;
+    });
+  }
+
+  /** Whether stopWhen was evaluated after the last step, and the ids that were true then. */
+  private lastEvaluation(): { evaluatedAtLast: boolean; fired: string[] } {
+    if (this.described.entries === null) {
+      // The SDK's default cap ran unwrapped (so its warning still logs): infer the evaluation
+      // from the SDK's rule; the cap fires exactly at the 20th step.
+      const evaluatedAtLast = sdkEvaluatesAfter(this.steps[this.steps.length - 1]);
+      const fired = evaluatedAtLast && sdkIsStepCount(DEFAULT_AGENT_STEP_CAP)({ steps: this.steps as never }) === true;
+      return { evaluatedAtLast, fired: fired ? [`step_count:${DEFAULT_AGENT_STEP_CAP}`] : [] };
+    }
+    if (this.steps.length === 0 || this.evaluatedLength !== this.steps.length) return { evaluatedAtLast: false, fired: [] };
+    return { evaluatedAtLast: true, fired: [...this.evaluatedFired].sort() };
+  }
+
+  end(outcome: CallOutcome): void {
+    this.guard(() => {
+      if (this.ended) return;
+      this.ended = true;
+      const evaluation =
+        outcome.kind === 'resolved' ? this.lastEvaluation() : { evaluatedAtLast: false, fired: [] as string[] };
+      const fired = evaluation.fired;
+      const verdict = deriveBoundaryCause(outcome, this.steps, evaluation);
+      let approval = null;
+      if (verdict.approvalRequest) {
+        const request = verdict.approvalRequest;
+        const router = this.run.options.routeApproval ?? this.run.lw.options.routeApproval;
+        let routing: ApprovalRouting | null | undefined;
+        try {
+          routing = router?.({ runId: this.run.runId, agent: this.run.agent, segment: this.segment, ...request });
+        } catch (error) {
+          this.run.lw.internalError(error);
+        }
+        approval = approvalOf(request, routing);
+        this.run.pendingApprovalId = request.approvalId;
+      }
+      this.run.lw.emit({
+        type: 'run_ended',
+        run_id: this.run.runId,
+        ts: this.run.lw.clock(),
+        segment: this.segment,
+        cause: verdict.cause,
+        fired: verdict.cause === 'stop_condition' || verdict.cause === 'tool_error' ? fired.slice(0, LIMITS.firedItems) : [],
+        step_count: this.steps.length,
+        approval,
+        error_name: verdict.errorName,
+      });
+    });
+  }
+
+  /** Call parameters with our callbacks and conditions; the caller's own are called too. */
+  callParams<P extends object>(params: P, opts: { hookEnd: boolean }): P {
+    const original = params as Record<string, unknown>;
+    const { onStepFinish, onStepEnd, ...rest } = original;
+    const userStep = (onStepEnd ?? onStepFinish) as Callback;
+    const out: Record<string, unknown> = {
+      ...rest,
+      onStepEnd: (event: unknown) => {
+        this.onStep(event);
+        return userStep?.(event);
+      },
+    };
+    const stopWhen = this.wrappedStopWhen();
+    if (stopWhen !== undefined) out.stopWhen = stopWhen;
+    if (opts.hookEnd) {
+      const { onFinish, onEnd } = original;
+      const userEnd = (onEnd ?? onFinish) as Callback;
+      delete out.onFinish;
+      out.onEnd = (event: unknown) => {
+        this.end({ kind: 'resolved' });
+        return userEnd?.(event);
+      };
+    }
+    return out as P;
+  }
+
+  /** Follow a streaming result: its steps promise rejects on abort, timeout and error. */
+  watchStream(result: unknown, abortSignal: AbortSignal | undefined): void {
+    this.guard(() => {
+      // `result.steps` would start consuming the stream; the private delayed promise does not.
+      const delayed = (result as { _steps?: { promise?: Promise<unknown> } } | null)?._steps?.promise;
+      if (delayed && typeof delayed.then === 'function') {
+        delayed.then(
+          () => undefined,
+          (error: unknown) => this.end({ kind: 'rejected', error, signalAborted: abortSignal?.aborted === true }),
+        );
+      }
+    });
+  }
+
+  /** Wrap a generate-style promise. Same value, same error; run_ended on the way. */
+  follow<T>(promise: PromiseLike<T>, abortSignal: AbortSignal | undefined): Promise<T> {
+    return Promise.resolve(promise).then(
+      (value) => {
+        this.end({ kind: 'resolved' });
+        return value;
+      },
+      (error: unknown) => {
+        this.end({ kind: 'rejected', error, signalAborted: abortSignal?.aborted === true });
+        throw error;
+      },
+    );
+  }
+}
+
+/** A ToolLoopAgent with loopwarden attached; `run(runId)` gives the per-run handle. */
+export class WatchedAgent<AGENT extends ToolLoopAgent<any, any, any, any>> {
+  constructor(
+    private readonly lw: Loopwarden,
+    readonly agent: AGENT,
+    readonly name: string,
+    private readonly described: DescribedPolicy,
+    /** The policy published in run_started. */
+    readonly policy: Policy,
+    private readonly options: PolicyOptions,
+  ) {}
+
+  /** The handle for one application-level run; each generate()/stream() on it is a segment. */
+  run(runId: string, options: RunOptions = {}): AgentRun<AGENT> {
+    checkRunId(runId);
+    const state = new RunState(this.lw, runId, this.name, { ...this.options, ...options });
+    return new AgentRun(this.lw, state, this.agent, this.described, this.policy);
+  }
+}
+
+function abortSignalOf(params: unknown): AbortSignal | undefined {
+  const signal = (params as { abortSignal?: unknown } | null)?.abortSignal;
+  return signal instanceof AbortSignal ? signal : undefined;
+}
+
+/** Run handle for a ToolLoopAgent: `generate` and `stream` take the agent's own parameters. */
+export class AgentRun<AGENT extends ToolLoopAgent<any, any, any, any>> {
+  /** Same parameters and result as `agent.generate`. */
+  readonly generate: AGENT['generate'];
+  /** Same parameters and result as `agent.stream`. The run ends when the stream is consumed. */
+  readonly stream: AGENT['stream'];
+
+  constructor(
+    private readonly lw: Loopwarden,
+    private readonly state: RunState,
+    agent: AGENT,
+    described: DescribedPolicy,
+    policy: Policy,
+  ) {
+    const begin = (params: unknown): SegmentTracker | undefined => {
+      try {
+        return state.begin(policy, described, (params as { messages?: unknown } | null)?.messages);
+      } catch (error) {
+        lw.internalError(error);
+        return undefined;
+      }
+    };
+    this.generate = ((params: Parameters<AGENT['generate']>[0]) => {
+      const tracker = begin(params);
+      let callParams = params;
+      try {
+        if (tracker) callParams = tracker.callParams(params, { hookEnd: false });
+      } catch (error) {
+        lw.internalError(error);
+      }
+      const promise = agent.generate(callParams);
+      return tracker ? tracker.follow(promise, abortSignalOf(params)) : promise;
+    }) as AGENT['generate'];
+    this.stream = ((params: Parameters<AGENT['stream']>[0]) => {
+      const tracker = begin(params);
+      let callParams = params;
+      try {
+        if (tracker) callParams = tracker.callParams(params, { hookEnd: true });
+      } catch (error) {
+        lw.internalError(error);
+      }
+      const promise = agent.stream(callParams);
+      if (!tracker) return promise;
+      return Promise.resolve(promise).then(
+        (result) => {
+          tracker.watchStream(result, abortSignalOf(params));
+          return result;
+        },
+        (error: unknown) => {
+          tracker.end({ kind: 'rejected', error, signalAborted: abortSignalOf(params)?.aborted === true });
+          throw error;
+        },
+      );
+    }) as AGENT['stream'];
+  }
+
+  get runId(): string {
+    return this.state.runId;
+  }
+
+  /** The segment number the next generate()/stream() call will get. */
+  get nextSegment(): number {
+    return this.state.nextSegment;
+  }
+
+  approvalRouted(approvalId: string, routing: ApprovalRouting): boolean {
+    return this.state.approvalRouted(approvalId, routing);
+  }
+
+  approvalResolved(approvalId: string, approved: boolean): boolean {
+    return this.state.approvalResolved(approvalId, approved);
+  }
+}
+
+/**
+ * Run handle for direct `generateText`/`streamText` calls. The policy is read from the first
+ * call's `stopWhen` (generateText's default is `isStepCount(1)`, published as such).
+ */
+export class TextRun {
+  /** Same signature and result as the SDK's `generateText`. */
+  readonly generateText: typeof generateText;
+  /** Same signature and result as the SDK's `streamText`. The run ends when the stream is consumed. */
+  readonly streamText: typeof streamText;
+  private readonly state: RunState;
+
+  constructor(
+    private readonly lw: Loopwarden,
+    runId: string,
+    agent: string,
+    private readonly options: PolicyOptions & RunOptions,
+  ) {
+    this.state = new RunState(lw, runId, agent, options);
+    const begin = (params: Record<string, unknown>): SegmentTracker | undefined => {
+      try {
+        const toolNames = Object.keys((params.tools ?? {}) as object);
+        // generateText/streamText stop after one step unless told otherwise.
+        const stopWhen = params.stopWhen ?? sdkIsStepCount(1);
+        const described = describeStopWhen(stopWhen, toolNames, 'stopWhen');
+        return this.state.begin(lw.policyFor(described, this.options), described, params.messages);
+      } catch (error) {
+        lw.internalError(error);
+        return undefined;
+      }
+    };
+    this.generateText = ((params: Record<string, unknown>) => {
+      const tracker = begin(params);
+      let callParams = params;
+      try {
+        if (tracker) callParams = tracker.callParams(params, { hookEnd: false });
+      } catch (error) {
+        lw.internalError(error);
+      }
+      const promise = generateText(callParams as never);
+      return tracker ? tracker.follow(promise, abortSignalOf(params)) : promise;
+    }) as typeof generateText;
+    this.streamText = ((params: Record<string, unknown>) => {
+      const tracker = begin(params);
+      let callParams = params;
+      try {
+        if (tracker) {
+          callParams = tracker.callParams(params, { hookEnd: true });
+          const userAbort = params.onAbort as Callback;
+          callParams.onAbort = (event: unknown) => {
+            tracker.end({
+              kind: 'rejected',
+              error: (event as { reason?: unknown } | null)?.reason ?? new DOMException('aborted', 'AbortError'),
+              signalAborted: true,
+            });
+            return userAbort?.(event);
+          };
+        }
+      } catch (error) {
+        lw.internalError(error);
+      }
+      const result = streamText(callParams as never);
+      tracker?.watchStream(result, abortSignalOf(params));
+      return result;
+    }) as typeof streamText;
+  }
+
+  get runId(): string {
+    return this.state.runId;
+  }
+
+  get nextSegment(): number {
+    return this.state.nextSegment;
+  }
+
+  approvalRouted(approvalId: string, routing: ApprovalRouting): boolean {
+    return this.state.approvalRouted(approvalId, routing);
+  }
+
+  approvalResolved(approvalId: string, approved: boolean): boolean {
+    return this.state.approvalResolved(approvalId, approved);
+  }
+}

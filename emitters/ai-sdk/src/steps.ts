@@ -1,0 +1,226 @@
+/**
+ * Content-free reading of SDK step results, and the stop cause as the integration boundary sees it.
+ *
+ * Only ids, names, statuses, finish reasons and token counts are read: never text, tool inputs
+ * or outputs. Nothing here throws on an unexpected shape; it degrades to `other`/`pending`/null.
+ */
+import {
+  FINISH_REASONS,
+  LIMITS,
+  type Approval,
+  type Cause,
+  type FinishReason,
+  type ToolCallRecord,
+  type Usage,
+} from './events.js';
+
+/** The content-free part of one step, as published in `step_finished`. */
+export interface StepSummary {
+  step: number;
+  finish_reason: FinishReason;
+  tool_calls: ToolCallRecord[];
+  usage: Usage;
+  /** approval id per tool call id, for calls whose status is `approval_requested`. */
+  approvalIds: Map<string, string>;
+}
+
+type Part = Record<string, unknown> & { type?: unknown };
+
+/** An identifier kept within the wire limits (1–200 characters). */
+export function clipId(value: unknown): string {
+  const text = typeof value === 'string' ? value : String(value ?? '');
+  return text.length === 0 ? '-' : [...text].slice(0, LIMITS.id).join('');
+}
+
+function optionalText(value: unknown, max: number): string | null {
+  return typeof value === 'string' && value.length > 0 && [...value].length <= max ? value : null;
+}
+
+function tokenCount(value: unknown): number | null {
+  return typeof value === 'number' && Number.isSafeInteger(value) && value >= 0 ? value : null;
+}
+
+function finishReasonOf(value: unknown): FinishReason {
+  return (FINISH_REASONS as readonly unknown[]).includes(value) ? (value as FinishReason) : 'other';
+}
+
+/**
+ * Summarise an SDK StepResult (from `onStepEnd`/`onStepFinish` or `result.steps`).
+ *
+ * Status of each client-executed tool call, from the step's content parts:
+ * `tool-error` → error; `tool-result` → result; a denying `tool-approval-response` → denied;
+ * a user (non-automatic) `tool-approval-request` → approval_requested; otherwise pending.
+ */
+export function summarizeStep(step: unknown, fallbackStepNumber = 0): StepSummary {
+  const s = (step ?? {}) as Record<string, unknown>;
+  const content = Array.isArray(s.content) ? (s.content as Part[]) : [];
+  const calls: Array<{ id: string; name: string }> = [];
+  const errors = new Set<string>();
+  const results = new Set<string>();
+  const denied = new Set<string>();
+  const requested = new Map<string, string>();
+  for (const part of content) {
+    if (part == null || typeof part !== 'object') continue;
+    switch (part.type) {
+      case 'tool-call':
+        if (part.providerExecuted !== true && typeof part.toolCallId === 'string') {
+          calls.push({ id: part.toolCallId, name: clipId(part.toolName) });
+        }
+        break;
+      case 'tool-error':
+        if (typeof part.toolCallId === 'string') errors.add(part.toolCallId);
+        break;
+      case 'tool-result':
+        if (typeof part.toolCallId === 'string' && part.preliminary !== true) results.add(part.toolCallId);
+        break;
+      case 'tool-approval-request': {
+        const id = (part.toolCall as { toolCallId?: unknown } | undefined)?.toolCallId;
+        if (typeof id === 'string' && part.isAutomatic !== true && typeof part.approvalId === 'string') {
+          requested.set(id, part.approvalId);
+        }
+        break;
+      }
+      case 'tool-approval-response': {
+        const id = (part.toolCall as { toolCallId?: unknown } | undefined)?.toolCallId;
+        if (typeof id === 'string' && part.approved === false) denied.add(id);
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  const approvalIds = new Map<string, string>();
+  const toolCalls = calls.slice(0, LIMITS.toolCalls).map(({ id, name }): ToolCallRecord => {
+    let status: ToolCallRecord['status'] = 'pending';
+    if (errors.has(id)) status = 'error';
+    else if (results.has(id)) status = 'result';
+    else if (denied.has(id)) status = 'denied';
+    else if (requested.has(id)) {
+      status = 'approval_requested';
+      approvalIds.set(clipId(id), requested.get(id)!);
+    }
+    return { id: clipId(id), name, status };
+  });
+  const usage = (s.usage ?? {}) as Record<string, unknown>;
+  return {
+    step: tokenCount(s.stepNumber) ?? fallbackStepNumber,
+    finish_reason: finishReasonOf(s.finishReason),
+    tool_calls: toolCalls,
+    usage: {
+      input_tokens: tokenCount(usage.inputTokens),
+      output_tokens: tokenCount(usage.outputTokens),
+      total_tokens: tokenCount(usage.totalTokens),
+    },
+    approvalIds,
+  };
+}
+
+function errorNames(error: unknown): string[] {
+  // An error may wrap the abort reason (RetryError.lastError, Error.cause): look one level in.
+  const names: string[] = [];
+  const seen = new Set<unknown>();
+  const queue: unknown[] = [error];
+  while (queue.length > 0 && names.length < 8) {
+    const e = queue.shift();
+    if (e == null || typeof e !== 'object' || seen.has(e)) continue;
+    seen.add(e);
+    const name = (e as { name?: unknown }).name;
+    if (typeof name === 'string') names.push(name);
+    queue.push((e as { cause?: unknown }).cause, (e as { lastError?: unknown }).lastError);
+  }
+  return names;
+}
+
+/** What ended a `generate()`/`stream()` call, as observed at the boundary. */
+export type CallOutcome =
+  | { kind: 'resolved' }
+  | { kind: 'rejected'; error: unknown; signalAborted: boolean };
+
+export interface BoundaryVerdict {
+  cause: Cause;
+  errorName: string | null;
+  /** set when cause is approval_required: the first approval request of the last step */
+  approvalRequest: { approvalId: string; toolCallId: string; toolName: string } | null;
+}
+
+/**
+ * Whether the SDK evaluates `stopWhen` after this step (ai 7, `shouldStartNextStep`): the finish
+ * reason is not `interrupted`, the step has client tool calls and every one of them has a result,
+ * an error or a denial. Unlike spec.md's rule, any other finish reason qualifies: a `length` step
+ * whose calls were all denied (or invalid, hence errors) is evaluated and the loop may continue
+ * (measured by test/oracle/sdk-oracle.mjs).
+ */
+export function sdkEvaluatesAfter(step: StepSummary | undefined): boolean {
+  return (
+    step !== undefined &&
+    step.finish_reason !== 'interrupted' &&
+    step.tool_calls.length > 0 &&
+    step.tool_calls.every((c) => c.status === 'result' || c.status === 'error' || c.status === 'denied')
+  );
+}
+
+/**
+ * The cause of one segment, as derived at the boundary.
+ *
+ * A rejected call: TimeoutError → timeout; an aborted signal or AbortError → aborted; else error.
+ * A resolved call, on its last step L: no steps → unknown; an approval request →
+ * approval_required; a tool error → tool_error; stopWhen evaluated after L (observed by the
+ * wrapped conditions) → stop_condition when something fired, else unknown; no tool calls or a
+ * finish reason other than stop/tool-calls → natural_finish; a pending call → unexecuted_tool.
+ */
+export function deriveBoundaryCause(
+  outcome: CallOutcome,
+  steps: readonly StepSummary[],
+  evaluation: { evaluatedAtLast: boolean; fired: readonly string[] },
+): BoundaryVerdict {
+  if (outcome.kind === 'rejected') {
+    const names = errorNames(outcome.error);
+    const first = names[0] === undefined ? null : [...names[0]].slice(0, LIMITS.errorName).join('');
+    if (names.includes('TimeoutError')) return { cause: 'timeout', errorName: 'TimeoutError', approvalRequest: null };
+    if (outcome.signalAborted || names.includes('AbortError')) {
+      return { cause: 'aborted', errorName: first ?? 'AbortError', approvalRequest: null };
+    }
+    return { cause: 'error', errorName: first, approvalRequest: null };
+  }
+  const last = steps[steps.length - 1];
+  if (last === undefined) return { cause: 'unknown', errorName: null, approvalRequest: null };
+  const requested = last.tool_calls.find((call) => call.status === 'approval_requested');
+  if (requested) {
+    return {
+      cause: 'approval_required',
+      errorName: null,
+      approvalRequest: {
+        approvalId: clipId(last.approvalIds.get(requested.id) ?? requested.id),
+        toolCallId: requested.id,
+        toolName: requested.name,
+      },
+    };
+  }
+  const verdict = (cause: Cause): BoundaryVerdict => ({ cause, errorName: null, approvalRequest: null });
+  if (last.tool_calls.some((call) => call.status === 'error')) return verdict('tool_error');
+  if (evaluation.evaluatedAtLast) return verdict(evaluation.fired.length > 0 ? 'stop_condition' : 'unknown');
+  if (last.tool_calls.length === 0 || (last.finish_reason !== 'stop' && last.finish_reason !== 'tool-calls')) {
+    return verdict('natural_finish');
+  }
+  if (last.tool_calls.some((call) => call.status === 'pending')) return verdict('unexecuted_tool');
+  return verdict('unknown');
+}
+
+/** The wire Approval of an approval request plus the application's routing data. */
+export function approvalOf(
+  request: { approvalId: string; toolCallId: string; toolName: string },
+  routing: { owner?: string | null; deadlineTs?: number | null; resumeToken?: string | null } | null | undefined,
+): Approval {
+  return {
+    approval_id: clipId(request.approvalId),
+    tool_call_id: clipId(request.toolCallId),
+    tool_name: clipId(request.toolName),
+    // Routing data outside the wire limits is dropped (null): the run then shows as unrouted.
+    owner: optionalText(routing?.owner, LIMITS.id),
+    deadline_ts:
+      typeof routing?.deadlineTs === 'number' && Number.isSafeInteger(routing.deadlineTs) && routing.deadlineTs >= 0
+        ? routing.deadlineTs
+        : null,
+    resume_token: optionalText(routing?.resumeToken, LIMITS.resumeToken),
+  };
+}

@@ -1,0 +1,348 @@
+// Real ToolLoopAgents (MockLanguageModelV4, no network) instrumented with the in-memory sink:
+// what is published, in which order, with which cause — and that the agent never notices.
+import assert from 'node:assert/strict';
+import { before, test } from 'node:test';
+import { ToolLoopAgent, jsonSchema, tool } from 'ai';
+import { MockLanguageModelV4 } from 'ai/test';
+import {
+  createLoopwarden,
+  decodeEvent,
+  hasToolCall,
+  isStepCount,
+  LoopwardenConfigError,
+  MemorySink,
+  namedCondition,
+  tokenBudget,
+} from '../dist/index.js';
+import { LEAK_MARKER, modelStep, runScenarios, scriptedModel } from './e2e/scenarios.mjs';
+import { drawCase } from './oracle/sdk-oracle.mjs';
+import { schemaValidator } from './helpers/schema.mjs';
+
+globalThis.AI_SDK_LOG_WARNINGS = false;
+
+let sink;
+let expected;
+let byRun;
+
+before(async () => {
+  sink = new MemorySink();
+  ({ expected } = await runScenarios({ sink, prefix: '' }));
+  byRun = new Map();
+  for (const event of sink.events()) {
+    if (!byRun.has(event.run_id)) byRun.set(event.run_id, []);
+    byRun.get(event.run_id).push(event);
+  }
+});
+
+const ended = (run) => byRun.get(run).filter((e) => e.type === 'run_ended');
+
+test('every published event validates against the JSON Schema and the TS decoder', () => {
+  const validate = schemaValidator();
+  assert.ok(sink.records.length > 50);
+  for (const record of sink.records) {
+    assert.equal(validate(JSON.parse(record.value)), null, record.value);
+    assert.doesNotThrow(() => decodeEvent(record.value), record.value);
+    assert.equal(record.key, JSON.parse(record.value).run_id, 'keyed by run id');
+    assert.equal(record.topic, JSON.parse(record.value).type === 'outcome_receipt' ? 'agent.outcomes' : 'agent.steps');
+  }
+});
+
+test('content-free: no prompt, text, tool input or output reaches the wire', () => {
+  const forbidden = new Set(['text', 'input', 'output', 'content', 'messages', 'prompt', 'args', 'result', 'reasoning', 'error']);
+  const walk = (value, path) => {
+    if (Array.isArray(value)) value.forEach((v, i) => walk(v, `${path}[${i}]`));
+    else if (value && typeof value === 'object') {
+      for (const [k, v] of Object.entries(value)) {
+        assert.ok(!forbidden.has(k), `${path}.${k} must not be published`);
+        walk(v, `${path}.${k}`);
+      }
+    }
+  };
+  for (const record of sink.records) {
+    assert.ok(!record.value.includes(LEAK_MARKER), `leaked content: ${record.value}`);
+    assert.ok(!record.value.includes('upstream refused'), `leaked a tool error message: ${record.value}`);
+    walk(JSON.parse(record.value), '$');
+  }
+});
+
+test('each run: run_started first, contiguous steps per segment, one run_ended per segment with its step count', () => {
+  for (const [run, events] of byRun) {
+    const steps = events.filter((e) => e.type !== 'outcome_receipt');
+    assert.equal(steps[0].type, 'run_started', run);
+    assert.equal(steps.filter((e) => e.type === 'run_started').length, 1, run);
+    const segments = new Map();
+    for (const e of steps) {
+      if (e.type === 'step_finished') {
+        const seen = segments.get(e.segment) ?? [];
+        assert.equal(e.step, seen.length, `${run}: step gap in segment ${e.segment}`);
+        seen.push(e);
+        segments.set(e.segment, seen);
+      }
+      if (e.type === 'run_ended') assert.equal(e.step_count, (segments.get(e.segment) ?? []).length, run);
+    }
+    const ends = ended(run);
+    assert.deepEqual(ends.map((e) => e.segment), ends.map((_, i) => i), `${run}: segments 0..n`);
+  }
+});
+
+test('causes, fired ids and error names per case of the research note', () => {
+  const want = {
+    'natural-verified': ['natural_finish', [], null],
+    'natural-no-receipt': ['natural_finish', [], null],
+    'done-without-execute-verified': ['unexecuted_tool', [], null],
+    'done-with-execute-negative': ['stop_condition', ['tool_call:done'], null],
+    'done-with-execute-receipt-first': ['stop_condition', ['tool_call:done'], null],
+    'step-cap': ['stop_condition', ['step_count:3'], null],
+    'default-step-cap': ['stop_condition', ['step_count:20'], null],
+    'token-budget': ['stop_condition', ['token_budget:50'], null],
+    'tool-error-stop': ['tool_error', ['custom:stop-on-tool-error'], null],
+    'tool-error-recovered': ['natural_finish', [], null],
+    'approval-routed': ['approval_required', [], null],
+    'approval-unrouted': ['approval_required', [], null],
+    'approval-routed-later': ['approval_required', [], null],
+    abort: ['aborted', [], 'AbortError'],
+    'timeout-total': ['timeout', [], 'TimeoutError'],
+    'timeout-step': ['timeout', [], 'TimeoutError'],
+    'stream-natural': ['natural_finish', [], null],
+    'generate-text-done': ['stop_condition', ['tool_call:done'], null],
+  };
+  for (const [run, [cause, fired, errorName]] of Object.entries(want)) {
+    const [end] = ended(run).slice(-1);
+    assert.deepEqual([end.cause, end.fired, end.error_name], [cause, fired, errorName], run);
+  }
+  assert.deepEqual(Object.keys(expected).sort(), [...byRun.keys()].sort());
+});
+
+test('policies: described from stopWhen; a missing stopWhen is null (the 20-step default)', () => {
+  const policy = (run) => byRun.get(run)[0].policy;
+  assert.deepEqual(policy('step-cap').stop_when, [{ kind: 'step_count', count: 3 }, { kind: 'tool_call', tools: ['done'] }]);
+  assert.equal(policy('default-step-cap').stop_when, null);
+  assert.deepEqual(policy('token-budget').stop_when, [{ kind: 'step_count', count: 20 }, { kind: 'token_budget', max_tokens: 50 }]);
+  assert.deepEqual(policy('tool-error-stop').stop_when[1], { kind: 'custom', name: 'stop-on-tool-error', role: 'bound' });
+  assert.equal(policy('step-cap').version, 'e2e-v1');
+});
+
+test('approvals: routed data travels in run_ended; a resume is segment 1 after approval_resolved', () => {
+  const routed = ended('approval-routed')[0].approval;
+  assert.equal(routed.owner, 'ops-oncall');
+  assert.equal(routed.resume_token, `resume-${routed.approval_id}`);
+  assert.ok(routed.deadline_ts > Date.now());
+  assert.equal(routed.tool_name, 'deploy');
+  assert.equal(routed.tool_call_id, 'c1');
+  assert.deepEqual(ended('approval-unrouted')[0].approval, { ...ended('approval-unrouted')[0].approval, owner: null, deadline_ts: null, resume_token: null });
+  const types = byRun.get('approval-resumed').map((e) => `${e.type}${e.segment ?? ''}`);
+  assert.deepEqual(types, ['run_started', 'step_finished0', 'run_ended0', 'approval_resolved', 'step_finished1', 'run_ended1', 'outcome_receipt']);
+  const resolved = byRun.get('approval-resumed').find((e) => e.type === 'approval_resolved');
+  assert.equal(resolved.approval_id, ended('approval-resumed')[0].approval.approval_id);
+  assert.equal(resolved.approved, true);
+  assert.equal(byRun.get('approval-denied').find((e) => e.type === 'approval_resolved').approved, false);
+  assert.equal(byRun.get('approval-routed-later').at(-1).type, 'approval_routed');
+});
+
+// --- the agent must not notice -------------------------------------------------------------------
+
+const schema = jsonSchema({ type: 'object' });
+function buildAgent(extra = {}) {
+  return new ToolLoopAgent({
+    model: scriptedModel([
+      modelStep({ calls: [['c1', 'search']] }),
+      modelStep({ calls: [['c2', 'failing']] }),
+      modelStep({ calls: [['c3', 'search']] }),
+      modelStep({ text: 'done' }),
+    ]),
+    tools: {
+      search: tool({ inputSchema: schema, execute: async () => `found ${LEAK_MARKER}` }),
+      failing: tool({ inputSchema: schema, execute: async () => { throw new Error('nope'); } }),
+    },
+    stopWhen: [isStepCount(10), hasToolCall('done'), tokenBudget(1000)],
+    ...extra,
+  });
+}
+const observable = (result) =>
+  JSON.stringify({
+    text: result.text,
+    finishReason: result.finishReason,
+    steps: result.steps.map((s) => ({ n: s.stepNumber, f: s.finishReason, content: s.content, usage: s.usage })),
+    messages: result.response.messages,
+  });
+
+test('results are identical with and without instrumentation, and every onStepFinish still runs', async () => {
+  const plain = await buildAgent().generate({ prompt: 'p' });
+  const calls = [];
+  const agent = buildAgent({ onStepFinish: (s) => calls.push(`settings:${s.stepNumber}`) });
+  const lw = createLoopwarden({ sink: new MemorySink() });
+  const watched = await lw.instrument(agent).run('same').generate({ prompt: 'p', onStepFinish: (s) => calls.push(`call:${s.stepNumber}`) });
+  assert.equal(observable(watched), observable(plain));
+  assert.deepEqual(calls.sort(), ['call:0', 'call:1', 'call:2', 'call:3', 'settings:0', 'settings:1', 'settings:2', 'settings:3']);
+  await lw.close();
+});
+
+test('a failing sink, a throwing router and a throwing error hook never reach the agent', async () => {
+  const internal = [];
+  const lw = createLoopwarden({
+    sink: { send: () => { throw new Error('kafka down'); }, close: async () => { throw new Error('close failed'); } },
+    maxQueue: 3,
+    onInternalError: (e) => {
+      internal.push(e);
+      throw new Error('hook fails too');
+    },
+    routeApproval: () => { throw new Error('router bug'); },
+  });
+  const approvalAgent = new ToolLoopAgent({
+    model: scriptedModel([modelStep({ calls: [['c1', 'deploy']] })]),
+    tools: { deploy: tool({ inputSchema: schema, execute: async () => 'ok' }) },
+    toolApproval: { deploy: 'user-approval' },
+    stopWhen: isStepCount(5),
+  });
+  const result = await lw.instrument(approvalAgent).run('r').generate({ prompt: 'p' });
+  assert.equal(result.steps.length, 1);
+  assert.equal(internal.length, 1, 'the router failure is reported');
+  const plain = await buildAgent().generate({ prompt: 'p' });
+  const watched = await lw.instrument(buildAgent()).run('r2').generate({ prompt: 'p' });
+  assert.equal(observable(watched), observable(plain));
+  const stats = await lw.close(50);
+  assert.ok(stats.dropped > 0, 'queue overflow is counted');
+  assert.equal(stats.published, 0);
+});
+
+test('opaque conditions are refused when instrumenting, not during a run', () => {
+  const lw = createLoopwarden({ sink: new MemorySink() });
+  const agent = buildAgent({ stopWhen: [isStepCount(3), ({ steps }) => steps.length > 2] });
+  assert.throws(() => lw.instrument(agent), (e) => e instanceof LoopwardenConfigError && /stopWhen\[1\] is an opaque stop condition/.test(e.message));
+  assert.doesNotThrow(() => lw.instrument(buildAgent({ stopWhen: [namedCondition('gt2', 'bound', ({ steps }) => steps.length > 2)] })));
+  assert.throws(() => lw.instrument(buildAgent(), { agent: '' }), /agent name must be 1–100 characters/);
+  assert.throws(() => lw.instrument(buildAgent()).run(''), /runId must be a string of 1–200 characters/);
+  assert.throws(() => createLoopwarden({ sink: new MemorySink(), requiredOutcomes: ['invoice'] }), /requiredOutcomes must be distinct receipt kinds/);
+});
+
+test('agent.stream aborted mid-stream ends the segment as aborted', async () => {
+  const sink = new MemorySink();
+  const lw = createLoopwarden({ sink });
+  const controller = new AbortController();
+  const agent = new ToolLoopAgent({
+    model: new MockLanguageModelV4({
+      doStream: async () => ({
+        stream: new ReadableStream({
+          start(c) {
+            c.enqueue({ type: 'stream-start', warnings: [] });
+            c.enqueue({ type: 'text-start', id: 't' });
+            c.enqueue({ type: 'text-delta', id: 't', delta: 'partial' });
+            setTimeout(() => controller.abort(), 20); // never finishes by itself
+          },
+        }),
+      }),
+    }),
+    stopWhen: isStepCount(3),
+  });
+  const result = await lw.instrument(agent).run('s').stream({ prompt: 'p', abortSignal: controller.signal });
+  await result.consumeStream();
+  await lw.flush();
+  const events = sink.events();
+  assert.deepEqual(events.map((e) => e.type), ['run_started', 'run_ended']);
+  assert.equal(events[1].cause, 'aborted');
+  assert.equal(events[1].step_count, 0);
+});
+
+test('generateText without stopWhen is published as its own default, step_count 1', async () => {
+  const sink = new MemorySink();
+  const lw = createLoopwarden({ sink, agent: 'plain' });
+  const run = lw.run('g');
+  const result = await run.generateText({
+    model: scriptedModel([modelStep({ calls: [['c1', 'search']] })]),
+    tools: { search: tool({ inputSchema: schema, execute: async () => 'x' }) },
+    prompt: 'p',
+  });
+  assert.equal(result.steps.length, 1);
+  await lw.flush();
+  const [started, step, end] = sink.events();
+  assert.deepEqual(started.policy.stop_when, [{ kind: 'step_count', count: 1 }]);
+  assert.equal(step.tool_calls[0].status, 'result');
+  assert.deepEqual([end.cause, end.fired], ['stop_condition', ['step_count:1']]);
+});
+
+// --- the emitter against the SDK on random scripts -------------------------------------------------
+
+test('on 300 random scripts the emitted steps, cause and fired ids match what the SDK did', async () => {
+  const FACTORY = {
+    step_count: (c) => isStepCount(c.count),
+    tool_call: (c) => hasToolCall(...c.tools),
+    loop_finished: () => undefined,
+    token_budget: (c) => tokenBudget(c.max_tokens),
+  };
+  const seen = { stopped: 0, other: 0 };
+  for (let index = 0; index < 300; index += 1) {
+    const drawn = drawCase(42, index);
+    const script = [...drawn.steps, { finish: 'stop', calls: [], text: true, usage: { input: 1, output: 1 } }];
+    const desired = new Map(script.flatMap((s) => s.calls.map((c) => [c.id, c.status])));
+    let evaluatedAt = -1;
+    const recorder = namedCondition('recorder', 'completion', ({ steps }) => {
+      evaluatedAt = steps.length;
+      return false;
+    });
+    const conditions = drawn.stopWhen.map((c) => FACTORY[c.kind](c)).filter(Boolean);
+    let next = 0;
+    const agent = new ToolLoopAgent({
+      model: new MockLanguageModelV4({
+        doGenerate: async () => {
+          const s = script[next++] ?? script.at(-1);
+          return {
+            content: [
+              ...(s.text ? [{ type: 'text', text: 't' }] : []),
+              ...s.calls.map((c) => ({ type: 'tool-call', toolCallId: c.id, toolName: c.name, input: '{}' })),
+            ],
+            finishReason: { unified: s.finish, raw: undefined },
+            usage: {
+              inputTokens: { total: s.usage.input, noCache: undefined, cacheRead: undefined, cacheWrite: undefined },
+              outputTokens: { total: s.usage.output, text: undefined, reasoning: undefined },
+            },
+            warnings: [],
+          };
+        },
+      }),
+      tools: Object.fromEntries(
+        Object.entries(drawn.executable).map(([name, canRun]) => [
+          name,
+          tool({
+            inputSchema: schema,
+            ...(canRun
+              ? { execute: async (_i, { toolCallId }) => { if (desired.get(toolCallId) === 'error') throw new Error('x'); return 'ok'; } }
+              : {}),
+          }),
+        ]),
+      ),
+      maxRetries: 0,
+      stopWhen: [recorder, ...conditions],
+      toolApproval: ({ toolCall }) => ({ approval_requested: 'user-approval', denied: 'denied' })[desired.get(toolCall.toolCallId)],
+    });
+    const sink = new MemorySink();
+    const lw = createLoopwarden({ sink });
+    const result = await lw.instrument(agent).run(`case-${index}`).generate({ prompt: 'p' });
+    await lw.flush();
+    const events = sink.events();
+    const steps = events.filter((e) => e.type === 'step_finished');
+    const [end] = events.filter((e) => e.type === 'run_ended');
+    const where = `case ${index}: ${JSON.stringify(events)}`;
+    assert.equal(steps.length, result.steps.length, where);
+    assert.equal(end.step_count, result.steps.length, where);
+    const evaluatedAtLast = evaluatedAt === result.steps.length;
+    const last = steps.at(-1);
+    if (evaluatedAtLast) {
+      // the loop stopped right after an evaluation: something fired, and `fired` says what
+      const truth = [];
+      for (const c of drawn.stopWhen) {
+        if (c.kind === 'step_count' && result.steps.length === c.count) truth.push(`step_count:${c.count}`);
+        if (c.kind === 'tool_call') for (const t of c.tools) if (last.tool_calls.some((x) => x.name === t)) truth.push(`tool_call:${t}`);
+        if (c.kind === 'token_budget' && result.steps.reduce((n, s) => n + (s.usage.totalTokens ?? (s.usage.inputTokens ?? 0) + (s.usage.outputTokens ?? 0)), 0) >= c.max_tokens) truth.push(`token_budget:${c.max_tokens}`);
+      }
+      assert.deepEqual(end.fired, [...new Set(truth)].sort(), where);
+      assert.ok(end.fired.length > 0, where);
+      assert.ok(['stop_condition', 'tool_error'].includes(end.cause), where);
+      seen.stopped += 1;
+    } else {
+      seen.other += 1;
+      assert.deepEqual(end.fired, [], where);
+      assert.ok(['natural_finish', 'unexecuted_tool', 'approval_required', 'tool_error'].includes(end.cause), where);
+    }
+  }
+  assert.ok(seen.stopped >= 30 && seen.other >= 30, `both kinds of ending are exercised: ${JSON.stringify(seen)}`);
+});

@@ -1,0 +1,41 @@
+// Type-level test (compiled with `tsc --noEmit` by `npm test`): the README integration compiles
+// against the installed `ai` types, the factories fit `stopWhen`, and the run handle keeps the
+// agent's own parameter and result types.
+import { ToolLoopAgent, jsonSchema, tool, type GenerateTextResult } from 'ai';
+import { MockLanguageModelV4 } from 'ai/test';
+import {
+  createLoopwarden,
+  hasToolCall,
+  isStepCount,
+  KafkaSink,
+  MemorySink,
+  namedCondition,
+  tokenBudget,
+  type RunEnded,
+  type StepsEvent,
+} from '../../src/index.js';
+
+const tools = {
+  search: tool({ inputSchema: jsonSchema<{ q: string }>({ type: 'object' }), execute: async ({ q }) => q.length }),
+  done: tool({ inputSchema: jsonSchema<{ summary: string }>({ type: 'object' }) }),
+};
+
+export async function readmeIntegration(model: MockLanguageModelV4, runId: string) {
+  const agent = new ToolLoopAgent({
+    model,
+    tools,
+    stopWhen: [isStepCount(20), hasToolCall('done'), tokenBudget(50_000), namedCondition('slow', 'bound', ({ steps }) => steps.length > 5)],
+  });
+  const lw = createLoopwarden({ sink: new KafkaSink({ brokers: ['localhost:9092'] }), agent: 'invoice-agent', policyVersion: 'v3' });
+  const watched = lw.instrument(agent);
+  const result = await watched.run(runId).generate({ prompt: 'Create the invoice', onStepFinish: (step) => void step.stepNumber });
+  const typed: GenerateTextResult<typeof tools, any, never> = result;
+  await lw.close();
+  return typed;
+}
+
+export function events(sink: MemorySink): RunEnded[] {
+  return sink.events().filter((e): e is RunEnded => e.type === 'run_ended');
+}
+
+export const example: StepsEvent = { type: 'approval_resolved', run_id: 'r', ts: 0, approval_id: 'a', approved: true };

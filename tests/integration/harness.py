@@ -1,0 +1,167 @@
+"""Real-Kafka test harness: worker subprocesses, publishing, reading agent.health."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer
+
+from loopwarden.localkafka import free_port
+from loopwarden.publisher import Publisher
+from loopwarden.streams.config import Config
+
+
+def unique_config(bootstrap: str, partitions: int = 4, **kw) -> Config:
+    """Topic, group and table names of their own for one test."""
+    tag = uuid.uuid4().hex[:8]
+    return Config(
+        broker=bootstrap, app_id=f"lw-{tag}", steps_topic=f"steps-{tag}", outcomes_topic=f"outcomes-{tag}",
+        health_topic=f"health-{tag}", deadletter_topic=f"dead-{tag}", ticks_topic=f"ticks-{tag}",
+        partitions=partitions, **kw,
+    )
+
+
+def env_for(config: Config) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWARDEN_")}
+    for name in ("broker", "app_id", "steps_topic", "outcomes_topic", "health_topic", "deadletter_topic",
+                 "ticks_topic", "partitions", "store", "data_dir", "clock", "tick_interval_s", "web_port"):
+        env["LOOPWARDEN_" + name.upper()] = str(getattr(config, name))
+    if config.token:
+        env["LOOPWARDEN_TOKEN"] = config.token
+    return env
+
+
+@dataclass
+class Worker:
+    """A `loopwarden worker` subprocess."""
+
+    config: Config
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    extra_env: dict = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.config.web_port}"
+
+    def start(self, timeout_s: float = 60) -> "Worker":
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "loopwarden.cli", "worker"],
+                                     env={**env_for(self.config), **self.extra_env}, stdout=log, stderr=subprocess.STDOUT)
+        self.wait_ready(timeout_s)
+        return self
+
+    def get(self, path: str, token: str | None = None) -> tuple[int, bytes]:
+        req = urllib.request.Request(self.url + path)
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def wait_ready(self, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                status, _ = self.get("/readyz", self.config.token)
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"worker not ready after {timeout_s}s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def make_worker(config: Config, tmp: Path, name: str = "w", **overrides) -> Worker:
+    from dataclasses import replace
+
+    cfg = replace(config, web_port=free_port(), data_dir=str(tmp / f"data-{name}"), **overrides)
+    return Worker(cfg, tmp / f"{name}.log")
+
+
+async def publish(config: Config, messages: list[tuple[str, bytes | None, bytes]] ) -> None:
+    """Publish (role, key, value) in order; role is steps|outcomes."""
+    from loopwarden.streams.topics import ensure_topics
+
+    await ensure_topics(config)
+    topics = {"steps": config.steps_topic, "outcomes": config.outcomes_topic}
+    async with Publisher(config.bootstrap, config.steps_topic, config.outcomes_topic) as pub:
+        for role, key, value in messages:
+            await pub.publish_raw(topics[role], key, value)
+        await pub.flush()
+
+
+async def tick(config: Config, now_ms: int) -> None:
+    from loopwarden.streams.processor import Tick, encode_tick
+
+    async with Publisher(config.bootstrap) as pub:
+        for p in range(config.partitions):
+            await pub.publish_raw(config.ticks_topic, None, encode_tick(Tick(now_ms=now_ms)), partition=p, wait=True)
+
+
+async def read_topic(config: Config, topic: str, until, timeout_s: float = 60) -> list:
+    """Read ``topic`` from the beginning until ``until(records)`` is true; returns the records."""
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=config.bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False, group_id=None)
+    await consumer.start()
+    records: list = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=500)
+            for recs in batch.values():
+                records += recs
+            if until(records):
+                return records
+        return records
+    finally:
+        await consumer.stop()
+
+
+def transitions(records) -> list[dict]:
+    return [json.loads(r.value) for r in records]
+
+
+def final_states(ts: list[dict]) -> dict[str, str]:
+    """Final state per run, taking the highest seq (the consumer-side dedup by (run_id, seq))."""
+    best: dict[str, tuple[int, str]] = {}
+    for t in ts:
+        if t["run_id"] not in best or t["seq"] > best[t["run_id"]][0]:
+            best[t["run_id"]] = (t["seq"], t["to_state"])
+    return {k: v[1] for k, v in best.items()}
+
+
+def run(coro):
+    return asyncio.run(coro)
