@@ -20,3 +20,14 @@ def cases_dir() -> Path:
     path = shared_dir() / "cases"
     assert (path / "seed-eleven.jsonl").is_file(), f"seed cases not found in {path} (set LOOPWARDEN_SHARED)"
     return path
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory):
+    """A real Apache Kafka broker (KRaft, from dev/kafka) for the whole session, on a free port."""
+    from loopwarden.localkafka import LocalKafka
+
+    broker = LocalKafka(tmp_path_factory.mktemp("kafka"), heap="768m")
+    broker.start(timeout_s=120)
+    yield broker
+    broker.stop()

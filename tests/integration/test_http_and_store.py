@@ -1,0 +1,87 @@
+"""The worker's HTTP surface (health, metrics, read API, auth) and the RocksDB store."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from loopwarden.simulate import fleet
+from tests.integration.harness import final_states, make_worker, publish, read_topic, run, tick, transitions, unique_config
+from tests.integration.test_processor import ADVANCE_MS, replay_final, wait_final
+
+pytestmark = pytest.mark.timeout(300)
+TOKEN = "s3cret-token-of-32-characters!!"
+
+
+def test_http_routes_metrics_and_token(kafka, tmp_path: Path) -> None:
+    """/healthz is open; with a token every other route answers 401 without it; metrics and the
+    read API carry bounded labels and content-free evidence."""
+    config = unique_config(kafka.bootstrap)
+    worker = make_worker(config, tmp_path, clock="event", token=TOKEN).start()
+    try:
+        messages = fleet(40, seed=21, bad_every=0)
+        expected, last = replay_final(messages)
+        run(publish(worker.config, [(m.topic, m.key, m.value) for m in messages]))
+        run(tick(worker.config, last + ADVANCE_MS))
+        wait_final(worker.config, expected)
+
+        assert worker.get("/healthz") == (200, b'{"status":"ok"}')
+        for path in ("/readyz", "/metrics", f"/runs/{next(iter(expected))}", "/runs?state=STUCK"):
+            status, body = worker.get(path)
+            assert status == 401, path
+            assert b"unauthorized" in body
+            assert worker.get(path, token="wrong-token-of-enough-length")[0] == 401
+
+        status, body = worker.get("/metrics", TOKEN)
+        assert status == 200
+        text = body.decode()
+        for needle in ("loopwarden_events_total{", "loopwarden_transitions_total{from_state=\"none\",to_state=\"RUNNING\"} 40.0",
+                       "loopwarden_runs{state=", "loopwarden_stop_causes_total{cause=", "loopwarden_disagreements_total{kind=",
+                       "loopwarden_receipts_total{outcome=\"on_time\"}", "loopwarden_event_to_transition_seconds_bucket",
+                       "loopwarden_consumer_lag{topic=\"steps\"}", "loopwarden_timers_fired_total{kind="):
+            assert needle in text, needle
+        assert "run-21-" not in text  # never a run id in a label
+        runs_gauge = {line.split('"')[1]: float(line.split()[-1]) for line in text.splitlines()
+                      if line.startswith("loopwarden_runs{")}
+        assert sum(runs_gauge.values()) == 40
+        for state in set(expected.values()):
+            assert runs_gauge[state] == list(expected.values()).count(state)
+
+        run_id = next(r for r, s in expected.items() if s == "VERIFIED_COMPLETE")
+        status, body = worker.get(f"/runs/{run_id}", TOKEN)
+        doc = json.loads(body)
+        assert status == 200 and doc["state"] == "VERIFIED_COMPLETE"
+        assert set(doc["evidence"]) >= {"reported_cause", "derived_cause", "fired", "step_count", "disagreements",
+                                        "receipt_ids", "approval", "tool_errors", "segments", "finish_reason"}
+        assert [t["seq"] for t in doc["transitions"]] == list(range(1, doc["seq"] + 1))
+        assert worker.get("/runs/no-such-run", TOKEN)[0] == 404
+        status, body = worker.get("/runs?state=NOPE", TOKEN)
+        assert status == 400 and b"NOPE" in body
+    finally:
+        worker.stop()
+
+
+def test_rocksdb_store_survives_a_restart(kafka, tmp_path: Path) -> None:
+    """With the RocksDB store, a restarted worker keeps its runs and finishes them."""
+    config = unique_config(kafka.bootstrap, store="rocksdb")
+    first = make_worker(config, tmp_path, "a", clock="event", store="rocksdb").start()
+    messages = fleet(300, seed=13, bad_every=0)
+    expected, last = replay_final(messages)
+    half = len(messages) // 2
+    try:
+        run(publish(first.config, [(m.topic, m.key, m.value) for m in messages[:half]]))
+        run(read_topic(first.config, first.config.health_topic, lambda r: len(r) > 150, 60))
+        assert any(Path(first.config.data_dir).rglob("*.sst")) or any(Path(first.config.data_dir).rglob("CURRENT"))
+    finally:
+        first.stop(signal.SIGTERM)
+    # same data dir: RocksDB state is reused, the changelog fills in the rest
+    second = first.__class__(first.config, tmp_path / "b.log").start()
+    try:
+        run(publish(second.config, [(m.topic, m.key, m.value) for m in messages[half:]]))
+        run(tick(second.config, last + ADVANCE_MS))
+        assert final_states(wait_final(second.config, expected, timeout_s=120)) == expected
+    finally:
+        second.stop()
