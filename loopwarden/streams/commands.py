@@ -63,7 +63,7 @@ def add_commands(sub) -> None:
     p.add_argument("--rate", type=float, default=5.0, help="runs started per second (default 5)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--fast", action="store_true", help="publish as fast as possible with synthetic timestamps")
-    p.add_argument("--out", help="write JSON lines (valid events only) to this file instead of publishing")
+    p.add_argument("--out", help="write the messages as JSON lines (invalid ones included) to this file instead of publishing")
     p.add_argument("--inactivity-s", type=float, default=300.0, help="policy inactivity_timeout_s of simulated runs")
     p.add_argument("--window-s", type=float, default=600.0, help="policy receipt_window_s of simulated runs")
     p.add_argument("--bad-every", type=int, default=100, help="one invalid message after every N runs (0: none)")
