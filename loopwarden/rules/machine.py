@@ -337,11 +337,19 @@ def _on_run_ended(state: RunState, ev: RunEnded, now_ms: int, res: Result) -> No
     _move(state, res, to, reason, ev.ts, now_ms)
 
 
-def _on_approval_routed(state: RunState, ev: ApprovalRouted, now_ms: int, res: Result) -> None:
-    _activity(state, res, ev.ts, now_ms)
+def _pending_approval(state: RunState, ev: ApprovalRouted | ApprovalResolved, res: Result) -> Approval | None:
+    """The run's pending approval if ``ev`` names it; otherwise the event is ignored and counted."""
     approval = state.approval
     if not state.approval_pending or approval is None or approval.approval_id != ev.approval_id:
         _ignore(state, res, "unmatched_approval")
+        return None
+    return approval
+
+
+def _on_approval_routed(state: RunState, ev: ApprovalRouted, now_ms: int, res: Result) -> None:
+    _activity(state, res, ev.ts, now_ms)
+    approval = _pending_approval(state, ev, res)
+    if approval is None:
         return
     state.approval = Approval(
         approval_id=approval.approval_id,
@@ -357,9 +365,7 @@ def _on_approval_routed(state: RunState, ev: ApprovalRouted, now_ms: int, res: R
 
 def _on_approval_resolved(state: RunState, ev: ApprovalResolved, now_ms: int, res: Result) -> None:
     _activity(state, res, ev.ts, now_ms)
-    approval = state.approval
-    if not state.approval_pending or approval is None or approval.approval_id != ev.approval_id:
-        _ignore(state, res, "unmatched_approval")
+    if _pending_approval(state, ev, res) is None:
         return
     # Approved or denied, the run resumes in the next segment.
     state.approval_pending = False

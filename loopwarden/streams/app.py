@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import MutableMapping
 
 import faust
+from faust.types import TP
 
 from loopwarden.codecs import encode
 from loopwarden.rules import Settings
@@ -93,14 +95,16 @@ class Loopwarden:
         # Keys are run ids as bytes, values MessagePack of Stored: raw both ways.
         self.table = app.Table(TABLE, default=None, partitions=config.partitions, key_type=bytes, value_type=bytes)
         self.processor = Processor(
-            self.table,
+            _StoreView(self.table),
             steps_topic=config.steps_topic,
             outcomes_topic=config.outcomes_topic,
             ticks_topic=config.ticks_topic,
             settings=Settings(retention_s=config.retention_s),
             metrics=self.metrics,
             clock=config.clock,
+            caught_up=self.caught_up,
         )
+        self._consumed: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset
         self._wire()
 
     # -- Faust wiring -------------------------------------------------------------
@@ -137,15 +141,37 @@ class Loopwarden:
 
         add_routes(self)
 
-    async def handle(self, event) -> None:
+    def caught_up(self, partition: int) -> bool:
+        """Consumed both input topics' partition up to the high watermark last fetched."""
+        consumer = self.app.consumer
+        for topic in (self.config.steps_topic, self.config.outcomes_topic):
+            tp = TP(topic, partition)
+            highwater = consumer.highwater(tp)
+            if highwater is None:
+                return False  # nothing fetched yet: unknown
+            consumed = self._consumed.get((topic, partition))
+            if consumed is None:
+                # Nothing processed from it since start: where processing resumed.
+                # (Faust keeps the last processed offset; +1 may overstate by one message.)
+                committed = consumer._committed_offset.get(tp)
+                consumed = committed + 1 if committed is not None else 0
+            if consumed < highwater:
+                return False
+        return True
+
+    def _process(self, event) -> Output:
         msg = event.message
+        self._consumed[(msg.topic, msg.partition)] = msg.offset + 1
         try:
-            out = self.processor.on_message(
+            return self.processor.on_message(
                 msg.topic, msg.partition, event.key, event.value, _header(msg.headers, "content-type")
             )
         except Exception as exc:  # a bug of ours must not stop the stream nor lose the message
             log.exception("internal error on %s[%d]@%d; dead-lettered", msg.topic, msg.partition, msg.offset)
-            out = Output(deadletter=DeadLetter("internal_error", f"{type(exc).__name__}: {exc}"))
+            return Output(deadletter=DeadLetter("internal_error", f"{type(exc).__name__}: {exc}"))
+
+    async def _send(self, event, out: Output) -> list:
+        msg = event.message
         acks = []
         for t in out.transitions:
             acks.append(await self.health.send(key=t.run_id.encode(), value=encode(t), force=True))
@@ -159,9 +185,30 @@ class Loopwarden:
                 ("source_offset", str(msg.offset).encode()),
             ]
             acks.append(await self.deadletter.send(key=event.key, value=event.value, headers=headers, force=True))
+        return acks
+
+    async def handle(self, event) -> None:
+        """Process one message: publish its transitions (acked), then its state changes.
+
+        The changelog never runs ahead of agent.health: a state change is sent to the
+        changelog only after the transitions it caused were acked. A crash repeats work
+        from the last committed offset; reprocessing an event that the state already
+        holds is a no-op (duplicates are ignored), so a transition may repeat with the
+        same (run_id, seq) but is never lost. Changelog records go straight to the
+        Kafka producer, which Faust flushes before every offset commit (Faust's own
+        table writes go through a buffer whose pre-commit flush gives up after 0.1 s).
+        """
+        out = self._process(event)
+        acks = await self._send(event, out)
         if acks:
             await asyncio.gather(*acks)
+        changelog = self.table.changelog_topic
+        for run_id, raw in out.writes.items():
+            await changelog.send(key=run_id.encode(), value=raw, partition=event.message.partition,
+                                 value_serializer="raw", callback=self.table._on_changelog_sent, force=True)
+        # The RocksDB store picks its shard by the current event's partition.
         self.processor.apply_writes(out)
+        self.processor.end_batch()
 
     async def update_lag(self) -> None:
         consumer = self.app.consumer
@@ -181,6 +228,31 @@ class Loopwarden:
             return
         for role, lag in totals.items():
             self.metrics.lag.labels(role).set(lag)
+
+
+class _StoreView(MutableMapping):
+    """The table's local store, without Faust's changelog writes (Loopwarden.handle sends those)."""
+
+    def __init__(self, table) -> None:
+        self._table = table
+
+    def __getitem__(self, key):
+        return self._table.data[key]
+
+    def __setitem__(self, key, value) -> None:
+        self._table.data[key] = value
+
+    def __delitem__(self, key) -> None:
+        del self._table.data[key]
+
+    def __iter__(self):
+        return iter(self._table.data)
+
+    def __len__(self) -> int:
+        return len(self._table.data)
+
+    def items(self):
+        return self._table.data.items()
 
 
 def build(config: Config, metrics: Metrics | None = None) -> Loopwarden:

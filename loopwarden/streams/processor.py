@@ -82,6 +82,7 @@ class Processor:
         metrics: Metrics,
         clock: str = "wall",
         wall_ms=wall_clock_ms,
+        caught_up=lambda partition: True,
     ) -> None:
         self.table = table
         self.roles = {steps_topic: "steps", outcomes_topic: "outcomes", ticks_topic: "ticks"}
@@ -89,7 +90,12 @@ class Processor:
         self.metrics = metrics
         self.clock_mode = clock
         self.wall_ms = wall_ms
+        # Whether this worker has consumed its inputs of a partition up to their end:
+        # a backlog after a restart must not make runs look idle.
+        self.caught_up = caught_up
         self.heaps: dict[int, list[tuple[int, str]]] = {}
+        # States written by messages whose table writes are not applied yet (a batch in flight).
+        self.pending: dict[str, bytes | None] = {}
         self.clocks: dict[int, int] = {}  # event-time clock per partition (clock == "event")
         self.state_counts: dict[str, int] = {}
 
@@ -107,8 +113,8 @@ class Processor:
         return clock
 
     # -- table ----------------------------------------------------------------------
-    def load(self, run_id: str, out: Output | None = None) -> RunState | None:
-        raw = out.writes[run_id] if out is not None and run_id in out.writes else self.table.get(run_id.encode())
+    def load(self, run_id: str) -> RunState | None:
+        raw = self.pending[run_id] if run_id in self.pending else self.table.get(run_id.encode())
         return None if raw is None else _decode_stored(raw).state
 
     def _store(self, partition: int, run_id: str, res: Result, out: Output, before: str | None) -> None:
@@ -124,10 +130,10 @@ class Processor:
         if before != after:
             self._count(before, -1)
             self._count(after, +1)
+        raw = None if state is None else _encode_stored(Stored(partition, state))
+        out.writes[run_id] = self.pending[run_id] = raw
         if state is None:
-            out.writes[run_id] = None
             return
-        out.writes[run_id] = _encode_stored(Stored(partition, state))
         deadline = next_deadline(state, self.settings)
         if deadline is not None:
             heapq.heappush(self.heaps.setdefault(partition, []), (deadline, run_id))
@@ -139,13 +145,18 @@ class Processor:
         self.metrics.runs.labels(state).set(self.state_counts[state])
 
     def apply_writes(self, out: Output) -> None:
-        """Write the output's states to the table (after the transitions were acked)."""
+        """Write the output's states to the table (after the transitions were acked).
+
+        Call :meth:`end_batch` once every output of a batch is applied."""
         for run_id, raw in out.writes.items():
             key = run_id.encode()
             if raw is None:
                 self.table.pop(key, None)
             else:
                 self.table[key] = raw
+
+    def end_batch(self) -> None:
+        self.pending.clear()
 
     def rebuild(self, items, partitions: set[int]) -> int:
         """Rebuild timer heaps and state counts from the table (after recovery).
@@ -178,7 +189,7 @@ class Processor:
         heap = self.heaps.get(partition)
         while heap and heap[0][0] <= now_ms:
             deadline, run_id = heapq.heappop(heap)
-            state = self.load(run_id, out)
+            state = self.load(run_id)
             if state is None or next_deadline(state, self.settings) != deadline:
                 continue  # stale entry: the run changed since this deadline was set
             before = state.health
@@ -206,8 +217,12 @@ class Processor:
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 return self._reject(out, role, InvalidEvent("undecodable", f"bad tick: {exc}"))
             self.metrics.events.labels("ticks", "tick").inc()
-            now = self._now(partition, tick.now_ms) if tick.now_ms is not None else self._now(partition, None)
-            self.fire_due(partition, now, out)
+            now = self._now(partition, tick.now_ms)
+            # Timers fire only on a caught-up partition: while a backlog is consumed, a
+            # run whose next events are still in it must not be declared stuck. (An
+            # event-time tick's clock is kept and used by the next tick.)
+            if self.caught_up(partition):
+                self.fire_due(partition, now, out)
             return out
 
         try:
@@ -223,9 +238,9 @@ class Processor:
             ))
         self.metrics.events.labels(role, event.__struct_config__.tag).inc()
         now = self._now(partition, event.ts if role == "steps" else None)
-        # Timers due by now fire first, exactly as offline replay fires them before an event.
-        self.fire_due(partition, now, out)
-        state = self.load(event.run_id, out)
+        # The core fires this run's own timers due by the event's ts first; other runs'
+        # timers wait for the next tick.
+        state = self.load(event.run_id)
         before = state.health if state is not None else None
         self._store(partition, event.run_id, apply(state, event, now), out, before)
         return out

@@ -85,3 +85,30 @@ def test_rocksdb_store_survives_a_restart(kafka, tmp_path: Path) -> None:
         assert final_states(wait_final(second.config, expected, timeout_s=120)) == expected
     finally:
         second.stop()
+
+
+def test_python_publisher_with_msgpack(kafka, tmp_path: Path) -> None:
+    """Events sent by loopwarden.publisher as MessagePack (content-type header) are classified."""
+    from loopwarden.codecs import MSGPACK, decode_input
+    from loopwarden.publisher import Publisher
+    from loopwarden.streams.topics import ensure_topics
+
+    config = unique_config(kafka.bootstrap)
+    worker = make_worker(config, tmp_path, clock="event").start()
+    try:
+        messages = [m for m in fleet(30, seed=4, bad_every=0)]
+        expected, last = replay_final(messages)
+
+        async def send() -> None:
+            await ensure_topics(worker.config)
+            async with Publisher(kafka.bootstrap, config.steps_topic, config.outcomes_topic, content_type=MSGPACK) as pub:
+                for m in messages:
+                    await pub.publish(decode_input(m.value))
+
+        run(send())
+        run(tick(worker.config, last + ADVANCE_MS))
+        assert final_states(wait_final(worker.config, expected)) == expected
+        status, body = worker.get("/metrics")
+        assert b'loopwarden_invalid_events_total{reason="undecodable",topic="steps"} 0.0' in body
+    finally:
+        worker.stop()

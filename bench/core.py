@@ -1,0 +1,165 @@
+"""Benches a and b: the pure core through offline replay, and the size of a run's state.
+
+a. events/s of ``decode_input`` alone, of ``Replay.feed`` on decoded events, and of
+   both together, so the decode share shows where the time goes; and of the stream
+   processor's per-message path (``Processor.on_message`` on a dict, no Kafka), with and
+   without its Prometheus bookkeeping;
+b. bytes of a run's state as MessagePack (what the stream processor's table holds per
+   run), over a fleet's states and for one run of 10,000 steps, and the Python heap a
+   Replay holds per 10k runs (tracemalloc).
+"""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+
+import msgspec
+
+from bench.common import Report, duration, median, nbytes, progress, si, timed
+from loopwarden.codecs import Policy, RunStarted, StepFinished, ToolCall, Usage, decode_input
+from loopwarden.replay import Replay
+from loopwarden.rules import Settings, apply
+from loopwarden.simulate import fleet
+from loopwarden.streams.metrics import Metrics
+from loopwarden.streams.processor import Processor
+
+
+def valid_messages(runs: int, seed: int = 7) -> list:
+    return [m for m in fleet(runs, seed=seed) if m.valid]
+
+
+class _Null:
+    """A metric that records nothing: to see what Prometheus bookkeeping costs per event."""
+
+    def labels(self, *_):
+        return self
+
+    def inc(self, *_):
+        pass
+
+    set = observe = inc
+
+
+class NullMetrics:
+    events = invalid = transitions = runs = latency = lag = _Null()
+
+    def note(self, kind: str, label: str) -> None:
+        pass
+
+
+def _processor(metrics) -> Processor:
+    return Processor({}, steps_topic="steps", outcomes_topic="outcomes", ticks_topic="ticks",
+                     settings=Settings(), metrics=metrics, clock="event")
+
+
+def throughput(report: Report, runs: int, repeats: int) -> dict:
+    progress(f"[a] core throughput: simulating {runs:,} runs ...")
+    messages = valid_messages(runs)
+    values = [m.value for m in messages]
+    n = len(values)
+    decoded = [decode_input(v) for v in values]
+    partitions = 8
+
+    def decode_only() -> None:
+        for v in values:
+            decode_input(v)
+
+    def feed_only() -> None:
+        r = Replay()
+        for ev in decoded:
+            r.feed(ev)
+
+    def replay_total() -> None:
+        r = Replay()
+        for v in values:
+            r.feed(decode_input(v))
+
+    def processor(metrics_factory):
+        def go() -> None:
+            proc = _processor(metrics_factory())
+            # As the worker does per batch (batches of one here); absent in older processors.
+            end_batch = getattr(proc, "end_batch", lambda: None)
+            for m in messages:
+                out = proc.on_message(m.topic, hash(m.key) % partitions, m.key, m.value)
+                proc.apply_writes(out)
+                end_batch()
+        return go
+
+    variants = {
+        "decode": decode_only,
+        "feed": feed_only,
+        "total": replay_total,
+        "processor": processor(Metrics),
+        "processor_nometrics": processor(NullMetrics),
+    }
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(repeats):  # round-robin, so machine noise hits every variant alike
+        for name, fn in variants.items():
+            gc.collect()
+            times[name].append(timed(fn))
+    t = {k: median(v) for k, v in times.items()}
+    bench = "a core"
+    report.add(bench, f"events (valid, {runs:,} runs)", f"{n:,}", f"median of {repeats}")
+    report.add(bench, "decode_input only", si(n / t["decode"], "ev/s"), duration(t["decode"] / n) + "/event")
+    report.add(bench, "Replay.feed only (pre-decoded)", si(n / t["feed"], "ev/s"), duration(t["feed"] / n) + "/event")
+    report.add(bench, "replay: decode + Replay.feed", si(n / t["total"], "ev/s"), duration(t["total"] / n) + "/event")
+    report.add(bench, "decode share of replay time", f"{t['decode'] / t['total']:.0%}",
+               f"decode:total = 1:{t['total'] / t['decode']:.1f}")
+    report.add(bench, "Processor.on_message, dict table", si(n / t["processor"], "ev/s"),
+               f"{t['processor'] / t['total']:.2f}x replay time")
+    report.add(bench, "  same, Prometheus metrics stubbed out", si(n / t["processor_nometrics"], "ev/s"),
+               f"metrics = {1 - t['processor_nometrics'] / t['processor']:.0%} of processor time")
+    return {"events": n, "replay_eps": n / t["total"]}
+
+
+def _state_after_steps(n_steps: int):
+    state = apply(None, RunStarted(run_id="long-run", ts=0, agent="a", policy=Policy(version="v", stop_when=())), 0).state
+    r = Replay()
+    r.feed(RunStarted(run_id="long-run", ts=0, agent="a", policy=Policy(version="v", stop_when=())))
+    for i in range(n_steps):
+        ev = StepFinished(run_id="long-run", ts=i, step=i, finish_reason="tool-calls",
+                          tool_calls=(ToolCall(id=f"tc-{i}", name="lookup", status="result"),),
+                          usage=Usage(total_tokens=100))
+        state = apply(state, ev, i).state
+        r.feed(ev)
+    return state, len(r._timers)  # noqa: SLF001 - the heap's length is the figure
+
+
+def state_size(report: Report, runs: int, heap_runs: int) -> None:
+    bench = "b state"
+    progress(f"[b] state size: {runs:,} runs ...")
+    r = Replay()
+    for v in [m.value for m in valid_messages(runs)]:
+        r.feed(decode_input(v))
+    sizes = sorted(len(msgspec.msgpack.encode(s)) for s in r.states.values())
+    report.add(bench, f"msgpack RunState, median ({len(sizes):,} runs)", nbytes(median(sizes)),
+               f"p99 {nbytes(sizes[int(len(sizes) * 0.99) - 1])}")
+    report.add(bench, "msgpack RunState, max", nbytes(sizes[-1]))
+    for steps in (10, 10_000):
+        state, heap_entries = _state_after_steps(steps)
+        report.add(bench, f"msgpack RunState, one run of {steps:,} steps", nbytes(len(msgspec.msgpack.encode(state))),
+                   f"Replay timer heap: {heap_entries:,} entries")
+
+    progress(f"[b] Python heap of a Replay holding {heap_runs:,} runs (tracemalloc) ...")
+    events = [decode_input(v) for v in [m.value for m in valid_messages(heap_runs, seed=11)]]
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    r = Replay()
+    for ev in events:
+        r.feed(ev)
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] - base
+    timers = len(r._timers)  # noqa: SLF001
+    r.final.clear()
+    r._timers.clear()  # noqa: SLF001
+    r.notes.clear()
+    gc.collect()
+    states_only = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    scale = 10_000 / len(r.states)
+    report.add(bench, "Replay heap per 10k runs (all)", nbytes(held * scale),
+               f"{nbytes(held / len(r.states))}/run; timer heap {timers:,} entries for {len(r.states):,} runs")
+    report.add(bench, "  of which RunState objects per 10k runs", nbytes(states_only * scale),
+               f"{nbytes(states_only / len(r.states))}/run")

@@ -1,0 +1,366 @@
+"""Bench c: one ``loopwarden worker`` on a real local Kafka broker, end to end.
+
+Per round: fresh topics and app id, one worker subprocess (event-time clock), a
+consumer on agent.health started before publishing; then a small fleet published at
+a fixed rate below capacity (latency), then a large one as fast as the producer goes
+(throughput, and latency under a backlog). Every valid event is re-stamped with the
+wall clock as it is sent (per-run order kept), so the worker's
+``loopwarden_event_to_transition_seconds`` histogram measures the pipeline's delay
+rather than the age of synthetic timestamps; the same stamped bytes are then run
+through offline replay, which gives the expected final state of every run and the
+side-by-side replay rate.
+
+Phases: *ingest* ends when the worker has consumed every published message and all
+transitions it counted are on agent.health; then one tick per partition moves the
+event-time clock past every timeout, and *end to end* ends when every run's latest
+transition on agent.health is the state replay reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+from aiokafka import AIOKafkaConsumer
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.common import Report, cpu_s, duration, median, nbytes, progress, rss_kb, si
+from loopwarden.codecs import decode_input, encode
+from loopwarden.localkafka import DEFAULT_JVM_ARGS, LocalKafka, free_port
+from loopwarden.publisher import Publisher
+from loopwarden.replay import Replay
+from loopwarden.simulate import fleet
+from loopwarden.streams.config import Config
+from loopwarden.streams.processor import Tick, encode_tick
+from loopwarden.streams.topics import ensure_topics
+
+ADVANCE_S = 700.0  # past the default inactivity (300 s) and receipt window (600 s)
+
+
+class _Seen(msgspec.Struct):
+    run_id: str
+    seq: int
+    to_state: str
+
+
+_decode_seen = msgspec.json.Decoder(_Seen).decode
+
+
+def start_broker(workdir: Path) -> LocalKafka:
+    # Full JIT for the broker (LocalKafka defaults to C1 only, which starts faster).
+    kafka = LocalKafka(workdir, heap="768m", clean=True, jvm_args=[*DEFAULT_JVM_ARGS, "-XX:TieredStopAtLevel=4"])
+    kafka.start(timeout_s=180)
+    return kafka
+
+
+def unique_config(bootstrap: str, partitions: int) -> Config:
+    tag = uuid.uuid4().hex[:8]
+    return Config(
+        broker=bootstrap, app_id=f"bench-{tag}", steps_topic=f"steps-{tag}", outcomes_topic=f"outcomes-{tag}",
+        health_topic=f"health-{tag}", deadletter_topic=f"dead-{tag}", ticks_topic=f"ticks-{tag}",
+        partitions=partitions, clock="event",
+    )
+
+
+@dataclass
+class WorkerProc:
+    config: Config
+    workdir: Path
+    web_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 90) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWARDEN_")}
+        c = self.config
+        env.update({
+            "LOOPWARDEN_BROKER": c.broker, "LOOPWARDEN_APP_ID": c.app_id, "LOOPWARDEN_STEPS_TOPIC": c.steps_topic,
+            "LOOPWARDEN_OUTCOMES_TOPIC": c.outcomes_topic, "LOOPWARDEN_HEALTH_TOPIC": c.health_topic,
+            "LOOPWARDEN_DEADLETTER_TOPIC": c.deadletter_topic, "LOOPWARDEN_TICKS_TOPIC": c.ticks_topic,
+            "LOOPWARDEN_PARTITIONS": str(c.partitions), "LOOPWARDEN_CLOCK": "event",
+            "LOOPWARDEN_WEB_PORT": str(self.web_port), "LOOPWARDEN_DATA_DIR": str(self.workdir / "data"),
+        })
+        self.log = self.workdir / "worker.log"
+        self.proc = subprocess.Popen([sys.executable, "-m", "loopwarden.cli", "worker"], env=env,
+                                     stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode}; see {self.log}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/readyz", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"worker not ready after {timeout_s}s; see {self.log}")
+
+    def metrics(self) -> dict[str, list]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+    def cpu_s(self) -> float:
+        assert self.proc is not None
+        return cpu_s(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def _sum(samples: list, name: str, **labels) -> float:
+    return sum(s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def buckets(samples: list) -> list[tuple[float, float]]:
+    """Cumulative (le, count) buckets of the event-to-transition histogram."""
+    return sorted((float(s.labels["le"]), s.value) for s in samples
+                  if s.name == "loopwarden_event_to_transition_seconds_bucket")
+
+
+def quantile(q: float, cumulative: list[tuple[float, float]]) -> float:
+    """histogram_quantile as Prometheus computes it: linear inside the bucket."""
+    if not cumulative or cumulative[-1][1] == 0:
+        return float("nan")
+    rank = q * cumulative[-1][1]
+    lo_bound, lo_count = 0.0, 0.0
+    for bound, count in cumulative:
+        if count >= rank:
+            if bound == float("inf"):
+                return lo_bound  # beyond the last finite bucket: its bound is all we know
+            return lo_bound + (bound - lo_bound) * ((rank - lo_count) / max(count - lo_count, 1e-12))
+        lo_bound, lo_count = bound, count
+    return float("nan")
+
+
+def _minus(after: list[tuple[float, float]], before: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    old = dict(before)
+    return [(le, count - old.get(le, 0.0)) for le, count in after]
+
+
+class Collector:
+    """Reads agent.health from the beginning; records each transition's arrival time."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.count = 0
+        self.last_arrival = 0.0
+        self.latest: dict[str, tuple[int, str]] = {}
+        self._stop = False
+
+    async def run(self) -> None:
+        consumer = AIOKafkaConsumer(self.config.health_topic, bootstrap_servers=self.config.bootstrap,
+                                    auto_offset_reset="earliest", enable_auto_commit=False, group_id=None)
+        await consumer.start()
+        try:
+            while not self._stop:
+                batch = await consumer.getmany(timeout_ms=100)
+                now = time.monotonic()
+                for records in batch.values():
+                    for rec in records:
+                        seen = _decode_seen(rec.value)
+                        old = self.latest.get(seen.run_id)
+                        if old is None or seen.seq > old[0]:
+                            self.latest[seen.run_id] = (seen.seq, seen.to_state)
+                        self.count += 1
+                        self.last_arrival = now
+        finally:
+            await consumer.stop()
+
+    def stop(self) -> None:
+        self._stop = True
+
+
+async def _wait(pred, timeout_s: float, every_s: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        await asyncio.sleep(every_s)
+    return False
+
+
+async def one_round(bootstrap: str, runs: int, paced_runs: int, pace_eps: float, partitions: int, workdir: Path,
+                    seed: int, broker_pid: int) -> dict:
+    config = unique_config(bootstrap, partitions)
+    await ensure_topics(config)
+    worker = WorkerProc(config, workdir)
+    worker.start()
+    try:
+        return await Round(config, worker, broker_pid).measure(runs, paced_runs, pace_eps, seed)
+    finally:
+        worker.stop()
+
+
+class Round:
+    """One worker, fresh topics: a paced phase (latency), a fast phase (throughput), a final tick."""
+
+    def __init__(self, config: Config, worker: WorkerProc, broker_pid: int) -> None:
+        self.config, self.worker, self.broker_pid = config, worker, broker_pid
+        self.collector = Collector(config)
+        self.published = 0
+        self.last_ts = 0
+        self.stamped: list[bytes] = []  # valid events as sent, in order: replay's input
+        self.samples: dict[str, list] = {}
+
+    async def publish(self, runs: int, seed: int, rate_eps: float | None) -> tuple[int, float]:
+        """Publish a fleet, re-stamping valid events with the wall clock; paced when ``rate_eps``."""
+        messages = fleet(runs, seed=seed, start_ms=int(time.time() * 1000))
+        events = [decode_input(m.value) if m.valid else None for m in messages]
+        topics = {"steps": self.config.steps_topic, "outcomes": self.config.outcomes_topic}
+        t0 = time.monotonic()
+        async with Publisher(self.config.bootstrap, self.config.steps_topic, self.config.outcomes_topic) as pub:
+            for i, (m, ev) in enumerate(zip(messages, events)):
+                if rate_eps:
+                    delay = t0 + i / rate_eps - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                value = m.value
+                if ev is not None:
+                    self.last_ts = max(self.last_ts, int(time.time() * 1000))
+                    value = encode(msgspec.structs.replace(ev, ts=self.last_ts))
+                    self.stamped.append(value)
+                await pub.publish_raw(topics[m.topic], m.key, value)
+            await pub.flush()
+        self.published += len(messages)
+        return len(messages), time.monotonic() - t0
+
+    def _ingested(self) -> bool:
+        samples = self.worker.metrics()
+        self.samples = samples
+        events = samples.get("loopwarden_events", [])
+        consumed = (_sum(events, "loopwarden_events_total", topic="steps")
+                    + _sum(events, "loopwarden_events_total", topic="outcomes")
+                    + _sum(samples.get("loopwarden_invalid_events", []), "loopwarden_invalid_events_total"))
+        emitted = _sum(samples.get("loopwarden_transitions", []), "loopwarden_transitions_total")
+        return consumed >= self.published and self.collector.count >= emitted
+
+    async def wait_ingested(self) -> list[tuple[float, float]]:
+        """Wait until every published message is consumed and its transitions are on agent.health."""
+        if not await _wait(self._ingested, timeout_s=900, every_s=0.5):  # /metrics costs the worker CPU
+            raise TimeoutError(f"worker did not consume {self.published} messages in time; see {self.worker.log}")
+        return buckets(self.samples.get("loopwarden_event_to_transition_seconds", []))
+
+    async def measure(self, runs: int, paced_runs: int, pace_eps: float, seed: int) -> dict:
+        assert self.worker.proc is not None
+        pid = self.worker.proc.pid
+        res: dict = {"rss_before": rss_kb(pid).get("VmRSS", 0) * 1024}
+        task = asyncio.create_task(self.collector.run())
+
+        # Paced below capacity: the histogram then shows the pipeline's delay, not a backlog.
+        n_paced, _ = await self.publish(paced_runs, seed + 1000, pace_eps)
+        paced = await self.wait_ingested()
+        res.update(paced_n=n_paced, paced_p50=quantile(0.5, paced), paced_p99=quantile(0.99, paced))
+
+        # As fast as the producer goes: throughput, and latency under a backlog.
+        cpu0, broker0, self0 = self.worker.cpu_s(), cpu_s(self.broker_pid), cpu_s(os.getpid())
+        t0 = time.monotonic()
+        n, t_published = await self.publish(runs, seed, None)
+        fast = _minus(await self.wait_ingested(), paced)
+        res.update(
+            messages=n, publish_s=t_published, ingest_s=self.collector.last_arrival - t0,
+            cpu_ingest_s=self.worker.cpu_s() - cpu0, cpu_broker_s=cpu_s(self.broker_pid) - broker0,
+            cpu_bench_s=cpu_s(os.getpid()) - self0, p50=quantile(0.5, fast), p99=quantile(0.99, fast),
+            rss_ingest=rss_kb(pid).get("VmRSS", 0) * 1024,
+        )
+
+        # The same stamped bytes through offline replay: the expected states, and the replay rate.
+        replay = Replay()
+        t_r = time.perf_counter()
+        replay_transitions = sum(len(replay.feed(decode_input(v))) for v in self.stamped)
+        res["replay_s"] = time.perf_counter() - t_r
+        res["valid"] = len(self.stamped)
+        res["replay_transitions"] = replay_transitions + len(replay.finish(ADVANCE_S))
+        expected = {run_id: t.to_state for run_id, t in replay.final.items()}
+
+        now_ms = self.last_ts + int(ADVANCE_S * 1000)
+        async with Publisher(self.config.bootstrap) as pub:
+            for p in range(self.config.partitions):
+                await pub.publish_raw(self.config.ticks_topic, None, encode_tick(Tick(now_ms=now_ms)), partition=p,
+                                      wait=True)
+        latest = self.collector.latest
+
+        def settled() -> bool:
+            return all(latest.get(r, (0, None))[1] == s for r, s in expected.items())
+
+        res["matched"] = await _wait(settled, timeout_s=120, every_s=0.1)
+        res["e2e_s"] = self.collector.last_arrival - t0
+        await asyncio.sleep(1.0)  # let stragglers (if any) arrive before counting
+        self.collector.stop()
+        await task
+        mem = rss_kb(pid)
+        res.update(
+            mismatched=sum(1 for r, s in expected.items() if latest.get(r, (0, None))[1] != s),
+            transitions=self.collector.count, runs_total=len(expected),
+            rss_after=mem.get("VmRSS", 0) * 1024, hwm=mem.get("VmHWM", 0) * 1024,
+        )
+        return res
+
+
+def processor_e2e(report: Report, workdir: Path, runs: int, rounds: int, partitions: int,
+                  paced_runs: int, pace_eps: float) -> None:
+    bench = "c kafka"
+    progress("[c] starting a local Kafka broker (KRaft) ...")
+    t = time.monotonic()
+    kafka = start_broker(workdir / "kafka")
+    progress(f"[c] broker ready on {kafka.bootstrap} in {time.monotonic() - t:.0f}s")
+    results = []
+    try:
+        for i in range(rounds):
+            progress(f"[c] round {i + 1}/{rounds}: worker + {runs:,} runs published as fast as possible ...")
+            rdir = workdir / f"round-{i}"
+            rdir.mkdir(parents=True, exist_ok=True)
+            res = asyncio.run(one_round(kafka.bootstrap, runs, paced_runs, pace_eps, partitions, rdir,
+                                        seed=7 + i, broker_pid=kafka.pid))
+            progress(f"[c]   ingest {res['ingest_s']:.1f}s, end to end {res['e2e_s']:.1f}s, "
+                     f"mismatched runs {res['mismatched']}")
+            results.append(res)
+    finally:
+        kafka.stop()
+
+    def med(key: str) -> float:
+        return median([r[key] for r in results])
+
+    n, valid, r0 = results[0]["messages"], results[0]["valid"], results[0]
+    ingest_eps, replay_eps = n / med("ingest_s"), valid / med("replay_s")
+    report.add(bench, f"messages published fast ({runs:,} runs)", f"{n:,}",
+               f"median of {len(results)}; 1 worker, {partitions} partitions, clock=event")
+    report.add(bench, "publish (producer side)", si(n / med("publish_s"), "msg/s"), duration(med("publish_s")))
+    report.add(bench, "processor ingest: 1st publish -> last transition", si(ingest_eps, "ev/s"),
+               duration(med("ingest_s")))
+    report.add(bench, "  worker CPU per event", duration(med("cpu_ingest_s") / n),
+               si(n / med("cpu_ingest_s"), "ev") + " per worker CPU-s")
+    report.add(bench, "  CPU-s in ingest: worker / broker / bench",
+               f"{med('cpu_ingest_s'):.1f} / {med('cpu_broker_s'):.1f} / {med('cpu_bench_s'):.1f}",
+               f"of {med('ingest_s'):.1f} s wall x {os.cpu_count()} cores")
+    report.add(bench, "end to end incl. final tick", si(n / med("e2e_s"), "ev/s"),
+               f"{duration(med('e2e_s'))}; every run as replay: {all(r['matched'] for r in results)}")
+    report.add(bench, "replay on the same stamped events", si(replay_eps, "ev/s"),
+               f"{valid:,} events in {duration(med('replay_s'))}")
+    report.add(bench, "ratio processor:replay (ev/s)", f"1:{replay_eps / ingest_eps:.0f}", "ingest rate vs replay rate")
+    report.add(bench, "event->transition p50 / p99, backlog", f"{duration(med('p50'))} / {duration(med('p99'))}",
+               "fast phase; histogram buckets, interpolated")
+    report.add(bench, f"event->transition p50 / p99, {pace_eps:g} ev/s",
+               f"{duration(med('paced_p50'))} / {duration(med('paced_p99'))}",
+               f"paced phase, {r0['paced_n']:,} messages before the fast one")
+    report.add(bench, "transitions on agent.health / replay", f"{r0['transitions']:,} / {r0['replay_transitions']:,}",
+               f"runs not in replay's final state: {max(r['mismatched'] for r in results)} of {r0['runs_total']:,}")
+    report.add(bench, "worker RSS ready -> ingested -> end",
+               f"{nbytes(med('rss_before'))} -> {nbytes(med('rss_ingest'))} -> {nbytes(med('rss_after'))}",
+               f"peak {nbytes(med('hwm'))}; +{nbytes((med('rss_after') - med('rss_before')) / r0['runs_total'])}/run")

@@ -1,0 +1,93 @@
+"""Run every bench and print the figures side by side: ``python -m bench.run [--quick]``.
+
+Progress goes to stderr; stdout gets a compact table, then the same figures as
+Markdown (for bench/README.md). Medians over repeats; timings are never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import Report, machine_note, progress
+
+FULL = dict(core_runs=20_000, core_repeats=3, state_runs=20_000, heap_runs=10_000,
+            kafka_runs=5_000, kafka_rounds=2, paced_runs=300, timer_sizes=(5_000, 50_000), timer_rounds=200)
+QUICK = dict(core_runs=5_000, core_repeats=3, state_runs=5_000, heap_runs=5_000,
+             kafka_runs=1_000, kafka_rounds=1, paced_runs=150, timer_sizes=(5_000, 50_000), timer_rounds=100)
+BENCHES = ("core", "state", "timers", "kafka")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, one Kafka round (about 2 minutes)")
+    parser.add_argument("--only", choices=BENCHES, action="append",
+                        help="run only this bench (repeatable); default all")
+    parser.add_argument("--keep", action="store_true", help="keep the broker and worker logs (path printed)")
+    args = parser.parse_args(argv)
+    size = QUICK if args.quick else FULL
+    only = set(args.only or BENCHES)
+    report = Report("loopwarden bench")
+    started = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="loopwarden-bench-"))
+    try:
+        if "core" in only:
+            from bench.core import throughput
+
+            throughput(report, size["core_runs"], size["core_repeats"])
+        if "state" in only:
+            from bench.core import state_size
+
+            state_size(report, size["state_runs"], size["heap_runs"])
+        if "timers" in only:
+            from bench.timers import tick_cost
+
+            tick_cost(report, size["timer_sizes"], few=10, many=5_000, rounds=size["timer_rounds"])
+        if "kafka" in only:
+            from bench.kafka import processor_e2e
+
+            processor_e2e(report, workdir, size["kafka_runs"], size["kafka_rounds"], partitions=4,
+                          paced_runs=size["paced_runs"], pace_eps=100.0)
+    finally:
+        if args.keep:
+            progress(f"logs kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    elapsed = time.monotonic() - started
+    command = "python -m bench.run" + (" --quick" if args.quick else "")
+    header = (f"{datetime.date.today().isoformat()}, `{command}` in {elapsed:.0f} s; "
+              f"{machine_note()}")
+    print_table(report, header)
+    print_markdown(report, header)
+    return 0
+
+
+def print_table(report: Report, header: str) -> None:
+    w_fig = max(len(r.figure) for r in report.rows)
+    w_val = max(len(r.value) for r in report.rows)
+    print(header)
+    last = None
+    for r in report.rows:
+        bench = r.bench if r.bench != last else ""
+        last = r.bench
+        print(f"{bench:<9} {r.figure:<{w_fig}}  {r.value:>{w_val}}  {r.note}".rstrip())
+    print()
+
+
+def print_markdown(report: Report, header: str) -> None:
+    print("<!-- bench/results.md-style -->")
+    print(f"Run: {header}\n")
+    print("| bench | figure | value | note |")
+    print("|---|---|---:|---|")
+    for r in report.rows:
+        print(f"| {r.bench} | {r.figure.strip()} | {r.value} | {r.note} |")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

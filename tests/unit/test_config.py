@@ -1,0 +1,40 @@
+"""Processor configuration: environment and flags, and errors that name the bad value."""
+
+from __future__ import annotations
+
+import pytest
+
+from loopwarden.streams.config import Config, from_env
+from loopwarden.streams.exceptions import ConfigError
+
+
+def test_flags_override_environment_which_overrides_defaults() -> None:
+    """A flag beats LOOPWARDEN_*; unset flags (None) leave the environment's value."""
+    env = {"LOOPWARDEN_BROKER": "k1:9092,k2:9092", "LOOPWARDEN_PARTITIONS": "12", "LOOPWARDEN_STORE": "rocksdb"}
+    cfg = from_env({"partitions": 3, "store": None}, environ=env)
+    assert (cfg.broker, cfg.partitions, cfg.store) == ("k1:9092,k2:9092", 3, "rocksdb")
+    assert cfg.broker_url == "kafka://k1:9092;kafka://k2:9092"
+    assert from_env({}, environ={}) == Config()
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"LOOPWARDEN_PARTITIONS": "eight"}, r"LOOPWARDEN_PARTITIONS: 'eight' is not a valid int"),
+    ({"LOOPWARDEN_PARTITIONS": "0"}, r"partitions: 0 must be between 1 and 10000"),
+    ({"LOOPWARDEN_STORE": "redis"}, r"store: 'redis' must be one of memory, rocksdb"),
+    ({"LOOPWARDEN_CLOCK": "lamport"}, r"clock: 'lamport' must be one of wall, event"),
+    ({"LOOPWARDEN_BROKER": "localhost"}, r"broker: 'localhost' is not host:port"),
+    ({"LOOPWARDEN_STEPS_TOPIC": "bad topic"}, r"steps_topic: 'bad topic' is not a valid Kafka topic name"),
+    ({"LOOPWARDEN_HEALTH_TOPIC": "agent.steps"}, r"topic names must differ"),
+    ({"LOOPWARDEN_TOKEN": "short"}, r"token: must be at least 16 characters"),
+    ({"LOOPWARDEN_WEB_PORT": "70000"}, r"web_port: 70000 must be between 0 and 65535"),
+    ({"LOOPWARDEN_TICK_INTERVAL_S": "0"}, r"tick_interval_s: 0.0 must be between 0.05 and 3600"),
+])
+def test_bad_values_are_named(env, message) -> None:
+    """Each bad setting fails fast with a message naming the setting and the value."""
+    with pytest.raises(ConfigError, match=message):
+        from_env({}, environ=env)
+
+
+def test_token_is_not_in_the_repr() -> None:
+    """The token never shows up when the config is logged."""
+    assert "abcdefghijklmnopqrstuvwxyz" not in repr(Config(token="abcdefghijklmnopqrstuvwxyz"))
