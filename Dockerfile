@@ -21,7 +21,7 @@ RUN python -m venv /opt/loopwarden \
 FROM python:3.11-slim
 # In a container the HTTP server must listen beyond loopback to be reachable at
 # all (the port is only exposed where a deployment publishes it). Kubernetes
-# overrides LOOPWARDEN_WEB_HOST with the pod IP: see k8s/statefulset.yaml.
+# sets LOOPWARDEN_CANONICAL_URL to each pod's DNS name: see k8s/statefulset.yaml.
 ENV PATH=/opt/loopwarden/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \

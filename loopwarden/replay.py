@@ -7,7 +7,6 @@ the end the clock can be advanced further so windows and timeouts run out.
 
 from __future__ import annotations
 
-import heapq
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 from loopwarden.codecs import HealthTransition, InputEvent, InvalidEvent, decode_input
 from loopwarden.rules import DEFAULT_SETTINGS, RunState, Settings, apply, fire_next, next_deadline
 from loopwarden.rules.machine import Result
+from loopwarden.rules.timers import TimerQueue
 
 
 @dataclass(frozen=True)
@@ -37,14 +37,12 @@ class Replay:
         self.final: dict[str, HealthTransition] = {}
         self.notes: Counter[tuple[str, str]] = Counter()
         self.clock: int | None = None
-        self._timers: list[tuple[int, str]] = []
+        self._timers = TimerQueue()
 
     def _schedule(self, run_id: str) -> None:
         state = self.states.get(run_id)
         if state is not None:
-            deadline = next_deadline(state, self.settings)
-            if deadline is not None:
-                heapq.heappush(self._timers, (deadline, run_id))
+            self._timers.schedule(run_id, next_deadline(state, self.settings))
 
     def _take(self, res: Result, run_id: str) -> list[HealthTransition]:
         self.notes.update(res.notes)
@@ -61,11 +59,13 @@ class Replay:
         """Move the clock to ``now_ms`` (never backwards) and fire due timers in deadline order."""
         self.clock = now_ms if self.clock is None else max(self.clock, now_ms)
         out: list[HealthTransition] = []
-        while self._timers and self._timers[0][0] <= self.clock:
-            deadline, run_id = heapq.heappop(self._timers)
+        for deadline, run_id in self._timers.pop_due(self.clock):
             state = self.states.get(run_id)
-            if state is None or next_deadline(state, self.settings) != deadline:
-                continue  # stale: the run changed since this timer was set
+            if state is None:
+                continue
+            if next_deadline(state, self.settings) != deadline:
+                self._schedule(run_id)  # the deadline moved since it was queued
+                continue
             out += self._take(fire_next(state, self.clock, self.settings), run_id)
         return out
 

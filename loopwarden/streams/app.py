@@ -66,7 +66,7 @@ class Loopwarden:
             web_bind=config.web_host,
             web_port=config.web_port,
             web_host=config.web_host,
-            canonical_url=f"http://{config.web_host}:{config.web_port}",
+            canonical_url=config.advertised_url,
             producer_acks=-1,
             # A worker that died is noticed in seconds, not the default minute.
             broker_session_timeout=6.0,

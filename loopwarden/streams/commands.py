@@ -24,8 +24,8 @@ COLORS = {
 def _config(args: argparse.Namespace) -> Config:
     overrides = {k: getattr(args, k, None) for k in (
         "broker", "app_id", "steps_topic", "outcomes_topic", "health_topic", "deadletter_topic", "ticks_topic",
-        "partitions", "store", "data_dir", "web_host", "web_port", "clock", "tick_interval_s", "retention_s",
-        "log_level",
+        "partitions", "store", "data_dir", "web_host", "web_port", "canonical_url", "clock", "tick_interval_s",
+        "retention_s", "log_level",
     )}
     try:
         return from_env(overrides)
@@ -51,6 +51,8 @@ def add_commands(sub) -> None:
     p.add_argument("--data-dir", dest="data_dir", help="RocksDB and Faust data directory (LOOPWARDEN_DATA_DIR)")
     p.add_argument("--web-host", dest="web_host", help="HTTP bind address (LOOPWARDEN_WEB_HOST; default 127.0.0.1)")
     p.add_argument("--web-port", dest="web_port", type=int, help="HTTP port (LOOPWARDEN_WEB_PORT; default 6066)")
+    p.add_argument("--canonical-url", dest="canonical_url",
+                   help="URL peers use to reach this worker (LOOPWARDEN_CANONICAL_URL; default http://<web host>:<port>)")
     p.add_argument("--clock", choices=CLOCKS, help="timer clock: wall (processing time) or event (LOOPWARDEN_CLOCK)")
     p.add_argument("--tick-interval-s", dest="tick_interval_s", type=float, help="timer tick period (default 1.0)")
     p.add_argument("--retention-s", dest="retention_s", type=float, help="drop settled runs after this (default 7 days)")
@@ -62,7 +64,7 @@ def add_commands(sub) -> None:
     p.add_argument("--runs", type=int, default=200, help="number of runs (default 200)")
     p.add_argument("--rate", type=float, default=5.0, help="runs started per second (default 5)")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--fast", action="store_true", help="publish as fast as possible with synthetic timestamps")
+    p.add_argument("--fast", action="store_true", help="publish as fast as possible (timestamps still spread at --rate from now)")
     p.add_argument("--out", help="write the messages as JSON lines (invalid ones included) to this file instead of publishing")
     p.add_argument("--inactivity-s", type=float, default=300.0, help="policy inactivity_timeout_s of simulated runs")
     p.add_argument("--window-s", type=float, default=600.0, help="policy receipt_window_s of simulated runs")
@@ -107,7 +109,7 @@ async def _simulate(config: Config, args: argparse.Namespace) -> int:
     from loopwarden.streams.topics import ensure_topics
 
     await ensure_topics(config)  # before the broker auto-creates them with the wrong partition count
-    start = int(time.time() * 1000) if not args.fast else 1_780_000_000_000
+    start = int(time.time() * 1000)
     messages = fleet(args.runs, seed=args.seed, start_ms=start, rate=args.rate,
                      timers_s=(args.inactivity_s, args.window_s), bad_every=args.bad_every)
     topics = {"steps": config.steps_topic, "outcomes": config.outcomes_topic}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from dataclasses import dataclass, field, fields
 
 from loopwarden.streams.exceptions import ConfigError
@@ -32,6 +33,9 @@ class Config:
     data_dir: str = ".loopwarden-data"
     web_host: str = "127.0.0.1"
     web_port: int = 6066
+    # The URL peers use to reach this worker (GET /runs/{id} is forwarded to the
+    # owner); default http://<web_host>:<web_port>, with the host name for 0.0.0.0.
+    canonical_url: str | None = None
     token: str | None = field(default=None, repr=False)
     clock: str = "wall"
     tick_interval_s: float = 1.0
@@ -65,8 +69,18 @@ class Config:
             raise ConfigError(f"tick_interval_s: {self.tick_interval_s} must be between 0.05 and 3600")
         if self.retention_s <= 0:
             raise ConfigError(f"retention_s: {self.retention_s} must be > 0")
+        if self.canonical_url is not None and not re.match(r"^https?://[^/\s]+$", self.canonical_url):
+            raise ConfigError(f"canonical_url: {self.canonical_url!r} must be http(s)://host:port with no path")
         if self.token is not None and len(self.token) < 16:
             raise ConfigError("token: must be at least 16 characters (got a shorter one)")
+
+    @property
+    def advertised_url(self) -> str:
+        """canonical_url, else http://<web_host>:<web_port> (the host name when bound to all interfaces)."""
+        if self.canonical_url:
+            return self.canonical_url
+        host = socket.gethostname() if self.web_host in ("0.0.0.0", "::") else self.web_host
+        return f"http://{host}:{self.web_port}"
 
     @property
     def broker_url(self) -> str:

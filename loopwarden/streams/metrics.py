@@ -28,6 +28,7 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._children: dict = {}
         r = self.registry
         self.events = Counter("loopwarden_events_total", "Input messages consumed, by topic role and event type.",
                               ["topic", "type"], registry=r)
@@ -84,20 +85,29 @@ class Metrics:
         for s in STATES + ("NEVER_STARTED",):
             self.evicted.labels(s)
 
+    def child(self, metric, *labels: str):
+        """``metric.labels(*labels)``, cached: the lookup is the costly part on the hot path."""
+        key = (metric, labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
     def note(self, kind: str, label: str) -> None:
         """Count one core note (see loopwarden.rules.machine)."""
+        c = self.child
         if kind == "ignored":
-            self.ignored.labels(label).inc()
+            c(self.ignored, label).inc()
         elif kind == "disagreement":
-            self.disagreements.labels(label).inc()
+            c(self.disagreements, label).inc()
         elif kind == "cause":
-            self.stop_causes.labels("derived", label).inc()
+            c(self.stop_causes, "derived", label).inc()
         elif kind == "reported_cause":
-            self.stop_causes.labels("reported", label).inc()
+            c(self.stop_causes, "reported", label).inc()
         elif kind == "receipt":
-            self.receipts.labels(label).inc()
+            c(self.receipts, label).inc()
         elif kind == "evicted":
-            self.evicted.labels(label).inc()
-            self.timers.labels("retention").inc()
+            c(self.evicted, label).inc()
+            c(self.timers, "retention").inc()
         elif kind == "timer":
-            self.timers.labels(label).inc()
+            c(self.timers, label).inc()

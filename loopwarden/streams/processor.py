@@ -6,13 +6,12 @@ message. Per-run state lives in a mapping (the Faust table; a dict in tests),
 stored as MessagePack of :class:`Stored` (the run state plus the partition it
 belongs to, so timers can be rebuilt per partition after a rebalance).
 
-Timers cost O(due timers) per tick: one heap of ``(deadline, run_id)`` per owned
-partition, kept in memory and rebuilt from the table after every rebalance.
+Timers cost O(due timers) per tick: one :class:`TimerQueue` per owned partition
+(at most one entry per run), kept in memory and rebuilt from the table after every rebalance.
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
 import time
 from collections.abc import MutableMapping
@@ -23,6 +22,7 @@ import msgspec
 from loopwarden.codecs import STATES, HealthTransition, InvalidEvent, decode_outcome_event, decode_step_event
 from loopwarden.rules import RunState, Settings, apply, fire_next, next_deadline
 from loopwarden.rules.machine import Result
+from loopwarden.rules.timers import TimerQueue
 from loopwarden.streams.metrics import Metrics
 
 log = logging.getLogger("loopwarden.processor")
@@ -93,7 +93,7 @@ class Processor:
         # Whether this worker has consumed its inputs of a partition up to their end:
         # a backlog after a restart must not make runs look idle.
         self.caught_up = caught_up
-        self.heaps: dict[int, list[tuple[int, str]]] = {}
+        self.timers: dict[int, TimerQueue] = {}  # per owned partition
         # States written by messages whose table writes are not applied yet (a batch in flight).
         self.pending: dict[str, bytes | None] = {}
         self.clocks: dict[int, int] = {}  # event-time clock per partition (clock == "event")
@@ -122,7 +122,7 @@ class Processor:
             self.metrics.note(kind, label)
         now_wall = self.wall_ms()
         for t in res.transitions:
-            self.metrics.transitions.labels(t.from_state or "none", t.to_state).inc()
+            self.metrics.child(self.metrics.transitions, t.from_state or "none", t.to_state).inc()
             self.metrics.latency.observe(max(0.0, (now_wall - t.ts) / 1000))
         out.transitions += res.transitions
         state = res.state
@@ -134,15 +134,13 @@ class Processor:
         out.writes[run_id] = self.pending[run_id] = raw
         if state is None:
             return
-        deadline = next_deadline(state, self.settings)
-        if deadline is not None:
-            heapq.heappush(self.heaps.setdefault(partition, []), (deadline, run_id))
+        self.timers.setdefault(partition, TimerQueue()).schedule(run_id, next_deadline(state, self.settings))
 
     def _count(self, state: str | None, delta: int) -> None:
         if state is None:
             return
         self.state_counts[state] = self.state_counts.get(state, 0) + delta
-        self.metrics.runs.labels(state).set(self.state_counts[state])
+        self.metrics.child(self.metrics.runs, state).set(self.state_counts[state])
 
     def apply_writes(self, out: Output) -> None:
         """Write the output's states to the table (after the transitions were acked).
@@ -159,12 +157,12 @@ class Processor:
         self.pending.clear()
 
     def rebuild(self, items, partitions: set[int]) -> int:
-        """Rebuild timer heaps and state counts from the table (after recovery).
+        """Rebuild timer queues and state counts from the table (after recovery).
 
         Only runs of ``partitions`` (this worker's active ones) count: the memory
         store may still hold keys of partitions that moved to another worker.
         """
-        self.heaps.clear()
+        self.timers.clear()
         self.state_counts = {}
         for state in STATES:
             self.metrics.runs.labels(state).set(0)
@@ -176,22 +174,23 @@ class Processor:
             run_id = key.decode() if isinstance(key, bytes) else key
             n += 1
             self._count(stored.state.health, +1)
-            deadline = next_deadline(stored.state, self.settings)
-            if deadline is not None:
-                self.heaps.setdefault(stored.partition, []).append((deadline, run_id))
-        for heap in self.heaps.values():
-            heapq.heapify(heap)
+            self.timers.setdefault(stored.partition, TimerQueue()).schedule(
+                run_id, next_deadline(stored.state, self.settings))
         return n
 
     # -- timers ---------------------------------------------------------------------
     def fire_due(self, partition: int, now_ms: int, out: Output) -> None:
         """Fire every due timer of ``partition`` in deadline order: O(due timers)."""
-        heap = self.heaps.get(partition)
-        while heap and heap[0][0] <= now_ms:
-            deadline, run_id = heapq.heappop(heap)
+        queue = self.timers.get(partition)
+        if queue is None:
+            return
+        for deadline, run_id in queue.pop_due(now_ms):
             state = self.load(run_id)
-            if state is None or next_deadline(state, self.settings) != deadline:
-                continue  # stale entry: the run changed since this deadline was set
+            if state is None:
+                continue
+            if next_deadline(state, self.settings) != deadline:
+                queue.schedule(run_id, next_deadline(state, self.settings))  # moved since queued
+                continue
             before = state.health
             self._store(partition, run_id, fire_next(state, now_ms, self.settings), out, before)
 
@@ -216,7 +215,7 @@ class Processor:
                 tick = _decode_tick(value or b"{}")
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 return self._reject(out, role, InvalidEvent("undecodable", f"bad tick: {exc}"))
-            self.metrics.events.labels("ticks", "tick").inc()
+            self.metrics.child(self.metrics.events, "ticks", "tick").inc()
             now = self._now(partition, tick.now_ms)
             # Timers fire only on a caught-up partition: while a backlog is consumed, a
             # run whose next events are still in it must not be declared stuck. (An
@@ -236,7 +235,7 @@ class Processor:
                 "key_mismatch",
                 f"message key {shown!r} does not match run_id {event.run_id!r} (events must be keyed by run_id)",
             ))
-        self.metrics.events.labels(role, event.__struct_config__.tag).inc()
+        self.metrics.child(self.metrics.events, role, event.__struct_config__.tag).inc()
         now = self._now(partition, event.ts if role == "steps" else None)
         # The core fires this run's own timers due by the event's ts first; other runs'
         # timers wait for the next tick.

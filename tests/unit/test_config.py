@@ -35,6 +35,17 @@ def test_bad_values_are_named(env, message) -> None:
         from_env({}, environ=env)
 
 
+def test_advertised_url() -> None:
+    """Peers reach a worker at canonical_url, else at its bind address (its host name for 0.0.0.0)."""
+    import socket
+
+    assert Config(web_host="10.0.0.7", web_port=7000).advertised_url == "http://10.0.0.7:7000"
+    assert Config(web_host="0.0.0.0").advertised_url == f"http://{socket.gethostname()}:6066"
+    assert Config(web_host="0.0.0.0", canonical_url="http://lw-0.lw:6066").advertised_url == "http://lw-0.lw:6066"
+    with pytest.raises(ConfigError, match=r"canonical_url: 'lw-0:6066' must be http\(s\)://host:port"):
+        Config(canonical_url="lw-0:6066")
+
+
 def test_token_is_not_in_the_repr() -> None:
     """The token never shows up when the config is logged."""
     assert "abcdefghijklmnopqrstuvwxyz" not in repr(Config(token="abcdefghijklmnopqrstuvwxyz"))
