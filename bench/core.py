@@ -47,6 +47,9 @@ class NullMetrics:
     def note(self, kind: str, label: str) -> None:
         pass
 
+    def child(self, metric, *labels: str):
+        return metric.labels(*labels)
+
 
 def _processor(metrics) -> Processor:
     return Processor({}, steps_topic="steps", outcomes_topic="outcomes", ticks_topic="ticks",

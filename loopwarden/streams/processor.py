@@ -94,7 +94,7 @@ class Processor:
         # a backlog after a restart must not make runs look idle.
         self.caught_up = caught_up
         self.timers: dict[int, TimerQueue] = {}  # per owned partition
-        # States written by messages whose table writes are not applied yet (a batch in flight).
+        # States changed while handling the current message, not yet written to the table.
         self.pending: dict[str, bytes | None] = {}
         self.clocks: dict[int, int] = {}  # event-time clock per partition (clock == "event")
         self.state_counts: dict[str, int] = {}
@@ -154,6 +154,7 @@ class Processor:
                 self.table[key] = raw
 
     def end_batch(self) -> None:
+        """Forget the states of the message just handled (they are in the table now)."""
         self.pending.clear()
 
     def rebuild(self, items, partitions: set[int]) -> int:

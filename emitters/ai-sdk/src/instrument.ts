@@ -586,8 +586,30 @@ function abortSignalOf(params: unknown): AbortSignal | undefined {
   return signal instanceof AbortSignal ? signal : undefined;
 }
 
+/** What every run handle offers besides its calls: the run id, segments, approvals. */
+abstract class RunHandle {
+  protected constructor(protected readonly state: RunState) {}
+
+  get runId(): string {
+    return this.state.runId;
+  }
+
+  /** The segment number the next call will get. */
+  get nextSegment(): number {
+    return this.state.nextSegment;
+  }
+
+  approvalRouted(approvalId: string, routing: ApprovalRouting): boolean {
+    return this.state.approvalRouted(approvalId, routing);
+  }
+
+  approvalResolved(approvalId: string, approved: boolean): boolean {
+    return this.state.approvalResolved(approvalId, approved);
+  }
+}
+
 /** Run handle for a ToolLoopAgent: `generate` and `stream` take the agent's own parameters. */
-export class AgentRun<AGENT extends ToolLoopAgent<any, any, any, any>> {
+export class AgentRun<AGENT extends ToolLoopAgent<any, any, any, any>> extends RunHandle {
   /** Same parameters and result as `agent.generate`. */
   readonly generate: AGENT['generate'];
   /** Same parameters and result as `agent.stream`. The run ends when the stream is consumed. */
@@ -595,11 +617,12 @@ export class AgentRun<AGENT extends ToolLoopAgent<any, any, any, any>> {
 
   constructor(
     private readonly lw: Loopwarden,
-    private readonly state: RunState,
+    state: RunState,
     agent: AGENT,
     described: DescribedPolicy,
     policy: Policy,
   ) {
+    super(state);
     const begin = (params: unknown): SegmentTracker | undefined => {
       try {
         return state.begin(policy, described, (params as { messages?: unknown } | null)?.messages);
@@ -642,34 +665,17 @@ export class AgentRun<AGENT extends ToolLoopAgent<any, any, any, any>> {
     }) as AGENT['stream'];
   }
 
-  get runId(): string {
-    return this.state.runId;
-  }
-
-  /** The segment number the next generate()/stream() call will get. */
-  get nextSegment(): number {
-    return this.state.nextSegment;
-  }
-
-  approvalRouted(approvalId: string, routing: ApprovalRouting): boolean {
-    return this.state.approvalRouted(approvalId, routing);
-  }
-
-  approvalResolved(approvalId: string, approved: boolean): boolean {
-    return this.state.approvalResolved(approvalId, approved);
-  }
 }
 
 /**
  * Run handle for direct `generateText`/`streamText` calls. The policy is read from the first
  * call's `stopWhen` (generateText's default is `isStepCount(1)`, published as such).
  */
-export class TextRun {
+export class TextRun extends RunHandle {
   /** Same signature and result as the SDK's `generateText`. */
   readonly generateText: typeof generateText;
   /** Same signature and result as the SDK's `streamText`. The run ends when the stream is consumed. */
   readonly streamText: typeof streamText;
-  private readonly state: RunState;
 
   constructor(
     private readonly lw: Loopwarden,
@@ -677,7 +683,7 @@ export class TextRun {
     agent: string,
     private readonly options: PolicyOptions & RunOptions,
   ) {
-    this.state = new RunState(lw, runId, agent, options);
+    super(new RunState(lw, runId, agent, options));
     const begin = (params: Record<string, unknown>): SegmentTracker | undefined => {
       try {
         const toolNames = Object.keys((params.tools ?? {}) as object);
@@ -726,19 +732,4 @@ export class TextRun {
     }) as typeof streamText;
   }
 
-  get runId(): string {
-    return this.state.runId;
-  }
-
-  get nextSegment(): number {
-    return this.state.nextSegment;
-  }
-
-  approvalRouted(approvalId: string, routing: ApprovalRouting): boolean {
-    return this.state.approvalRouted(approvalId, routing);
-  }
-
-  approvalResolved(approvalId: string, approved: boolean): boolean {
-    return this.state.approvalResolved(approvalId, approved);
-  }
 }
