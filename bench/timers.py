@@ -91,7 +91,7 @@ def tick_cost(report: Report, sizes: tuple[int, ...], few: int, many: int, round
         many_rounds = max(1, min(rounds, left // due_many))
         t_many, fired_many, _ = _rounds(proc, now, due_many, many_rounds)
         scan = median([_scan(table) for _ in range(3)])
-        heap = sum(len(h) for h in proc.heaps.values())
+        heap = sum(len(q) for q in proc.timers.values())
         note = f"{PARTITIONS} partitions"
         report.add(bench, f"{runs:,} runs: tick round, 0 due", duration(median(t_idle)), note)
         report.add(bench, f"{runs:,} runs: tick round, {few} due", duration(median(t_few)),
