@@ -10,11 +10,16 @@ receipts on ``agent.outcomes``, keyed by run_id, JSON (or MessagePack with the
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from aiokafka import AIOKafkaProducer
 
 from loopwarden.codecs import JSON, MSGPACK, InputEvent, OutcomeReceipt, encode
+
+
+class PublishError(RuntimeError):
+    """Some events were not acknowledged by Kafka."""
 
 
 def now_ms() -> int:
@@ -37,13 +42,18 @@ class Publisher:
         self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
                                           linger_ms=linger_ms)
         self.sent = 0
+        self._pending: set = set()
+        self.failed = 0
 
     async def start(self) -> "Publisher":
         await self._producer.start()
         return self
 
     async def stop(self) -> None:
-        await self._producer.stop()  # flushes what is buffered
+        try:
+            await self.flush()
+        finally:
+            await self._producer.stop()
 
     async def __aenter__(self) -> "Publisher":
         return await self.start()
@@ -66,9 +76,19 @@ class Publisher:
         self.sent += 1
         if wait:
             await fut
+        else:
+            self._pending.add(fut)
+            fut.add_done_callback(self._pending.discard)
 
     async def flush(self) -> None:
+        """Wait until every event sent so far is acked; raise if any was not (never lose one silently)."""
+        pending = list(self._pending)
         await self._producer.flush()
+        results = await asyncio.gather(*pending, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            self.failed += len(errors)
+            raise PublishError(f"{len(errors)} of {len(pending)} events were not acked by Kafka: {errors[0]!r}") from errors[0]
 
     async def partitions(self, topic: str) -> set[int]:
         return set(await self._producer.partitions_for(topic))

@@ -195,17 +195,22 @@ class Loopwarden:
         from the last committed offset; reprocessing an event that the state already
         holds is a no-op (duplicates are ignored), so a transition may repeat with the
         same (run_id, seq) but is never lost. Changelog records go straight to the
-        Kafka producer, which Faust flushes before every offset commit (Faust's own
-        table writes go through a buffer whose pre-commit flush gives up after 0.1 s).
+        Kafka producer and are acked before the event is (Faust's own table writes go
+        through a buffer whose pre-commit flush gives up after 0.1 s).
         """
         out = self._process(event)
         acks = await self._send(event, out)
         if acks:
             await asyncio.gather(*acks)
         changelog = self.table.changelog_topic
+        acks = []
         for run_id, raw in out.writes.items():
-            await changelog.send(key=run_id.encode(), value=raw, partition=event.message.partition,
-                                 value_serializer="raw", callback=self.table._on_changelog_sent, force=True)
+            acks.append(await changelog.send(key=run_id.encode(), value=raw, partition=event.message.partition,
+                                             value_serializer="raw", callback=self.table._on_changelog_sent,
+                                             force=True))
+        if acks:
+            # Faust may commit the event's offset once this returns: the new state must be durable by then.
+            await asyncio.gather(*acks)
         # The RocksDB store picks its shard by the current event's partition.
         self.processor.apply_writes(out)
         self.processor.end_batch()
