@@ -57,6 +57,7 @@ __all__ = [
     "LocalKafkaError",
     "fetch",
     "free_port",
+    "port_free",
     "lib_dir",
     "probe",
     "stop_dir",
@@ -176,7 +177,7 @@ def free_port(host: str = HOST, exclude: tuple[int, ...] = ()) -> int:
     raise LocalKafkaError("could not find a free TCP port")
 
 
-def _port_free(port: int, host: str = HOST) -> bool:
+def port_free(port: int, host: str = HOST) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind((host, port))
@@ -405,14 +406,14 @@ class LocalKafka:
         if cport is None:
             # Reuse the controller port a previous run of this workdir had: it
             # is recorded in the KRaft voter set written at format time.
-            if old_cport.isdigit() and int(old_cport) != port and _port_free(int(old_cport)):
+            if old_cport.isdigit() and int(old_cport) != port and port_free(int(old_cport)):
                 cport = int(old_cport)
             else:
                 cport = free_port(exclude=(port,))
         if port == cport:
             raise LocalKafkaError("broker and controller ports must differ")
         for p, what in ((port, "broker"), (cport, "controller")):
-            if not _port_free(p):
+            if not port_free(p):
                 raise LocalKafkaError(f"{what} port {HOST}:{p} is already in use")
         self.port, self.controller_port = port, cport
 

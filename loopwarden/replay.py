@@ -63,8 +63,9 @@ class Replay:
             state = self.states.get(run_id)
             if state is None:
                 continue
-            if next_deadline(state, self.settings) != deadline:
-                self._schedule(run_id)  # the deadline moved since it was queued
+            current = next_deadline(state, self.settings)
+            if current != deadline:
+                self._timers.schedule(run_id, current)  # the deadline moved since it was queued
                 continue
             out += self._take(fire_next(state, self.clock, self.settings), run_id)
         return out

@@ -10,7 +10,6 @@ from loopwarden.rules.machine import (
     RunState,
     Settings,
     apply,
-    fire_due,
     fire_next,
     next_deadline,
 )
@@ -18,6 +17,6 @@ from loopwarden.rules.precedence import PRECEDENCE, Facts, receipt_verdict, verd
 
 __all__ = [
     "DEFAULT_SETTINGS", "PRECEDENCE", "Facts", "Result", "RunState", "Settings",
-    "apply", "derive_cause", "evaluate", "fire_due", "fire_next", "is_evaluated",
+    "apply", "derive_cause", "evaluate", "fire_next", "is_evaluated",
     "next_deadline", "receipt_verdict", "verdict",
 ]

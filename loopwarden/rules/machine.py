@@ -491,16 +491,3 @@ def _fire(state: RunState, deadline: int, kind: str, now_ms: int, res: Result) -
     res.notes.append(("timer", kind))
     to = FALSE_COMPLETE if kind == "receipt_window_expired" else "STUCK"  # no_progress, approval_expired
     _move(state, res, to, kind, deadline, now_ms)
-
-
-def fire_due(state: RunState, now_ms: int, settings: Settings = DEFAULT_SETTINGS) -> Result:
-    """Fire every timer of the run due by ``now_ms``, in deadline order."""
-    res = Result(state=state)
-    while res.state is not None:
-        step = fire_next(res.state, now_ms, settings)
-        if not step.transitions and not step.notes:
-            break
-        res.state = step.state
-        res.transitions.extend(step.transitions)
-        res.notes.extend(step.notes)
-    return res

@@ -198,10 +198,10 @@ def cmd_tick(args: argparse.Namespace) -> int:
 
 def cmd_dev(args: argparse.Namespace) -> int:
     """Start a local Kafka, one worker and a live simulated fleet; tail transitions until Ctrl-C."""
-    from loopwarden.localkafka import LocalKafka, fetch, free_port
+    from loopwarden.localkafka import LocalKafka, fetch, free_port, port_free
 
     fetch(quiet=False)
-    port = args.port if _port_free(args.port) else free_port()
+    port = args.port if port_free(args.port) else free_port()
     kafka = LocalKafka(Path(args.dir), port=port)
     print(f"loopwarden dev: starting Apache Kafka on 127.0.0.1:{port} (data in {args.dir}) ...", file=sys.stderr, flush=True)
     kafka.start(timeout_s=120)
@@ -237,13 +237,3 @@ def cmd_dev(args: argparse.Namespace) -> int:
         print("loopwarden dev: stopped", file=sys.stderr)
     return 0
 
-
-def _port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True

@@ -189,8 +189,9 @@ class Processor:
             state = self.load(run_id)
             if state is None:
                 continue
-            if next_deadline(state, self.settings) != deadline:
-                queue.schedule(run_id, next_deadline(state, self.settings))  # moved since queued
+            current = next_deadline(state, self.settings)
+            if current != deadline:
+                queue.schedule(run_id, current)  # moved since queued
                 continue
             before = state.health
             self._store(partition, run_id, fire_next(state, now_ms, self.settings), out, before)

@@ -586,6 +586,20 @@ function abortSignalOf(params: unknown): AbortSignal | undefined {
   return signal instanceof AbortSignal ? signal : undefined;
 }
 
+/**
+ * The call's params with the tracker's hooks, or the caller's own params when there is no
+ * tracker or hooking fails: instrumentation never throws into the agent.
+ */
+function hooked<P extends object>(lw: Loopwarden, tracker: SegmentTracker | undefined, params: P, hookEnd: boolean): P {
+  if (!tracker) return params;
+  try {
+    return tracker.callParams(params, { hookEnd });
+  } catch (error) {
+    lw.internalError(error);
+    return params;
+  }
+}
+
 /** What every run handle offers besides its calls: the run id, segments, approvals. */
 abstract class RunHandle {
   protected constructor(protected readonly state: RunState) {}
@@ -633,23 +647,13 @@ export class AgentRun<AGENT extends ToolLoopAgent<any, any, any, any>> extends R
     };
     this.generate = ((params: Parameters<AGENT['generate']>[0]) => {
       const tracker = begin(params);
-      let callParams = params;
-      try {
-        if (tracker) callParams = tracker.callParams(params, { hookEnd: false });
-      } catch (error) {
-        lw.internalError(error);
-      }
+      const callParams = hooked(lw, tracker, params, false);
       const promise = agent.generate(callParams);
       return tracker ? tracker.follow(promise, abortSignalOf(params)) : promise;
     }) as AGENT['generate'];
     this.stream = ((params: Parameters<AGENT['stream']>[0]) => {
       const tracker = begin(params);
-      let callParams = params;
-      try {
-        if (tracker) callParams = tracker.callParams(params, { hookEnd: true });
-      } catch (error) {
-        lw.internalError(error);
-      }
+      const callParams = hooked(lw, tracker, params, true);
       const promise = agent.stream(callParams);
       if (!tracker) return promise;
       return Promise.resolve(promise).then(
@@ -698,21 +702,15 @@ export class TextRun extends RunHandle {
     };
     this.generateText = ((params: Record<string, unknown>) => {
       const tracker = begin(params);
-      let callParams = params;
-      try {
-        if (tracker) callParams = tracker.callParams(params, { hookEnd: false });
-      } catch (error) {
-        lw.internalError(error);
-      }
+      const callParams = hooked(lw, tracker, params, false);
       const promise = generateText(callParams as never);
       return tracker ? tracker.follow(promise, abortSignalOf(params)) : promise;
     }) as typeof generateText;
     this.streamText = ((params: Record<string, unknown>) => {
       const tracker = begin(params);
-      let callParams = params;
+      const callParams = hooked(lw, tracker, params, true);
       try {
-        if (tracker) {
-          callParams = tracker.callParams(params, { hookEnd: true });
+        if (tracker && callParams !== params) {
           const userAbort = params.onAbort as Callback;
           callParams.onAbort = (event: unknown) => {
             tracker.end({
