@@ -104,7 +104,6 @@ class Loopwarden:
             clock=config.clock,
             caught_up=self.caught_up,
         )
-        self._consumed: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset
         self._wire()
 
     # -- Faust wiring -------------------------------------------------------------
@@ -115,8 +114,9 @@ class Loopwarden:
         app, config = self.app, self.config
 
         @self.table.on_recover
-        async def _rebuild_timers() -> None:
+        async def _recovered() -> None:
             n = self.processor.rebuild(self.table.items(), self.active_partitions())
+            await self.resume_from_checkpoints()
             self.ready = True
             log.info("table recovered: %d runs on partitions %s", n, sorted(self.active_partitions()))
 
@@ -141,6 +141,42 @@ class Loopwarden:
 
         add_routes(self)
 
+    async def resume_from_checkpoints(self) -> None:
+        """Make consumption resume where the table's offset checkpoints say.
+
+        Faust seeks every assigned partition to the group's committed offset right
+        after the recovery callbacks, and what it commits is its own bookkeeping of
+        acked messages, which can run ahead of the state changes the changelog holds
+        (its stream acks an event in a ``finally`` even when the handling was
+        cancelled at shutdown, and acks messages it skips around a rebalance).
+        Committing the checkpoints here, before that seek, makes the seek land on
+        them: nothing the table lacks is skipped, and what it already holds is
+        skipped as redelivered.
+        """
+        consumer = self.app.consumer
+        inputs = (self.config.steps_topic, self.config.outcomes_topic)
+        # A partition with a checkpoint but no offset for one topic has consumed nothing
+        # of it yet: from its start (offset 0 resets to the earliest kept).
+        offsets = {
+            TP(topic, partition): by_topic.get(topic, 0)
+            for partition, by_topic in self.processor.offsets.items()
+            for topic in inputs
+        }
+        if not offsets:
+            return
+        try:
+            # Faust's consumer commits only acked offsets through its public API.
+            committed = await consumer._commit(offsets)
+            # aiokafka's seek_to_committed leaves a partition committed at 0 where it
+            # is: seek there too (the later seek to a commit > 0 lands on the same offset).
+            for tp, offset in offsets.items():
+                await consumer.seek(tp, offset)
+        except Exception:
+            log.exception("committing the table's checkpoints failed; Faust's committed offsets stand")
+            return
+        log.info("resuming from the table's checkpoints%s: %s", "" if committed else " (not committed: rebalancing)",
+                 ", ".join(f"{tp.topic}[{tp.partition}]@{o}" for tp, o in sorted(offsets.items())))
+
     def caught_up(self, partition: int) -> bool:
         """Consumed both input topics' partition up to the high watermark last fetched."""
         consumer = self.app.consumer
@@ -149,26 +185,27 @@ class Loopwarden:
             highwater = consumer.highwater(tp)
             if highwater is None:
                 return False  # nothing fetched yet: unknown
-            consumed = self._consumed.get((topic, partition))
+            consumed = self.processor.offsets.get(partition, {}).get(topic)
             if consumed is None:
-                # Nothing processed from it since start: where processing resumed.
-                # (Faust keeps the last processed offset; +1 may overstate by one message.)
+                # No checkpoint: nothing consumed from it yet; where the group's commit says.
                 committed = consumer._committed_offset.get(tp)
-                consumed = committed + 1 if committed is not None else 0
+                consumed = committed if committed is not None else 0
             if consumed < highwater:
                 return False
         return True
 
     def _process(self, event) -> Output:
         msg = event.message
-        self._consumed[(msg.topic, msg.partition)] = msg.offset + 1
         try:
             return self.processor.on_message(
-                msg.topic, msg.partition, event.key, event.value, _header(msg.headers, "content-type")
+                msg.topic, msg.partition, event.key, event.value, _header(msg.headers, "content-type"), msg.offset
             )
         except Exception as exc:  # a bug of ours must not stop the stream nor lose the message
             log.exception("internal error on %s[%d]@%d; dead-lettered", msg.topic, msg.partition, msg.offset)
-            return Output(deadletter=DeadLetter("internal_error", f"{type(exc).__name__}: {exc}"))
+            self.processor.end_batch()  # whatever it half-changed is not written
+            out = Output(deadletter=DeadLetter("internal_error", f"{type(exc).__name__}: {exc}"))
+            self.processor.checkpoint(out, msg.topic, msg.partition, msg.offset)
+            return out
 
     async def _send(self, event, out: Output) -> list:
         msg = event.message
@@ -204,8 +241,8 @@ class Loopwarden:
             await asyncio.gather(*acks)
         changelog = self.table.changelog_topic
         acks = []
-        for run_id, raw in out.writes.items():
-            acks.append(await changelog.send(key=run_id.encode(), value=raw, partition=event.message.partition,
+        for key, raw in out.writes.items():
+            acks.append(await changelog.send(key=key, value=raw, partition=event.message.partition,
                                              value_serializer="raw", callback=self.table._on_changelog_sent,
                                              force=True))
         if acks:

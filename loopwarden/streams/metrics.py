@@ -57,10 +57,21 @@ class Metrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=r,
         )
+        self.redelivered = Counter(
+            "loopwarden_redelivered_total",
+            "Input messages skipped because the table already holds their effect (offset below the checkpoint).",
+            ["topic"], registry=r)
+        self.offset_gaps = Counter(
+            "loopwarden_offset_gaps_total",
+            "Times a consumed offset skipped past the checkpoint (transaction markers, or messages the consumer lost).",
+            ["topic"], registry=r)
         self.lag = Gauge("loopwarden_consumer_lag", "Messages not yet consumed on this worker's partitions, by topic role.",
                          ["topic"], registry=r)
         for t in TOPIC_ROLES:
             self.lag.labels(t)
+            if t != "ticks":
+                self.redelivered.labels(t)
+                self.offset_gaps.labels(t)
             for e in EVENT_TYPES:
                 self.events.labels(t, e)
             for reason in INVALID_REASONS:

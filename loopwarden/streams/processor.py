@@ -6,6 +6,12 @@ message. Per-run state lives in a mapping (the Faust table; a dict in tests),
 stored as MessagePack of :class:`Stored` (the run state plus the partition it
 belongs to, so timers can be rebuilt per partition after a rebalance).
 
+Offsets are checkpointed in the table too: with each message's state changes goes a
+record of the next offset to consume on its topic-partition, under a key no run id can
+have. After a restart or rebalance the worker resumes from that checkpoint, not from
+what the consumer group committed, so what the table holds and where consumption
+resumes always agree; a message below the checkpoint is skipped as redelivered.
+
 Timers cost O(due timers) per tick: one :class:`TimerQueue` per owned partition
 (at most one entry per run), kept in memory and rebuilt from the table after every rebalance.
 """
@@ -41,6 +47,28 @@ class Tick(msgspec.Struct, frozen=True):
     now_ms: int | None = None  # None: use the processor's clock
 
 
+# Run states are keyed by the run id as UTF-8; a partition's checkpoint by a key that is
+# not UTF-8 (0xff never occurs in it), so no run id can name, read or overwrite it.
+CHECKPOINT_PREFIX = b"\xffloopwarden/offsets/"
+
+
+def checkpoint_key(partition: int) -> bytes:
+    return CHECKPOINT_PREFIX + str(partition).encode()
+
+
+def is_checkpoint(key: bytes) -> bool:
+    return key.startswith(CHECKPOINT_PREFIX)
+
+
+class Checkpoint(msgspec.Struct, array_like=True):
+    """A partition's progress, as durable as the states written before it."""
+
+    offsets: dict[str, int]  # input topic -> next offset to consume
+    clock: int = 0  # the partition's event-time clock (clock == "event")
+
+
+_encode_checkpoint = msgspec.msgpack.Encoder().encode
+_decode_checkpoint = msgspec.msgpack.Decoder(Checkpoint).decode
 _encode_stored = msgspec.msgpack.Encoder().encode
 _decode_stored = msgspec.msgpack.Decoder(Stored).decode
 _decode_tick = msgspec.json.Decoder(Tick).decode
@@ -56,12 +84,16 @@ class DeadLetter:
 @dataclass
 class Output:
     """What the agent must do, in this order: produce ``transitions`` and the dead letter,
-    wait for their acks, then write ``writes`` to the table (None deletes). Written after
-    the acks, a restart can repeat a transition (same run_id, seq) but never lose one."""
+    wait for their acks, then write ``writes`` to the table and its changelog, in order
+    (table key -> value, None deletes; the partition's checkpoint comes last). Written
+    after the acks, a restart can repeat a transition (same run_id, seq) but never lose one."""
 
     transitions: list[HealthTransition] = field(default_factory=list)
     deadletter: DeadLetter | None = None
-    writes: dict[str, bytes | None] = field(default_factory=dict)
+    writes: dict[bytes, bytes | None] = field(default_factory=dict)
+    # partition -> {topic: next offset}, once ``writes`` are durable
+    offsets: dict[int, dict[str, int]] = field(default_factory=dict)
+    redelivered: bool = False  # skipped: the table already holds this message's effect
 
 
 def wall_clock_ms() -> int:
@@ -95,7 +127,10 @@ class Processor:
         self.caught_up = caught_up
         self.timers: dict[int, TimerQueue] = {}  # per owned partition
         # States changed while handling the current message, not yet written to the table.
-        self.pending: dict[str, bytes | None] = {}
+        self.pending: dict[bytes, bytes | None] = {}
+        # Per owned partition, the next offset to consume per input topic, as the table
+        # holds it (updated once a message's writes are durable).
+        self.offsets: dict[int, dict[str, int]] = {}
         self.clocks: dict[int, int] = {}  # event-time clock per partition (clock == "event")
         self.state_counts: dict[str, int] = {}
 
@@ -114,7 +149,8 @@ class Processor:
 
     # -- table ----------------------------------------------------------------------
     def load(self, run_id: str) -> RunState | None:
-        raw = self.pending[run_id] if run_id in self.pending else self.table.get(run_id.encode())
+        key = run_id.encode()
+        raw = self.pending[key] if key in self.pending else self.table.get(key)
         return None if raw is None else _decode_stored(raw).state
 
     def _store(self, partition: int, run_id: str, res: Result, out: Output, before: str | None) -> None:
@@ -131,7 +167,7 @@ class Processor:
             self._count(before, -1)
             self._count(after, +1)
         raw = None if state is None else _encode_stored(Stored(partition, state))
-        out.writes[run_id] = self.pending[run_id] = raw
+        out.writes[run_id.encode()] = self.pending[run_id.encode()] = raw
         if state is None:
             return
         self.timers.setdefault(partition, TimerQueue()).schedule(run_id, next_deadline(state, self.settings))
@@ -146,29 +182,38 @@ class Processor:
         """Write the output's states to the table (after the transitions were acked).
 
         Call :meth:`end_batch` once every output of a batch is applied."""
-        for run_id, raw in out.writes.items():
-            key = run_id.encode()
+        for key, raw in out.writes.items():
             if raw is None:
                 self.table.pop(key, None)
             else:
                 self.table[key] = raw
+        self.offsets.update(out.offsets)
 
     def end_batch(self) -> None:
         """Forget the states of the message just handled (they are in the table now)."""
         self.pending.clear()
 
     def rebuild(self, items, partitions: set[int]) -> int:
-        """Rebuild timer queues and state counts from the table (after recovery).
+        """Rebuild timer queues, state counts and offset checkpoints from the table (after recovery).
 
-        Only runs of ``partitions`` (this worker's active ones) count: the memory
+        Only keys of ``partitions`` (this worker's active ones) count: the memory
         store may still hold keys of partitions that moved to another worker.
         """
         self.timers.clear()
+        self.offsets = {}
         self.state_counts = {}
         for state in STATES:
             self.metrics.runs.labels(state).set(0)
         n = 0
         for key, raw in items:
+            if is_checkpoint(key):
+                partition = int(key[len(CHECKPOINT_PREFIX):])
+                if partition in partitions:
+                    cp = _decode_checkpoint(raw)
+                    self.offsets[partition] = cp.offsets
+                    if self.clock_mode == "event":
+                        self.clocks[partition] = max(self.clocks.get(partition, 0), cp.clock)
+                continue
             stored = _decode_stored(raw)
             if stored.partition not in partitions:
                 continue
@@ -204,13 +249,33 @@ class Processor:
         key: bytes | None,
         value: bytes | None,
         content_type: str | None = None,
+        offset: int | None = None,
     ) -> Output:
-        """Handle one consumed message. Never raises on anything a producer can send."""
+        """Handle one consumed message. Never raises on anything a producer can send.
+
+        With ``offset`` (the worker passes it), a steps/outcomes message below its
+        partition's checkpoint is skipped as redelivered, and any other one adds the
+        checkpoint past it to ``writes``. Ticks are not checkpointed: a repeated or
+        missed tick is harmless, the next one fires what is due.
+        """
         out = Output()
         role = self.roles.get(topic)
         if role is None:
             out.deadletter = DeadLetter("wrong_topic", f"topic {topic!r} is not an input of this processor")
             self.metrics.invalid.labels("steps", "wrong_topic").inc()
+            return out
+        if role != "ticks" and offset is not None:
+            expected = self.offsets.get(partition, {}).get(topic)
+            if expected is not None and offset < expected:
+                self.metrics.child(self.metrics.redelivered, role).inc()
+                out.redelivered = True
+                return out
+            if expected is not None and offset > expected:
+                self.metrics.child(self.metrics.offset_gaps, role).inc()
+                log.warning("%s[%d]: consumed offset %d, checkpoint %d: %d offsets never seen",
+                            topic, partition, offset, expected, offset - expected)
+            self._on_input(out, role, topic, partition, key, value, content_type)
+            self.checkpoint(out, topic, partition, offset)
             return out
         if role == "ticks":
             try:
@@ -225,18 +290,34 @@ class Processor:
             if self.caught_up(partition):
                 self.fire_due(partition, now, out)
             return out
+        self._on_input(out, role, topic, partition, key, value, content_type)
+        return out
 
+    def checkpoint(self, out: Output, topic: str, partition: int, offset: int) -> None:
+        """Add the checkpoint past ``offset`` to ``out.writes``, last: after the states it covers."""
+        if self.roles.get(topic) not in ("steps", "outcomes"):
+            return
+        offsets = {**self.offsets.get(partition, {}), topic: offset + 1}
+        out.offsets[partition] = offsets
+        cp = Checkpoint(offsets, self.clocks.get(partition, 0))
+        out.writes[checkpoint_key(partition)] = _encode_checkpoint(cp)
+
+    def _on_input(self, out: Output, role: str, topic: str, partition: int, key: bytes | None,
+                  value: bytes | None, content_type: str | None) -> None:
+        """Decode and apply one steps/outcomes message, or dead-letter it."""
         try:
             decode = decode_step_event if role == "steps" else decode_outcome_event
             event = decode(value if value is not None else b"", content_type)
         except InvalidEvent as exc:
-            return self._reject(out, role, exc)
+            self._reject(out, role, exc)
+            return
         if key is None or key != event.run_id.encode():
             shown = None if key is None else key[:80]
-            return self._reject(out, role, InvalidEvent(
+            self._reject(out, role, InvalidEvent(
                 "key_mismatch",
                 f"message key {shown!r} does not match run_id {event.run_id!r} (events must be keyed by run_id)",
             ))
+            return
         self.metrics.child(self.metrics.events, role, event.__struct_config__.tag).inc()
         now = self._now(partition, event.ts if role == "steps" else None)
         # The core fires this run's own timers due by the event's ts first; other runs'
@@ -244,7 +325,6 @@ class Processor:
         state = self.load(event.run_id)
         before = state.health if state is not None else None
         self._store(partition, event.run_id, apply(state, event, now), out, before)
-        return out
 
     def _reject(self, out: Output, role: str, exc: InvalidEvent) -> Output:
         self.metrics.invalid.labels(role, exc.reason).inc()
@@ -255,6 +335,8 @@ class Processor:
         """Runs of this worker in ``state`` (a table scan; for the read API, not the hot path)."""
         found = []
         for key, raw in list(self.table.items()):
+            if is_checkpoint(key):
+                continue
             stored = _decode_stored(raw)
             if stored.partition in partitions and stored.state.health == state:
                 found.append({"run_id": stored.state.run_id, "seq": stored.state.seq, "agent": stored.state.agent})

@@ -165,3 +165,44 @@ def final_states(ts: list[dict]) -> dict[str, str]:
 
 def run(coro):
     return asyncio.run(coro)
+
+
+def events_consumed(worker: Worker) -> int:
+    """Input messages the worker consumed (steps + outcomes), from its /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, body = worker.get("/metrics", worker.config.token)
+    assert status == 200, body
+    total = 0
+    for family in text_string_to_metric_families(body.decode()):
+        if family.name == "loopwarden_events":
+            total += sum(s.value for s in family.samples
+                         if s.name == "loopwarden_events_total" and s.labels["topic"] != "ticks")
+    return int(total)
+
+
+def wait_consumed(worker: Worker, n: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (seen := events_consumed(worker)) < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"worker consumed {seen} of {n} input messages in {timeout_s}s:\n{worker.log_tail()}")
+        time.sleep(0.3)
+
+
+async def commit_group_at_end(config: Config) -> dict:
+    """Commit the worker group's offsets at the end of every input partition (the group must be empty):
+    what a consumer that acked messages it never processed would have committed."""
+    from aiokafka import TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=config.bootstrap, group_id=config.app_id,
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(t, p) for t in (config.steps_topic, config.outcomes_topic)
+               for p in range(config.partitions)]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        await consumer.commit({tp: ends[tp] for tp in tps})
+        return ends
+    finally:
+        await consumer.stop()

@@ -12,6 +12,7 @@ from loopwarden.codecs import decode_input, encode
 from loopwarden.replay import Replay
 from loopwarden.simulate import fleet
 from tests.integration.harness import (
+    commit_group_at_end,
     final_states,
     make_worker,
     publish,
@@ -20,6 +21,7 @@ from tests.integration.harness import (
     tick,
     transitions,
     unique_config,
+    wait_consumed,
 )
 
 pytestmark = pytest.mark.timeout(300)
@@ -118,12 +120,7 @@ def test_bad_messages_go_to_the_dead_letter_topic_with_headers(kafka, tmp_path: 
         worker.stop()
 
 
-@pytest.mark.parametrize("sig", [
-    pytest.param(signal.SIGTERM, id="SIGTERM"),
-    # Known issue, README "Known issues": after SIGKILL mid-backlog some runs miss events in
-    # full-suite runs (not when run alone); kept running so the day it passes is seen.
-    pytest.param(signal.SIGKILL, id="SIGKILL", marks=pytest.mark.xfail(strict=False, reason="known issue: state loss after SIGKILL, see README")),
-])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_restarted_worker_recovers_its_table(kafka, tmp_path: Path, sig) -> None:
     """A worker stopped mid-stream and restarted recovers; every run still reaches its final state,
     and a repeated transition carries an already-seen (run_id, seq) with the same content."""
@@ -155,6 +152,34 @@ def test_restarted_worker_recovers_its_table(kafka, tmp_path: Path, sig) -> None
         for run_id in expected:  # per run, seqs are 1..n with no hole
             seqs = sorted({t["seq"] for t in ts if t["run_id"] == run_id})
             assert seqs == list(range(1, len(seqs) + 1)), run_id
+    finally:
+        second.stop()
+
+
+def test_restart_resumes_from_the_tables_checkpoints_not_the_groups_commits(kafka, tmp_path: Path) -> None:
+    """The table, not the consumer group, says where consumption resumes. Faust commits what it
+    counts as acked, which can run ahead of what the changelog holds; here the group's offsets
+    are committed at the very end of the inputs while the worker is down, past a second half it
+    never saw. The restarted worker rewinds to its checkpoints and every run reaches its final state."""
+    config = unique_config(kafka.bootstrap)
+    first = make_worker(config, tmp_path, "a", clock="event").start()
+    messages = fleet(300, seed=21, bad_every=0)
+    expected, last = replay_final(messages)
+    half = len(messages) // 2
+    try:
+        run(publish(first.config, [(m.topic, m.key, m.value) for m in messages[:half]]))
+        wait_consumed(first, half)
+    finally:
+        first.stop()
+    run(publish(first.config, [(m.topic, m.key, m.value) for m in messages[half:]]))
+    ends = run(commit_group_at_end(config))
+    assert sum(ends.values()) == len(messages)
+    second = make_worker(config, tmp_path, "b", clock="event").start()
+    try:
+        run(tick(second.config, last + ADVANCE_MS))
+        assert final_states(wait_final(second.config, expected, timeout_s=120)) == expected
+        assert "resuming from the table's checkpoints" in second.log_path.read_text()
+        wait_consumed(second, len(messages) - half)
     finally:
         second.stop()
 
