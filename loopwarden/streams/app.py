@@ -228,14 +228,39 @@ class Loopwarden:
         """Process one message: publish its transitions (acked), then its state changes.
 
         The changelog never runs ahead of agent.health: a state change is sent to the
-        changelog only after the transitions it caused were acked. A crash repeats work
-        from the last committed offset; reprocessing an event that the state already
-        holds is a no-op (duplicates are ignored), so a transition may repeat with the
-        same (run_id, seq) but is never lost. Changelog records go straight to the
-        Kafka producer and are acked before the event is (Faust's own table writes go
-        through a buffer whose pre-commit flush gives up after 0.1 s).
+        changelog only after the transitions it caused were acked, and the partition's
+        offset checkpoint goes last, after the states it covers. A crash resumes from
+        the checkpoint; reprocessing an event the state already holds is a no-op, so a
+        transition may repeat with the same (run_id, seq) but is never lost.
+        Changelog records go straight to the Kafka producer (Faust's own table writes
+        go through a buffer whose pre-commit flush gives up after 0.1 s).
+
+        A send that fails (the producer gave up after its own retries) is retried
+        until acked: the worker never moves past a message whose effects are not
+        durable, so a long broker outage stalls it (visible as lag and as
+        ``loopwarden_produce_failures_total``) instead of losing the message.
         """
         out = self._process(event)
+        try:
+            delay = 0.5
+            while True:
+                try:
+                    await self._deliver(event, out)
+                    break
+                except Exception as exc:
+                    self.metrics.produce_failures.inc()
+                    log.error("producing the effects of %s[%d]@%d failed (%s: %s); retrying in %.1fs",
+                              event.message.topic, event.message.partition, event.message.offset,
+                              type(exc).__name__, exc, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 30.0)
+            # The RocksDB store picks its shard by the current event's partition.
+            self.processor.apply_writes(out)
+        finally:
+            self.processor.end_batch()  # also when cancelled: half-handled states are not kept
+
+    async def _deliver(self, event, out: Output) -> None:
+        """Send the output's transitions and dead letter, await their acks; then its changelog records."""
         acks = await self._send(event, out)
         if acks:
             await asyncio.gather(*acks)
@@ -246,11 +271,7 @@ class Loopwarden:
                                              value_serializer="raw", callback=self.table._on_changelog_sent,
                                              force=True))
         if acks:
-            # Faust may commit the event's offset once this returns: the new state must be durable by then.
             await asyncio.gather(*acks)
-        # The RocksDB store picks its shard by the current event's partition.
-        self.processor.apply_writes(out)
-        self.processor.end_batch()
 
     async def update_lag(self) -> None:
         consumer = self.app.consumer

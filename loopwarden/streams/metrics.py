@@ -65,6 +65,10 @@ class Metrics:
             "loopwarden_offset_gaps_total",
             "Times a consumed offset skipped past the checkpoint (transaction markers, or messages the consumer lost).",
             ["topic"], registry=r)
+        self.produce_failures = Counter(
+            "loopwarden_produce_failures_total",
+            "Failed attempts to produce a message's transitions, dead letter or state changes (each is retried).",
+            registry=r)
         self.lag = Gauge("loopwarden_consumer_lag", "Messages not yet consumed on this worker's partitions, by topic role.",
                          ["topic"], registry=r)
         for t in TOPIC_ROLES:
