@@ -167,7 +167,8 @@ class Processor:
             self._count(before, -1)
             self._count(after, +1)
         raw = None if state is None else _encode_stored(Stored(partition, state))
-        out.writes[run_id.encode()] = self.pending[run_id.encode()] = raw
+        key = run_id.encode()
+        out.writes[key] = self.pending[key] = raw
         if state is None:
             return
         self.timers.setdefault(partition, TimerQueue()).schedule(run_id, next_deadline(state, self.settings))
@@ -264,19 +265,6 @@ class Processor:
             out.deadletter = DeadLetter("wrong_topic", f"topic {topic!r} is not an input of this processor")
             self.metrics.invalid.labels("steps", "wrong_topic").inc()
             return out
-        if role != "ticks" and offset is not None:
-            expected = self.offsets.get(partition, {}).get(topic)
-            if expected is not None and offset < expected:
-                self.metrics.child(self.metrics.redelivered, role).inc()
-                out.redelivered = True
-                return out
-            if expected is not None and offset > expected:
-                self.metrics.child(self.metrics.offset_gaps, role).inc()
-                log.warning("%s[%d]: consumed offset %d, checkpoint %d: %d offsets never seen",
-                            topic, partition, offset, expected, offset - expected)
-            self._on_input(out, role, topic, partition, key, value, content_type)
-            self.checkpoint(out, topic, partition, offset)
-            return out
         if role == "ticks":
             try:
                 tick = _decode_tick(value or b"{}")
@@ -290,7 +278,19 @@ class Processor:
             if self.caught_up(partition):
                 self.fire_due(partition, now, out)
             return out
+        if offset is not None:
+            expected = self.offsets.get(partition, {}).get(topic)
+            if expected is not None and offset < expected:
+                self.metrics.child(self.metrics.redelivered, role).inc()
+                out.redelivered = True
+                return out
+            if expected is not None and offset > expected:
+                self.metrics.child(self.metrics.offset_gaps, role).inc()
+                log.warning("%s[%d]: consumed offset %d, checkpoint %d: %d offsets never seen",
+                            topic, partition, offset, expected, offset - expected)
         self._on_input(out, role, topic, partition, key, value, content_type)
+        if offset is not None:
+            self.checkpoint(out, topic, partition, offset)
         return out
 
     def checkpoint(self, out: Output, topic: str, partition: int, offset: int) -> None:
