@@ -42,7 +42,7 @@ class _Null:
 
 
 class NullMetrics:
-    events = invalid = transitions = runs = latency = lag = _Null()
+    events = invalid = transitions = runs = latency = lag = redelivered = offset_gaps = produce_failures = _Null()
 
     def note(self, kind: str, label: str) -> None:
         pass
@@ -78,13 +78,20 @@ def throughput(report: Report, runs: int, repeats: int) -> dict:
         for v in values:
             r.feed(decode_input(v))
 
-    def processor(metrics_factory):
+    def processor(metrics_factory, offsets: bool = False):
         def go() -> None:
             proc = _processor(metrics_factory())
             # As the worker does per batch (batches of one here); absent in older processors.
             end_batch = getattr(proc, "end_batch", lambda: None)
+            next_offset: dict = {}
             for m in messages:
-                out = proc.on_message(m.topic, hash(m.key) % partitions, m.key, m.value)
+                partition = hash(m.key) % partitions
+                if offsets:  # as the worker calls it, with each message's offset (checkpoints come with ticks)
+                    offset = next_offset.get((m.topic, partition), 0)
+                    next_offset[m.topic, partition] = offset + 1
+                    out = proc.on_message(m.topic, partition, m.key, m.value, None, offset)
+                else:
+                    out = proc.on_message(m.topic, partition, m.key, m.value)
                 proc.apply_writes(out)
                 end_batch()
         return go
@@ -95,6 +102,7 @@ def throughput(report: Report, runs: int, repeats: int) -> dict:
         "total": replay_total,
         "processor": processor(Metrics),
         "processor_nometrics": processor(NullMetrics),
+        "processor_offsets": processor(Metrics, offsets=True),
     }
     times: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(repeats):  # round-robin, so machine noise hits every variant alike
@@ -113,6 +121,8 @@ def throughput(report: Report, runs: int, repeats: int) -> dict:
                f"{t['processor'] / t['total']:.2f}x replay time")
     report.add(bench, "  same, Prometheus metrics stubbed out", si(n / t["processor_nometrics"], "ev/s"),
                f"metrics = {1 - t['processor_nometrics'] / t['processor']:.0%} of processor time")
+    report.add(bench, "  same, with offsets (redelivery check)", si(n / t["processor_offsets"], "ev/s"),
+               f"{t['processor_offsets'] / t['processor']:.2f}x the processor without")
     return {"events": n, "replay_eps": n / t["total"]}
 
 

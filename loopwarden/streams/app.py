@@ -204,7 +204,7 @@ class Loopwarden:
             log.exception("internal error on %s[%d]@%d; dead-lettered", msg.topic, msg.partition, msg.offset)
             self.processor.end_batch()  # whatever it half-changed is not written
             out = Output(deadletter=DeadLetter("internal_error", f"{type(exc).__name__}: {exc}"))
-            self.processor.checkpoint(out, msg.topic, msg.partition, msg.offset)
+            self.processor.consumed(out, msg.topic, msg.partition, msg.offset)
             return out
 
     async def _send(self, event, out: Output) -> list:
@@ -228,9 +228,9 @@ class Loopwarden:
         """Process one message: publish its transitions (acked), then its state changes.
 
         The changelog never runs ahead of agent.health: a state change is sent to the
-        changelog only after the transitions it caused were acked, and the partition's
-        offset checkpoint goes last, after the states it covers. A crash resumes from
-        the checkpoint; reprocessing an event the state already holds is a no-op, so a
+        changelog only after the transitions it caused were acked; a tick's offset
+        checkpoint goes last, after the states it covers. A crash resumes from the
+        checkpoint; reprocessing an event the state already holds is a no-op, so a
         transition may repeat with the same (run_id, seq) but is never lost.
         Changelog records go straight to the Kafka producer (Faust's own table writes
         go through a buffer whose pre-commit flush gives up after 0.1 s).

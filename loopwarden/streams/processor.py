@@ -6,11 +6,14 @@ message. Per-run state lives in a mapping (the Faust table; a dict in tests),
 stored as MessagePack of :class:`Stored` (the run state plus the partition it
 belongs to, so timers can be rebuilt per partition after a rebalance).
 
-Offsets are checkpointed in the table too: with each message's state changes goes a
-record of the next offset to consume on its topic-partition, under a key no run id can
-have. After a restart or rebalance the worker resumes from that checkpoint, not from
-what the consumer group committed, so what the table holds and where consumption
-resumes always agree; a message below the checkpoint is skipped as redelivered.
+Offsets are checkpointed in the table too: on each tick, when a partition has consumed
+anything since its last checkpoint, a record of the next offset to consume on each of
+its input topics (and its event-time clock) is written after the states it covers,
+under a key no run id can have. After a restart or rebalance the worker resumes from
+that checkpoint, not from what the consumer group committed: the checkpoint is never
+ahead of the table, and it may be behind by at most one tick interval of messages,
+which are applied again as no-ops (the state already holds them). In a running worker
+a message below the partition's consumed offset is skipped as redelivered.
 
 Timers cost O(due timers) per tick: one :class:`TimerQueue` per owned partition
 (at most one entry per run), kept in memory and rebuilt from the table after every rebalance.
@@ -91,9 +94,11 @@ class Output:
     transitions: list[HealthTransition] = field(default_factory=list)
     deadletter: DeadLetter | None = None
     writes: dict[bytes, bytes | None] = field(default_factory=dict)
-    # partition -> {topic: next offset}, once ``writes`` are durable
+    # partition -> {topic: next offset}: consumed once ``writes`` are durable
     offsets: dict[int, dict[str, int]] = field(default_factory=dict)
-    redelivered: bool = False  # skipped: the table already holds this message's effect
+    # partition -> the offsets of the checkpoint in ``writes``
+    checkpointed: dict[int, dict[str, int]] = field(default_factory=dict)
+    redelivered: bool = False  # skipped: this worker already applied this message
 
 
 def wall_clock_ms() -> int:
@@ -128,9 +133,10 @@ class Processor:
         self.timers: dict[int, TimerQueue] = {}  # per owned partition
         # States changed while handling the current message, not yet written to the table.
         self.pending: dict[bytes, bytes | None] = {}
-        # Per owned partition, the next offset to consume per input topic, as the table
-        # holds it (updated once a message's writes are durable).
+        # Per owned partition, the next offset to consume per input topic (updated once a
+        # message's writes are durable), and the offsets of its last checkpoint record.
         self.offsets: dict[int, dict[str, int]] = {}
+        self.checkpointed: dict[int, dict[str, int]] = {}
         self.clocks: dict[int, int] = {}  # event-time clock per partition (clock == "event")
         self.state_counts: dict[str, int] = {}
 
@@ -189,6 +195,7 @@ class Processor:
             else:
                 self.table[key] = raw
         self.offsets.update(out.offsets)
+        self.checkpointed.update(out.checkpointed)
 
     def end_batch(self) -> None:
         """Forget the states of the message just handled (they are in the table now)."""
@@ -202,6 +209,7 @@ class Processor:
         """
         self.timers.clear()
         self.offsets = {}
+        self.checkpointed = {}
         self.state_counts = {}
         for state in STATES:
             self.metrics.runs.labels(state).set(0)
@@ -211,7 +219,7 @@ class Processor:
                 partition = int(key[len(CHECKPOINT_PREFIX):])
                 if partition in partitions:
                     cp = _decode_checkpoint(raw)
-                    self.offsets[partition] = cp.offsets
+                    self.offsets[partition] = self.checkpointed[partition] = cp.offsets
                     if self.clock_mode == "event":
                         self.clocks[partition] = max(self.clocks.get(partition, 0), cp.clock)
                 continue
@@ -255,9 +263,10 @@ class Processor:
         """Handle one consumed message. Never raises on anything a producer can send.
 
         With ``offset`` (the worker passes it), a steps/outcomes message below its
-        partition's checkpoint is skipped as redelivered, and any other one adds the
-        checkpoint past it to ``writes``. Ticks are not checkpointed: a repeated or
-        missed tick is harmless, the next one fires what is due.
+        partition's consumed offset is skipped as redelivered, and any other one moves
+        that offset past it (``out.offsets``). A tick writes the partition's checkpoint
+        when that moved. Ticks themselves are not checkpointed: a repeated or missed
+        tick is harmless, the next one fires what is due.
         """
         out = Output()
         role = self.roles.get(topic)
@@ -277,6 +286,7 @@ class Processor:
             # event-time tick's clock is kept and used by the next tick.)
             if self.caught_up(partition):
                 self.fire_due(partition, now, out)
+            self._checkpoint(out, partition)
             return out
         if offset is not None:
             expected = self.offsets.get(partition, {}).get(topic)
@@ -290,17 +300,24 @@ class Processor:
                             topic, partition, offset, expected, offset - expected)
         self._on_input(out, role, topic, partition, key, value, content_type)
         if offset is not None:
-            self.checkpoint(out, topic, partition, offset)
+            self.consumed(out, topic, partition, offset)
         return out
 
-    def checkpoint(self, out: Output, topic: str, partition: int, offset: int) -> None:
-        """Add the checkpoint past ``offset`` to ``out.writes``, last: after the states it covers."""
-        if self.roles.get(topic) not in ("steps", "outcomes"):
+    def consumed(self, out: Output, topic: str, partition: int, offset: int) -> None:
+        """Record that the message at ``offset`` is handled once ``out`` is applied."""
+        if self.roles.get(topic) in ("steps", "outcomes"):
+            out.offsets[partition] = {**self.offsets.get(partition, {}), topic: offset + 1}
+
+    def _checkpoint(self, out: Output, partition: int) -> None:
+        """Add the partition's checkpoint to ``out.writes`` if it consumed anything since the last one.
+
+        Last in ``writes``: after the states it covers. Everything in ``self.offsets`` is
+        durable already (a message's writes are acked before it counts as consumed)."""
+        offsets = self.offsets.get(partition)
+        if not offsets or offsets == self.checkpointed.get(partition):
             return
-        offsets = {**self.offsets.get(partition, {}), topic: offset + 1}
-        out.offsets[partition] = offsets
-        cp = Checkpoint(offsets, self.clocks.get(partition, 0))
-        out.writes[checkpoint_key(partition)] = _encode_checkpoint(cp)
+        out.writes[checkpoint_key(partition)] = _encode_checkpoint(Checkpoint(offsets, self.clocks.get(partition, 0)))
+        out.checkpointed[partition] = offsets
 
     def _on_input(self, out: Output, role: str, topic: str, partition: int, key: bytes | None,
                   value: bytes | None, content_type: str | None) -> None:

@@ -2,7 +2,8 @@
 
 A dict stands in for the Faust table and a list of (topic, partition, offset, message)
 for the consumed log, so a worker crash can be cut anywhere: what the table holds is
-exactly what a restarted worker recovers from the changelog.
+exactly what a restarted worker recovers from the changelog. Ticks (which write the
+checkpoints) come after every TICK_EVERY-th message of the log, as a worker's timer would.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ TOPICS = {"steps": "agent.steps", "outcomes": "agent.outcomes"}
 TICKS = "loopwarden.ticks"
 PARTITIONS = 3
 ADVANCE_MS = 3_600_000
+TICK_EVERY = 10
 MESSAGES = fleet(120, seed=11, bad_every=15)
 LAST_TS = max(m.ts for m in MESSAGES)
 
@@ -48,6 +50,7 @@ def consumed_log(messages) -> list[tuple[str, int, int, object]]:
 
 
 LOG = consumed_log(MESSAGES)
+POSITION = {(t, p, o): i for i, (t, p, o, _) in enumerate(LOG)}
 
 
 def processor(table: dict) -> Processor:
@@ -76,13 +79,18 @@ class Worker:
         self.proc.apply_writes(out)
         self.proc.end_batch()
 
+    def tick(self, now_ms: int | None = None) -> None:
+        for p in range(PARTITIONS):
+            self.handle(TICKS, p, None, encode_tick(Tick(now_ms=now_ms)))
+
     def consume(self, entries) -> None:
         for topic, partition, offset, m in entries:
             self.handle(topic, partition, offset, m.value, m.key)
+            if POSITION[topic, partition, offset] % TICK_EVERY == TICK_EVERY - 1:
+                self.tick()
 
     def finish(self) -> None:
-        for p in range(PARTITIONS):
-            self.handle(TICKS, p, None, encode_tick(Tick(now_ms=LAST_TS + ADVANCE_MS)))
+        self.tick(LAST_TS + ADVANCE_MS)
 
 
 def final(transitions) -> dict[str, str]:
@@ -113,20 +121,30 @@ def test_uninterrupted_processing_matches_replay() -> None:
     assert BASELINE.deadletters == sum(not m.valid for m in MESSAGES) > 0
 
 
-def test_each_message_writes_its_partitions_checkpoint_last() -> None:
+def test_a_tick_writes_the_checkpoint_of_what_its_partition_consumed() -> None:
     table: dict = {}
     proc = processor(table)
     topic, partition, offset, m = LOG[0]
     out = proc.on_message(topic, partition, m.key, m.value, None, offset)
-    keys = list(out.writes)
-    assert keys[-1] == checkpoint_key(partition) and keys[:-1] == [m.key]
-    assert proc.offsets == {}  # not durable yet
+    assert list(out.writes) == [m.key] and out.offsets == {partition: {topic: offset + 1}}
+    assert proc.offsets == {}  # consumed once its writes are durable
     proc.apply_writes(out)
     proc.end_batch()
     assert proc.offsets == {partition: {topic: offset + 1}}
-    # A dead-lettered message moves the checkpoint too: it is kept in the dead-letter topic.
+    # A dead-lettered message is consumed too: it is kept in the dead-letter topic.
     out = proc.on_message(topic, partition, b"run-x", b"{not json", None, offset + 1)
-    assert out.deadletter is not None and list(out.writes) == [checkpoint_key(partition)]
+    assert out.deadletter is not None and out.writes == {} and out.offsets == {partition: {topic: offset + 2}}
+    proc.apply_writes(out)
+    other = (partition + 1) % PARTITIONS
+    assert proc.on_message(TICKS, other, None, encode_tick(Tick()), None).writes == {}  # consumed nothing
+    out = proc.on_message(TICKS, partition, None, encode_tick(Tick()), None)
+    assert list(out.writes)[-1] == checkpoint_key(partition) and out.checkpointed == {partition: {topic: offset + 2}}
+    proc.apply_writes(out)
+    proc.end_batch()
+    assert proc.on_message(TICKS, partition, None, encode_tick(Tick()), None).writes == {}  # nothing new since
+    restarted = processor(table)
+    restarted.rebuild(table.items(), {partition})
+    assert restarted.offsets == {partition: {topic: offset + 2}}
 
 
 def test_a_message_below_the_checkpoint_is_skipped_as_redelivered() -> None:
@@ -169,6 +187,7 @@ def test_rebuild_reads_checkpoints_of_owned_partitions_only() -> None:
     table: dict = {}
     w = Worker(table)
     w.consume(LOG)
+    w.tick()
     proc = processor(table)
     n = proc.rebuild(table.items(), {0, 1})
     assert set(proc.offsets) == {0, 1} and proc.offsets[0] == w.proc.offsets[0]
@@ -199,6 +218,7 @@ def test_a_crash_anywhere_then_resume_from_the_checkpoint_loses_nothing(crash_at
     for i, (t, p) in enumerate(tps):
         checkpoint = second.proc.offsets.get(p, {}).get(t, 0)
         start[t, p] = max(0, checkpoint - rewind[i % len(rewind)])  # a group commit behind the table
+    # Only the checkpoint decides: what the second worker consumes is the log from there on.
     second.consume(e for e in LOG if e[2] >= start[e[0], e[1]])
     second.finish()
 
