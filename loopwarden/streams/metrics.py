@@ -59,11 +59,11 @@ class Metrics:
         )
         self.redelivered = Counter(
             "loopwarden_redelivered_total",
-            "Input messages skipped because the table already holds their effect (offset below the checkpoint).",
+            "Input messages skipped because this worker already applied them (offset below the consumed offset).",
             ["topic"], registry=r)
         self.offset_gaps = Counter(
             "loopwarden_offset_gaps_total",
-            "Times a consumed offset skipped past the checkpoint (transaction markers, or messages the consumer lost).",
+            "Times a consumed offset skipped past the expected next one (transaction markers, or messages a consumer lost).",
             ["topic"], registry=r)
         self.produce_failures = Counter(
             "loopwarden_produce_failures_total",
