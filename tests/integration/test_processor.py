@@ -138,22 +138,26 @@ def test_restarted_worker_recovers_its_table(kafka, tmp_path: Path, sig) -> None
     try:
         run(publish(second.config, [(m.topic, m.key, m.value) for m in messages[half:]]))
         run(tick(second.config, last + ADVANCE_MS))
-        ts = wait_final(second.config, expected, timeout_s=180)
-        got = final_states(ts)
-        wrong = sorted(r for r in expected if got.get(r) != expected[r])
-        detail = {r: [(t["seq"], t["to_state"], t["reason"], t["evidence"]["disagreements"], t["evidence"]["step_count"])
-                      for t in ts if t["run_id"] == r] for r in wrong[:4]}
-        assert got == expected, (len(wrong), detail, second.log_tail(5))
-        seen: dict[tuple[str, int], tuple] = {}
-        for t in ts:
-            key = (t["run_id"], t["seq"])
-            content = (t["from_state"], t["to_state"], t["reason"], t["ts"])
-            assert seen.setdefault(key, content) == content, key
-        for run_id in expected:  # per run, seqs are 1..n with no hole
-            seqs = sorted({t["seq"] for t in ts if t["run_id"] == run_id})
-            assert seqs == list(range(1, len(seqs) + 1)), run_id
+        assert_recovered(wait_final(second.config, expected, timeout_s=180), expected, second)
     finally:
         second.stop()
+
+
+def assert_recovered(ts: list[dict], expected: dict[str, str], worker) -> None:
+    """Every run in its expected final state; a repeated (run_id, seq) with the same content; no seq hole."""
+    got = final_states(ts)
+    wrong = sorted(r for r in expected if got.get(r) != expected[r])
+    detail = {r: [(t["seq"], t["to_state"], t["reason"], t["evidence"]["disagreements"], t["evidence"]["step_count"])
+                  for t in ts if t["run_id"] == r] for r in wrong[:4]}
+    assert got == expected, (len(wrong), detail, worker.log_tail(5))
+    seen: dict[tuple[str, int], tuple] = {}
+    for t in ts:
+        key = (t["run_id"], t["seq"])
+        content = (t["from_state"], t["to_state"], t["reason"], t["ts"])
+        assert seen.setdefault(key, content) == content, key
+    for run_id in expected:  # per run, seqs are 1..n with no hole
+        seqs = sorted({t["seq"] for t in ts if t["run_id"] == run_id})
+        assert seqs == list(range(1, len(seqs) + 1)), run_id
 
 
 def test_restart_resumes_from_the_tables_checkpoints_not_the_groups_commits(kafka, tmp_path: Path) -> None:
@@ -177,7 +181,7 @@ def test_restart_resumes_from_the_tables_checkpoints_not_the_groups_commits(kafk
     second = make_worker(config, tmp_path, "b", clock="event").start()
     try:
         run(tick(second.config, last + ADVANCE_MS))
-        assert final_states(wait_final(second.config, expected, timeout_s=120)) == expected
+        assert_recovered(wait_final(second.config, expected, timeout_s=120), expected, second)
         assert "resuming from the table's checkpoints" in second.log_path.read_text()
         wait_consumed(second, len(messages) - half)
     finally:
