@@ -25,7 +25,7 @@ def _config(args: argparse.Namespace) -> Config:
     overrides = {k: getattr(args, k, None) for k in (
         "broker", "app_id", "steps_topic", "outcomes_topic", "health_topic", "deadletter_topic", "ticks_topic",
         "partitions", "store", "data_dir", "web_host", "web_port", "canonical_url", "clock", "tick_interval_s",
-        "retention_s", "log_level",
+        "shutdown_timeout_s", "retention_s", "log_level",
     )}
     try:
         return from_env(overrides)
@@ -55,6 +55,8 @@ def add_commands(sub) -> None:
                    help="URL peers use to reach this worker (LOOPWARDEN_CANONICAL_URL; default http://<web host>:<port>)")
     p.add_argument("--clock", choices=CLOCKS, help="timer clock: wall (processing time) or event (LOOPWARDEN_CLOCK)")
     p.add_argument("--tick-interval-s", dest="tick_interval_s", type=float, help="timer tick period (default 1.0)")
+    p.add_argument("--shutdown-timeout-s", dest="shutdown_timeout_s", type=float,
+                   help="exit at the latest this long after SIGTERM/SIGINT (LOOPWARDEN_SHUTDOWN_TIMEOUT_S; default 30)")
     p.add_argument("--retention-s", dest="retention_s", type=float, help="drop settled runs after this (default 7 days)")
     p.add_argument("--log-level", dest="log_level", help="info, warning, debug (LOOPWARDEN_LOG_LEVEL)")
     p.set_defaults(func=cmd_worker)
@@ -139,7 +141,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 f.write(m.value + b"\n")
         print(f"loopwarden simulate: wrote {len(messages)} lines to {args.out}", file=sys.stderr)
         return 0
-    return asyncio.run(_simulate(_config(args), args))
+    try:
+        return asyncio.run(_simulate(_config(args), args))
+    except KeyboardInterrupt:  # Ctrl-C (also reaches it as a child of `loopwarden dev`)
+        print("loopwarden simulate: interrupted", file=sys.stderr)
+        return 130
 
 
 def format_transition(t: dict, color: bool) -> str:

@@ -39,6 +39,8 @@ class Config:
     token: str | None = field(default=None, repr=False)
     clock: str = "wall"
     tick_interval_s: float = 1.0
+    # A worker told to stop exits by then even if Faust is still waiting for a broker.
+    shutdown_timeout_s: float = 30.0
     retention_s: float = 7 * 86400
     log_level: str = "info"
 
@@ -67,6 +69,8 @@ class Config:
             raise ConfigError(f"web_port: {self.web_port} must be between 0 and 65535")
         if not 0.05 <= self.tick_interval_s <= 3600:
             raise ConfigError(f"tick_interval_s: {self.tick_interval_s} must be between 0.05 and 3600")
+        if not 1 <= self.shutdown_timeout_s <= 3600:
+            raise ConfigError(f"shutdown_timeout_s: {self.shutdown_timeout_s} must be between 1 and 3600")
         if self.retention_s <= 0:
             raise ConfigError(f"retention_s: {self.retention_s} must be > 0")
         if self.canonical_url is not None and not re.match(r"^https?://[^/\s]+$", self.canonical_url):

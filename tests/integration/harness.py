@@ -35,7 +35,8 @@ def unique_config(bootstrap: str, partitions: int = 4, **kw) -> Config:
 def env_for(config: Config) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWARDEN_")}
     for name in ("broker", "app_id", "steps_topic", "outcomes_topic", "health_topic", "deadletter_topic",
-                 "ticks_topic", "partitions", "store", "data_dir", "clock", "tick_interval_s", "web_port"):
+                 "ticks_topic", "partitions", "store", "data_dir", "clock", "tick_interval_s", "web_port",
+                 "shutdown_timeout_s"):
         env["LOOPWARDEN_" + name.upper()] = str(getattr(config, name))
     if config.token:
         env["LOOPWARDEN_TOKEN"] = config.token

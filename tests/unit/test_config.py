@@ -28,6 +28,8 @@ def test_flags_override_environment_which_overrides_defaults() -> None:
     ({"LOOPWARDEN_TOKEN": "short"}, r"token: must be at least 16 characters"),
     ({"LOOPWARDEN_WEB_PORT": "70000"}, r"web_port: 70000 must be between 0 and 65535"),
     ({"LOOPWARDEN_TICK_INTERVAL_S": "0"}, r"tick_interval_s: 0.0 must be between 0.05 and 3600"),
+    ({"LOOPWARDEN_SHUTDOWN_TIMEOUT_S": "0.5"}, r"shutdown_timeout_s: 0.5 must be between 1 and 3600"),
+    ({"LOOPWARDEN_SHUTDOWN_TIMEOUT_S": "soon"}, r"LOOPWARDEN_SHUTDOWN_TIMEOUT_S: 'soon' is not a valid float"),
 ])
 def test_bad_values_are_named(env, message) -> None:
     """Each bad setting fails fast with a message naming the setting and the value."""
