@@ -19,6 +19,7 @@ from faust.types import TP
 from loopwarden.codecs import encode
 from loopwarden.rules import Settings
 from loopwarden.streams.config import Config
+from loopwarden.streams.logs import quiet_repeats
 from loopwarden.streams.topics import ensure_topics
 from loopwarden.streams.metrics import Metrics
 from loopwarden.streams.processor import DeadLetter, Output, Processor, Tick, encode_tick
@@ -356,6 +357,7 @@ EXIT_STOP_TIMEOUT = 3  # the worker was told to stop and had to be cut short
 def run_worker(config: Config) -> None:
     """Create topics, then run one Faust worker until SIGTERM/SIGINT."""
     asyncio.run(ensure_topics(config))
+    quiet_repeats()
     lw = build(config)
     worker = _Worker(lw.app, loglevel=config.log_level, quiet=True, redirect_stdouts=False,
                      shutdown_timeout_s=config.shutdown_timeout_s)
