@@ -9,7 +9,8 @@ belongs to, so timers can be rebuilt per partition after a rebalance).
 Offsets are checkpointed in the table too: on each tick, when a partition has consumed
 anything since its last checkpoint, a record of the next offset to consume on each of
 its input topics (and its event-time clock) is written after the states it covers,
-under a key no run id can have. After a restart or rebalance the worker resumes from
+under a key no run id can have (a partition's first message writes its first one
+with its state). After a restart or rebalance the worker resumes from
 that checkpoint, not from what the consumer group committed: the checkpoint is never
 ahead of the table, and it may be behind by at most one tick interval of messages,
 which are applied again as no-ops (the state already holds them). In a running worker
@@ -286,7 +287,7 @@ class Processor:
             # event-time tick's clock is kept and used by the next tick.)
             if self.caught_up(partition):
                 self.fire_due(partition, now, out)
-            self._checkpoint(out, partition)
+            self._checkpoint(out, partition, self.offsets.get(partition))
             return out
         if offset is not None:
             expected = self.offsets.get(partition, {}).get(topic)
@@ -296,11 +297,15 @@ class Processor:
                 return out
             if expected is not None and offset > expected:
                 self.metrics.child(self.metrics.offset_gaps, role).inc()
-                log.warning("%s[%d]: consumed offset %d, checkpoint %d: %d offsets never seen",
+                log.warning("%s[%d]: consumed offset %d, expected %d: %d offsets never seen",
                             topic, partition, offset, expected, offset - expected)
         self._on_input(out, role, topic, partition, key, value, content_type)
         if offset is not None:
             self.consumed(out, topic, partition, offset)
+            if partition not in self.checkpointed:
+                # The partition's first checkpoint comes with its first message: until a
+                # checkpoint exists, only the group's commit would say where to resume.
+                self._checkpoint(out, partition, out.offsets[partition])
         return out
 
     def consumed(self, out: Output, topic: str, partition: int, offset: int) -> None:
@@ -308,12 +313,11 @@ class Processor:
         if self.roles.get(topic) in ("steps", "outcomes"):
             out.offsets[partition] = {**self.offsets.get(partition, {}), topic: offset + 1}
 
-    def _checkpoint(self, out: Output, partition: int) -> None:
-        """Add the partition's checkpoint to ``out.writes`` if it consumed anything since the last one.
+    def _checkpoint(self, out: Output, partition: int, offsets: dict[str, int] | None) -> None:
+        """Add the partition's checkpoint at ``offsets`` to ``out.writes`` unless it is written already.
 
-        Last in ``writes``: after the states it covers. Everything in ``self.offsets`` is
-        durable already (a message's writes are acked before it counts as consumed)."""
-        offsets = self.offsets.get(partition)
+        Last in ``writes``: after the states it covers. ``offsets`` are those already
+        consumed (their writes acked) or consumed by ``out`` itself."""
         if not offsets or offsets == self.checkpointed.get(partition):
             return
         out.writes[checkpoint_key(partition)] = _encode_checkpoint(Checkpoint(offsets, self.clocks.get(partition, 0)))

@@ -126,11 +126,12 @@ def test_a_tick_writes_the_checkpoint_of_what_its_partition_consumed() -> None:
     proc = processor(table)
     topic, partition, offset, m = LOG[0]
     out = proc.on_message(topic, partition, m.key, m.value, None, offset)
-    assert list(out.writes) == [m.key] and out.offsets == {partition: {topic: offset + 1}}
+    # The partition's first message brings its first checkpoint, after the state it covers.
+    assert list(out.writes) == [m.key, checkpoint_key(partition)] and out.offsets == {partition: {topic: offset + 1}}
     assert proc.offsets == {}  # consumed once its writes are durable
     proc.apply_writes(out)
     proc.end_batch()
-    assert proc.offsets == {partition: {topic: offset + 1}}
+    assert proc.offsets == proc.checkpointed == {partition: {topic: offset + 1}}
     # A dead-lettered message is consumed too: it is kept in the dead-letter topic.
     out = proc.on_message(topic, partition, b"run-x", b"{not json", None, offset + 1)
     assert out.deadletter is not None and out.writes == {} and out.offsets == {partition: {topic: offset + 2}}
