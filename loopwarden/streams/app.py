@@ -205,7 +205,6 @@ class Loopwarden:
             )
         except Exception as exc:  # a bug of ours must not stop the stream nor lose the message
             log.exception("internal error on %s[%d]@%d; dead-lettered", msg.topic, msg.partition, msg.offset)
-            self.processor.end_batch()  # whatever it half-changed is not written
             out = Output(deadletter=DeadLetter("internal_error", f"{type(exc).__name__}: {exc}"))
             self.processor.consumed(out, msg.topic, msg.partition, msg.offset)
             return out
