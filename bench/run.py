@@ -17,10 +17,12 @@ from pathlib import Path
 from bench.common import Report, machine_note, progress
 
 FULL = dict(core_runs=20_000, core_repeats=3, state_runs=20_000, heap_runs=10_000,
-            kafka_runs=5_000, kafka_rounds=2, paced_runs=300, timer_sizes=(5_000, 50_000), timer_rounds=200)
+            kafka_runs=5_000, kafka_rounds=2, paced_runs=300, timer_sizes=(5_000, 50_000), timer_rounds=200,
+            ingest_events=200_000, ingest_rounds=2)
 QUICK = dict(core_runs=5_000, core_repeats=3, state_runs=5_000, heap_runs=5_000,
-             kafka_runs=1_000, kafka_rounds=1, paced_runs=150, timer_sizes=(5_000, 50_000), timer_rounds=100)
-BENCHES = ("core", "state", "timers", "kafka")
+             kafka_runs=1_000, kafka_rounds=1, paced_runs=150, timer_sizes=(5_000, 50_000), timer_rounds=100,
+             ingest_events=50_000, ingest_rounds=1)
+BENCHES = ("core", "state", "timers", "kafka", "ingest")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
 
             processor_e2e(report, workdir, size["kafka_runs"], size["kafka_rounds"], partitions=4,
                           paced_runs=size["paced_runs"], pace_eps=100.0)
+        if "ingest" in only:
+            from bench.ingest import ingest
+
+            ingest(report, workdir, size["ingest_events"], size["ingest_rounds"])
     finally:
         if args.keep:
             progress(f"logs kept in {workdir}")

@@ -1,0 +1,48 @@
+"""Quix Streams peer: a per-run count (State per key) and one output message per input, exactly-once.
+
+What a user would write for "count each run's events": both input topics (JSON values,
+keyed by run id) concatenated into one StreamingDataFrame, a stateful apply keeping
+the run's count in its RocksDB state, and every result sent to the output topic.
+"""
+
+from __future__ import annotations
+
+import os
+
+from quixstreams import Application
+
+from bench.peers import mark_ready
+
+env = os.environ
+app = Application(
+    broker_address=env["PEER_BROKER"],
+    consumer_group=env["PEER_GROUP"],
+    auto_offset_reset="earliest",
+    processing_guarantee="exactly-once",
+    commit_interval=1.0,  # as the loopwarden worker and the Faust peer: completion is seen at a commit
+    state_dir=env["PEER_STATE_DIR"],
+    loglevel="WARNING",
+)
+steps = app.topic(env["PEER_STEPS"])
+outcomes = app.topic(env["PEER_OUTCOMES"])
+output = app.topic(env["PEER_OUTPUT"])
+
+_first = True
+
+
+def count(value: dict, state) -> dict:
+    global _first
+    if _first:
+        _first = False
+        mark_ready()
+    n = state.get("n", 0) + 1
+    state.set("n", n)
+    return {"type": value["type"], "n": n}
+
+
+sdf = app.dataframe(steps).concat(app.dataframe(outcomes))
+sdf = sdf.apply(count, stateful=True)
+sdf.to_topic(output)
+
+if __name__ == "__main__":
+    app.run()
