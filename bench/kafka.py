@@ -40,7 +40,7 @@ from loopwarden.publisher import Publisher
 from loopwarden.replay import Replay
 from loopwarden.simulate import fleet
 from loopwarden.streams.config import Config
-from loopwarden.streams.processor import Tick, encode_tick
+from loopwarden.streams.task import Tick, encode_tick
 from loopwarden.streams.topics import ensure_topics
 
 ADVANCE_S = 700.0  # past the default inactivity (300 s) and receipt window (600 s)

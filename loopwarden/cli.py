@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("schema", help="print the JSON Schema of every input and output event")
     p.set_defaults(func=cmd_schema)
 
-    if importlib.util.find_spec("faust") is not None:  # the [processor] extra is installed
+    if importlib.util.find_spec("aiokafka") is not None:  # the [processor] extra is installed
         from loopwarden.streams.commands import add_commands
 
         add_commands(sub)

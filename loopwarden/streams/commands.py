@@ -25,7 +25,8 @@ def _config(args: argparse.Namespace) -> Config:
     overrides = {k: getattr(args, k, None) for k in (
         "broker", "app_id", "steps_topic", "outcomes_topic", "health_topic", "deadletter_topic", "ticks_topic",
         "partitions", "store", "data_dir", "web_host", "web_port", "canonical_url", "clock", "tick_interval_s",
-        "shutdown_timeout_s", "retention_s", "log_level",
+        "shutdown_timeout_s", "retention_s", "log_level", "batch_max_records", "batch_wait_ms", "stall_timeout_s",
+        "max_message_bytes", "session_timeout_s",
     )}
     try:
         return from_env(overrides)
@@ -44,11 +45,11 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("worker", help="run a stream-processor worker (Faust) against Kafka")
+    p = sub.add_parser("worker", help="run a stream-processor worker against Kafka (exactly-once)")
     _common(p)
     p.add_argument("--app-id", dest="app_id", help="consumer group / table prefix (LOOPWARDEN_APP_ID; default loopwarden)")
     p.add_argument("--store", choices=STORES, help="table store (LOOPWARDEN_STORE; default memory)")
-    p.add_argument("--data-dir", dest="data_dir", help="RocksDB and Faust data directory (LOOPWARDEN_DATA_DIR)")
+    p.add_argument("--data-dir", dest="data_dir", help="RocksDB data directory (LOOPWARDEN_DATA_DIR)")
     p.add_argument("--web-host", dest="web_host", help="HTTP bind address (LOOPWARDEN_WEB_HOST; default 127.0.0.1)")
     p.add_argument("--web-port", dest="web_port", type=int, help="HTTP port (LOOPWARDEN_WEB_PORT; default 6066)")
     p.add_argument("--canonical-url", dest="canonical_url",
@@ -59,6 +60,16 @@ def add_commands(sub) -> None:
                    help="exit at the latest this long after SIGTERM/SIGINT (LOOPWARDEN_SHUTDOWN_TIMEOUT_S; default 30)")
     p.add_argument("--retention-s", dest="retention_s", type=float, help="drop settled runs after this (default 7 days)")
     p.add_argument("--log-level", dest="log_level", help="info, warning, debug (LOOPWARDEN_LOG_LEVEL)")
+    p.add_argument("--batch-max-records", dest="batch_max_records", type=int,
+                   help="records per batch at most (LOOPWARDEN_BATCH_MAX_RECORDS; default 5000)")
+    p.add_argument("--batch-wait-ms", dest="batch_wait_ms", type=int,
+                   help="how long a batch waits for records at most (LOOPWARDEN_BATCH_WAIT_MS; default 5)")
+    p.add_argument("--stall-timeout-s", dest="stall_timeout_s", type=float,
+                   help="a partition with lag and no progress this long is stalled (LOOPWARDEN_STALL_TIMEOUT_S; default 60)")
+    p.add_argument("--max-message-bytes", dest="max_message_bytes", type=int,
+                   help="largest message produced; dead letters are cut to fit (LOOPWARDEN_MAX_MESSAGE_BYTES; default 1000000)")
+    p.add_argument("--session-timeout-s", dest="session_timeout_s", type=float,
+                   help="consumer group session timeout (LOOPWARDEN_SESSION_TIMEOUT_S; default 6)")
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("simulate", help="publish a realistic mixed fleet (every state, receipts, bad messages)")
@@ -95,14 +106,13 @@ def add_commands(sub) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from loopwarden.streams.app import run_worker
+    from loopwarden.streams.loop import run_worker
 
     config = _config(args)
     print(f"loopwarden worker: broker={config.broker} topics={config.steps_topic},{config.outcomes_topic} -> "
           f"{config.health_topic} partitions={config.partitions} store={config.store} clock={config.clock} "
           f"http://{config.web_host}:{config.web_port}", file=sys.stderr, flush=True)
-    run_worker(config)
-    return 0
+    return run_worker(config)
 
 
 async def _simulate(config: Config, args: argparse.Namespace) -> int:
@@ -189,7 +199,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
 
 async def _tick(config: Config, now_ms: int) -> int:
     from loopwarden.publisher import Publisher
-    from loopwarden.streams.processor import Tick, encode_tick
+    from loopwarden.streams.task import Tick, encode_tick
 
     async with Publisher(config.bootstrap) as pub:
         parts = await pub.partitions(config.ticks_topic)

@@ -39,8 +39,17 @@ class Config:
     token: str | None = field(default=None, repr=False)
     clock: str = "wall"
     tick_interval_s: float = 1.0
-    # A worker told to stop exits by then even if Faust is still waiting for a broker.
+    # A worker told to stop exits by then even if its broker is gone.
     shutdown_timeout_s: float = 30.0
+    # A batch is at most this many records (all partitions) and waits at most this long for them.
+    batch_max_records: int = 5000
+    batch_wait_ms: int = 5
+    # A partition with lag whose committed offset has not moved for this long is stalled (/readyz 503).
+    stall_timeout_s: float = 60.0
+    # Largest message produced (dead letters are truncated to fit); at most the broker's limit.
+    max_message_bytes: int = 1_000_000
+    # The group's session timeout: how soon a dead or paused worker's partitions move.
+    session_timeout_s: float = 6.0
     retention_s: float = 7 * 86400
     log_level: str = "info"
 
@@ -71,6 +80,16 @@ class Config:
             raise ConfigError(f"tick_interval_s: {self.tick_interval_s} must be between 0.05 and 3600")
         if not 1 <= self.shutdown_timeout_s <= 3600:
             raise ConfigError(f"shutdown_timeout_s: {self.shutdown_timeout_s} must be between 1 and 3600")
+        if not 1 <= self.batch_max_records <= 1_000_000:
+            raise ConfigError(f"batch_max_records: {self.batch_max_records} must be between 1 and 1000000")
+        if not 0 <= self.batch_wait_ms <= 10_000:
+            raise ConfigError(f"batch_wait_ms: {self.batch_wait_ms} must be between 0 and 10000")
+        if not 1 <= self.stall_timeout_s <= 86400:
+            raise ConfigError(f"stall_timeout_s: {self.stall_timeout_s} must be between 1 and 86400")
+        if not 10_000 <= self.max_message_bytes <= 100_000_000:
+            raise ConfigError(f"max_message_bytes: {self.max_message_bytes} must be between 10000 and 100000000")
+        if not 1 <= self.session_timeout_s <= 300:
+            raise ConfigError(f"session_timeout_s: {self.session_timeout_s} must be between 1 and 300")
         if self.retention_s <= 0:
             raise ConfigError(f"retention_s: {self.retention_s} must be > 0")
         if self.canonical_url is not None and not re.match(r"^https?://[^/\s]+$", self.canonical_url):
@@ -87,8 +106,9 @@ class Config:
         return f"http://{host}:{self.web_port}"
 
     @property
-    def broker_url(self) -> str:
-        return ";".join(f"kafka://{b.strip()}" for b in self.broker.split(","))
+    def changelog_topic(self) -> str:
+        """The compacted topic that holds every run's last committed state (partitioned like the inputs)."""
+        return f"{self.app_id}-runs-changelog"
 
     @property
     def bootstrap(self) -> str:

@@ -59,23 +59,31 @@ class Metrics:
         )
         self.redelivered = Counter(
             "loopwarden_redelivered_total",
-            "Input messages skipped because this worker already applied them (offset below the consumed offset).",
-            ["topic"], registry=r)
-        self.offset_gaps = Counter(
-            "loopwarden_offset_gaps_total",
-            "Times a consumed offset skipped past the expected next one (transaction markers, or messages a consumer lost).",
+            "Input messages consumed again after a transaction of theirs failed (the partition was recovered).",
             ["topic"], registry=r)
         self.produce_failures = Counter(
             "loopwarden_produce_failures_total",
-            "Failed attempts to produce a message's transitions, dead letter or state changes (each is retried).",
+            "Transactions that failed (aborted or fenced); their batch is consumed again after recovery.",
             registry=r)
-        self.lag = Gauge("loopwarden_consumer_lag", "Messages not yet consumed on this worker's partitions, by topic role.",
-                         ["topic"], registry=r)
+        self.transactions = Counter("loopwarden_transactions_total", "Batch transactions, by result.",
+                                    ["result"], registry=r)
+        self.batch_records = Histogram(
+            "loopwarden_batch_records", "Input records per partition per committed transaction.",
+            buckets=(1, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000), registry=r)
+        self.restored = Counter("loopwarden_restored_records_total",
+                                "Changelog records read to recover assigned partitions.", registry=r)
+        self.lag = Gauge("loopwarden_consumer_lag",
+                         "High watermark minus committed offset, per input topic role and partition owned.",
+                         ["topic", "partition"], registry=r)
+        self.stalled = Gauge("loopwarden_stalled_partitions",
+                             "Owned partitions with lag whose committed offset has not moved for the stall timeout.",
+                             registry=r)
+        self.stalls = Counter("loopwarden_stalls_total", "Times an owned partition was found stalled.", registry=r)
+        for result in ("committed", "aborted", "fenced"):
+            self.transactions.labels(result)
         for t in TOPIC_ROLES:
-            self.lag.labels(t)
             if t != "ticks":
                 self.redelivered.labels(t)
-                self.offset_gaps.labels(t)
             for e in EVENT_TYPES:
                 self.events.labels(t, e)
             for reason in INVALID_REASONS:
@@ -108,21 +116,33 @@ class Metrics:
             found = self._children[key] = metric.labels(*labels)
         return found
 
-    def note(self, kind: str, label: str) -> None:
+    def count_batch(self, counts) -> None:
+        """Add a batch's aggregated counts ((kind, *labels) -> n, see loopwarden.streams.task)."""
+        c = self.child
+        for key, n in counts.items():
+            kind = key[0]
+            if kind == "event":
+                c(self.events, key[1], key[2]).inc(n)
+            elif kind == "invalid":
+                c(self.invalid, key[1], key[2]).inc(n)
+            else:
+                self.note(kind, key[1], n)
+
+    def note(self, kind: str, label: str, n: int = 1) -> None:
         """Count one core note (see loopwarden.rules.machine)."""
         c = self.child
         if kind == "ignored":
-            c(self.ignored, label).inc()
+            c(self.ignored, label).inc(n)
         elif kind == "disagreement":
-            c(self.disagreements, label).inc()
+            c(self.disagreements, label).inc(n)
         elif kind == "cause":
-            c(self.stop_causes, "derived", label).inc()
+            c(self.stop_causes, "derived", label).inc(n)
         elif kind == "reported_cause":
-            c(self.stop_causes, "reported", label).inc()
+            c(self.stop_causes, "reported", label).inc(n)
         elif kind == "receipt":
-            c(self.receipts, label).inc()
+            c(self.receipts, label).inc(n)
         elif kind == "evicted":
-            c(self.evicted, label).inc()
-            c(self.timers, "retention").inc()
+            c(self.evicted, label).inc(n)
+            c(self.timers, "retention").inc(n)
         elif kind == "timer":
-            c(self.timers, label).inc()
+            c(self.timers, label).inc(n)

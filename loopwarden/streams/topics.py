@@ -9,16 +9,21 @@ from loopwarden.streams.config import Config
 from loopwarden.streams.exceptions import TopicLayoutError
 
 
+# The changelog keeps each run's last state: compaction drops older ones, tombstones go after a day.
+COMPACTED = {"cleanup.policy": "compact", "delete.retention.ms": "86400000"}
+
+
 async def ensure_topics(config: Config, timeout_s: float = 30) -> None:
     """Create the topics if missing; refuse input topics that are not co-partitioned.
 
-    The input topics and the ticks topic must have the same partition count: the
-    run table is partitioned like them, and a tick of partition p fires p's timers.
+    The input topics, the ticks topic and the changelog must have the same partition
+    count: partition i of each belongs to the worker that owns partition i.
     """
     admin = AIOKafkaAdminClient(bootstrap_servers=config.bootstrap, request_timeout_ms=int(timeout_s * 1000))
     await admin.start()
     try:
-        wanted = [config.steps_topic, config.outcomes_topic, config.ticks_topic, config.health_topic, config.deadletter_topic]
+        wanted = [config.steps_topic, config.outcomes_topic, config.ticks_topic, config.health_topic,
+                  config.deadletter_topic, config.changelog_topic]
         # Describe only topics that exist: a metadata request for a missing topic
         # lets a broker with auto.create.topics.enable create it with 1 partition.
         present = set(await admin.list_topics())
@@ -27,15 +32,18 @@ async def ensure_topics(config: Config, timeout_s: float = 30) -> None:
         missing = [name for name in wanted if name not in counts]
         if missing:
             try:
-                await admin.create_topics(
-                    [NewTopic(name, config.partitions, config.replication) for name in missing]
-                )
+                await admin.create_topics([
+                    NewTopic(name, config.partitions, config.replication,
+                             topic_configs=COMPACTED if name == config.changelog_topic else {})
+                    for name in missing
+                ])
             except KafkaError as exc:  # another worker may have created them meanwhile
                 if "TopicAlreadyExists" not in type(exc).__name__:
                     raise
             for name in missing:
                 counts[name] = config.partitions
-        co = {name: counts[name] for name in (config.steps_topic, config.outcomes_topic, config.ticks_topic)}
+        co = {name: counts[name] for name in (config.steps_topic, config.outcomes_topic, config.ticks_topic,
+                                             config.changelog_topic)}
         if len(set(co.values())) != 1:
             raise TopicLayoutError(
                 "input topics must be co-partitioned (same partition count), got "

@@ -36,7 +36,7 @@ def env_for(config: Config) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWARDEN_")}
     for name in ("broker", "app_id", "steps_topic", "outcomes_topic", "health_topic", "deadletter_topic",
                  "ticks_topic", "partitions", "store", "data_dir", "clock", "tick_interval_s", "web_port",
-                 "shutdown_timeout_s"):
+                 "shutdown_timeout_s", "stall_timeout_s", "session_timeout_s", "max_message_bytes", "batch_max_records"):
         env["LOOPWARDEN_" + name.upper()] = str(getattr(config, name))
     if config.token:
         env["LOOPWARDEN_TOKEN"] = config.token
@@ -125,7 +125,7 @@ async def publish(config: Config, messages: list[tuple[str, bytes | None, bytes]
 
 
 async def tick(config: Config, now_ms: int) -> None:
-    from loopwarden.streams.processor import Tick, encode_tick
+    from loopwarden.streams.task import Tick, encode_tick
 
     async with Publisher(config.bootstrap) as pub:
         for p in range(config.partitions):
@@ -133,9 +133,9 @@ async def tick(config: Config, now_ms: int) -> None:
 
 
 async def read_topic(config: Config, topic: str, until, timeout_s: float = 60) -> list:
-    """Read ``topic`` from the beginning until ``until(records)`` is true; returns the records."""
+    """Read ``topic`` (committed records only) from the beginning until ``until(records)``; returns the records."""
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=config.bootstrap, auto_offset_reset="earliest",
-                                enable_auto_commit=False, group_id=None)
+                                enable_auto_commit=False, group_id=None, isolation_level="read_committed")
     await consumer.start()
     records: list = []
     try:
@@ -188,22 +188,3 @@ def wait_consumed(worker: Worker, n: int, timeout_s: float = 120) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"worker consumed {seen} of {n} input messages in {timeout_s}s:\n{worker.log_tail()}")
         time.sleep(0.3)
-
-
-async def commit_group_at_end(config: Config) -> dict:
-    """Commit the worker group's offsets at the end of every input partition (the group must be empty):
-    what a consumer that acked messages it never processed would have committed."""
-    from aiokafka import TopicPartition
-
-    consumer = AIOKafkaConsumer(bootstrap_servers=config.bootstrap, group_id=config.app_id,
-                                enable_auto_commit=False)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(t, p) for t in (config.steps_topic, config.outcomes_topic)
-               for p in range(config.partitions)]
-        consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
-        await consumer.commit({tp: ends[tp] for tp in tps})
-        return ends
-    finally:
-        await consumer.stop()

@@ -41,9 +41,12 @@ def test_http_routes_metrics_and_token(kafka, tmp_path: Path) -> None:
         for needle in ("loopwarden_events_total{", "loopwarden_transitions_total{from_state=\"none\",to_state=\"RUNNING\"} 40.0",
                        "loopwarden_runs{state=", "loopwarden_stop_causes_total{cause=", "loopwarden_disagreements_total{kind=",
                        "loopwarden_receipts_total{outcome=\"on_time\"}", "loopwarden_event_to_transition_seconds_bucket",
-                       "loopwarden_consumer_lag{topic=\"steps\"}", "loopwarden_timers_fired_total{kind="):
+                       "loopwarden_timers_fired_total{kind=", "loopwarden_transactions_total{result=\"committed\"}"):
             assert needle in text, needle
         assert "run-21-" not in text  # never a run id in a label
+        lag = [line for line in text.splitlines() if line.startswith("loopwarden_consumer_lag{")]
+        assert {'topic="steps"', 'topic="outcomes"'} <= {part for line in lag for part in line[:line.index("}")].split(",")}
+        assert all(line.endswith(" 0.0") for line in lag), lag  # everything consumed and committed
         runs_gauge = {line.split('"')[1]: float(line.split()[-1]) for line in text.splitlines()
                       if line.startswith("loopwarden_runs{")}
         assert sum(runs_gauge.values()) == 40

@@ -1,4 +1,4 @@
-"""The Faust processor on a real broker reaches what `loopwarden replay` reaches."""
+"""The worker on a real broker reaches what `loopwarden replay` reaches."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from loopwarden.codecs import decode_input, encode
 from loopwarden.replay import Replay
 from loopwarden.simulate import fleet
 from tests.integration.harness import (
-    commit_group_at_end,
     final_states,
     make_worker,
     publish,
@@ -158,34 +157,6 @@ def assert_recovered(ts: list[dict], expected: dict[str, str], worker) -> None:
     for run_id in expected:  # per run, seqs are 1..n with no hole
         seqs = sorted({t["seq"] for t in ts if t["run_id"] == run_id})
         assert seqs == list(range(1, len(seqs) + 1)), run_id
-
-
-def test_restart_resumes_from_the_tables_checkpoints_not_the_groups_commits(kafka, tmp_path: Path) -> None:
-    """The table, not the consumer group, says where consumption resumes. Faust commits what it
-    counts as acked, which can run ahead of what the changelog holds; here the group's offsets
-    are committed at the very end of the inputs while the worker is down, past a second half it
-    never saw. The restarted worker rewinds to its checkpoints and every run reaches its final state."""
-    config = unique_config(kafka.bootstrap)
-    first = make_worker(config, tmp_path, "a", clock="event").start()
-    messages = fleet(300, seed=21, bad_every=0)
-    expected, last = replay_final(messages)
-    half = len(messages) // 2
-    try:
-        run(publish(first.config, [(m.topic, m.key, m.value) for m in messages[:half]]))
-        wait_consumed(first, half)
-    finally:
-        first.stop()
-    run(publish(first.config, [(m.topic, m.key, m.value) for m in messages[half:]]))
-    ends = run(commit_group_at_end(config))
-    assert sum(ends.values()) == len(messages)
-    second = make_worker(config, tmp_path, "b", clock="event").start()
-    try:
-        run(tick(second.config, last + ADVANCE_MS))
-        assert_recovered(wait_final(second.config, expected, timeout_s=120), expected, second)
-        assert "resuming from the table's checkpoints" in second.log_path.read_text()
-        wait_consumed(second, len(messages) - half)
-    finally:
-        second.stop()
 
 
 def test_two_workers_split_partitions_and_agree(kafka, tmp_path: Path) -> None:

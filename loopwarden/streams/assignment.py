@@ -1,0 +1,76 @@
+"""Group assignment: co-partitioned inputs, and who owns which partition (for routed reads).
+
+Each member advertises its URL in its subscription's user data. The group leader
+gives every member the same partition numbers of every input topic (partition *i*
+of agent.steps, agent.outcomes and the ticks topic go together: a run's state, its
+steps and its receipts live on one partition number), in contiguous ranges over the
+members sorted by id, and hands every member the whole partition -> URL map in the
+assignment's user data, so any worker can forward ``GET /runs/{id}`` to the owner.
+
+This uses aiokafka's public assignor interface (``AbstractPartitionAssignor``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+
+from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
+from aiokafka.partitioner import murmur2
+
+log = logging.getLogger("loopwarden.assignment")
+
+
+def partition_of(key: bytes, partitions: int) -> int:
+    """The partition the Java-compatible default partitioner (aiokafka, kafkajs, Java) picks for ``key``."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def split(partitions: int, members: list[str]) -> dict[str, list[int]]:
+    """Contiguous ranges of partition numbers over ``members`` (sorted), the first ones one larger."""
+    members = sorted(members)
+    per, extra = divmod(partitions, len(members))
+    out, start = {}, 0
+    for i, member in enumerate(members):
+        n = per + (1 if i < extra else 0)
+        out[member] = list(range(start, start + n))
+        start += n
+    return out
+
+
+class CoPartitionedAssignor(AbstractPartitionAssignor):
+    """Range-style assignment of partition *numbers* across all subscribed topics, plus an owner map."""
+
+    name = "loopwarden-copartitioned"
+    version = 1
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.owners: dict[int, str] = {}  # partition -> owner URL, from the last assignment
+
+    def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
+        return ConsumerProtocolMemberMetadata(self.version, list(topics), self.url.encode())
+
+    def assign(self, cluster, members: Mapping[str, ConsumerProtocolMemberMetadata]) -> dict:
+        topics = sorted({t for m in members.values() for t in m.subscription})
+        counts = {t: len(cluster.partitions_for_topic(t) or ()) for t in topics}
+        n = min(counts.values()) if counts else 0
+        if len(set(counts.values())) > 1:
+            log.error("topics are not co-partitioned: %s; assigning the first %d partitions of each", counts, n)
+        ranges = split(n, list(members)) if members and n else {m: [] for m in members}
+        owners = {p: members[m].user_data.decode("utf-8", "replace") for m, ps in ranges.items() for p in ps}
+        user_data = json.dumps({str(p): url for p, url in owners.items()}).encode()
+        return {
+            member: ConsumerProtocolMemberAssignment(
+                self.version, [(t, ranges.get(member, [])) for t in topics], user_data)
+            for member in members
+        }
+
+    def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
+        try:
+            self.owners = {int(p): url for p, url in json.loads(assignment.user_data or b"{}").items()}
+        except (ValueError, AttributeError):
+            log.warning("assignment without a readable owner map; reads of other partitions are not routed")
+            self.owners = {}

@@ -1,0 +1,536 @@
+"""The worker: one explicit consume → fold → produce loop on aiokafka, exactly-once by transactions.
+
+Top to bottom, :meth:`Worker.run`:
+
+1. ``getmany`` a batch (at most ``batch_max_records``, waiting at most ``batch_wait_ms``);
+2. per owned partition, :meth:`PartitionTask.fold` the batch in the pure core (steps
+   and receipts merged in event-time order; due timers fired once per tick interval);
+3. per partition, one Kafka transaction with that partition's producer: the batch's
+   transitions, dead letters, one changelog record per run touched, and the consumed
+   offsets (``send_offsets_to_transaction``); the partitions' transactions run
+   concurrently;
+4. after a commit, the partition's store takes the batch's states (the store holds
+   committed state only) and the metrics take the batch's counts.
+
+**Fencing.** Each input partition *i* has its own transactional id,
+``<app id>-<i>`` (the scheme of Kafka Streams' first exactly-once version and of
+Faust): a worker that is assigned partition *i* starts a producer with that id, which
+fences every earlier producer of it and waits until their open transaction is
+committed or aborted. A worker that lost partition *i* (paused past its session, then
+resumed) can never commit output, state or offsets for it again. aiokafka's
+``send_offsets_to_transaction`` takes a group id only, not the consumer's group
+metadata, so the KIP-447 scheme (one producer per worker, fenced by generation) is not
+available; hence one producer per partition.
+
+**Recovery** of an assigned partition: start its producer (fences, completes what a
+previous owner left open), read its changelog partition ``read_committed`` into the
+store, rebuild the timer queue, seek each input partition to the group's committed
+offset. Nothing else: the committed offsets and the changelog were written in the
+same transactions. A transaction that fails recovers its partition the same way
+(its batch is consumed again); one that is fenced drops the partition until the
+group assigns it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import signal
+import threading
+import time
+from collections import Counter
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError, ProducerFenced
+
+from loopwarden.codecs import encode
+from loopwarden.rules import Settings
+from loopwarden.streams.assignment import CoPartitionedAssignor, partition_of
+from loopwarden.streams.config import Config
+from loopwarden.streams.logs import quiet_repeats
+from loopwarden.streams.metrics import Metrics
+from loopwarden.streams.store import PartitionStore, open_partition
+from loopwarden.streams.task import Batch, DeadLetter, PartitionTask, header, wall_clock_ms
+from loopwarden.streams.topics import ensure_topics
+
+log = logging.getLogger("loopwarden.worker")
+
+EXIT_STOP_TIMEOUT = 3  # the worker was told to stop and had to be cut short
+# Headers a dead letter adds; the original value is cut so the whole message fits.
+_DEADLETTER_OVERHEAD = 4096
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, worker: "Worker") -> None:
+        self.worker = worker
+
+    async def on_partitions_revoked(self, revoked) -> None:
+        await self.worker.release()
+
+    async def on_partitions_assigned(self, assigned) -> None:
+        await self.worker.assign({tp.partition for tp in assigned})
+
+
+class Worker:
+    """One loopwarden worker: the loop, its partitions' tasks, stores and producers, and the read model."""
+
+    def __init__(self, config: Config, metrics: Metrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or Metrics()
+        self.settings = Settings(retention_s=config.retention_s)
+        self.roles = {config.steps_topic: "steps", config.outcomes_topic: "outcomes", config.ticks_topic: "ticks"}
+        self.inputs = (config.steps_topic, config.outcomes_topic, config.ticks_topic)
+        self.assignor = CoPartitionedAssignor(config.advertised_url)
+        self.tasks: dict[int, PartitionTask] = {}
+        self.stores: dict[int, PartitionStore] = {}
+        self.producers: dict[int, AIOKafkaProducer] = {}
+        self.assigned: set[int] = set()  # the group's assignment (a fenced partition is assigned but not owned)
+        self.committed: dict[TopicPartition, int] = {}  # next offset per input partition, as committed
+        self.progress_at: dict[int, float] = {}  # monotonic time a partition last committed progress
+        self.stalled: set[int] = set()
+        self.recover_at: dict[int, float] = {}  # assigned partitions not owned: when to try again
+        self.ready = False
+        self.lock = asyncio.Lock()  # a batch, or a rebalance step: never both
+        self.stopping = asyncio.Event()
+        self.consumer: AIOKafkaConsumer | None = None
+        self.restorer: AIOKafkaConsumer | None = None
+        self._last_punctuate = 0.0
+
+    # -- read model (loopwarden.streams.http) ---------------------------------------------
+    def owned(self) -> list[int]:
+        return sorted(self.tasks)
+
+    def partition_of(self, run_id: str) -> int:
+        return partition_of(run_id.encode(), self.config.partitions)
+
+    def owner_url(self, partition: int) -> str | None:
+        return self.assignor.owners.get(partition)
+
+    def run_state(self, run_id: str):
+        """The run's committed state, if this worker owns its partition and holds it."""
+        task = self.tasks.get(self.partition_of(run_id))
+        return None if task is None else task.committed_state(run_id)
+
+    def is_ready(self) -> bool:
+        """The assignment is recovered and no partition is stalled."""
+        return self.ready and not self.stalled
+
+    def runs_in_state(self, state: str, limit: int = 1000) -> list[dict]:
+        found: list[dict] = []
+        for p in self.owned():
+            found += self.tasks[p].runs_in_state(state, limit - len(found))
+            if len(found) >= limit:
+                break
+        return found
+
+    # -- lifecycle ----------------------------------------------------------------------
+    async def run(self) -> None:
+        """Create topics, join the group, process batches until :meth:`stop`."""
+        c = self.config
+        await ensure_topics(c)
+        self.restorer = AIOKafkaConsumer(bootstrap_servers=c.bootstrap, group_id=None, enable_auto_commit=False,
+                                         isolation_level="read_committed", auto_offset_reset="earliest")
+        await self.restorer.start()
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=c.bootstrap, group_id=c.app_id, enable_auto_commit=False,
+            auto_offset_reset="earliest", isolation_level="read_committed",
+            partition_assignment_strategy=(self.assignor,),
+            session_timeout_ms=int(c.session_timeout_s * 1000),
+            heartbeat_interval_ms=max(100, int(c.session_timeout_s * 1000 / 6)),
+            max_partition_fetch_bytes=max(1_048_576, c.max_message_bytes + 65536),
+            fetch_max_bytes=64 * 1_048_576,
+        )
+        self.consumer.subscribe(list(self.inputs), listener=_Rebalance(self))
+        await self.consumer.start()
+        try:
+            while not self.stopping.is_set():
+                batch = await self.consumer.getmany(timeout_ms=c.batch_wait_ms or 1,
+                                                     max_records=c.batch_max_records)
+                async with self.lock:
+                    await self.process(batch)
+                await self.watch()
+        finally:
+            await self.shutdown()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    async def shutdown(self) -> None:
+        async with self.lock:
+            self.ready = False
+            for p in list(self.producers):
+                await self._drop(p)
+        if self.consumer is not None:
+            await self.consumer.stop()  # leaves the group: its partitions move at once
+        if self.restorer is not None:
+            await self.restorer.stop()
+
+    # -- rebalance ------------------------------------------------------------------------
+    async def release(self) -> None:
+        """Partitions are about to be reassigned: stop working on any of them (after the batch in flight)."""
+        async with self.lock:
+            self.ready = False
+            self.assigned = set()
+            self.recover_at.clear()
+            self.committed.clear()
+            self.progress_at.clear()
+            self.stalled.clear()
+            for p in set(self.tasks) | set(self.producers) | set(self.stores):
+                await self._drop(p)
+
+    async def assign(self, partitions: set[int]) -> None:
+        async with self.lock:
+            self.assigned = set(partitions)
+            t0 = time.monotonic()
+            try:
+                await self._recover(sorted(partitions))
+            except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+                log.error("recovering partitions %s failed (%s: %s); retrying", sorted(partitions),
+                          type(exc).__name__, exc)
+                for p in partitions:
+                    await self._drop(p)
+                    self.recover_at[p] = time.monotonic() + 1.0
+            gc.collect()
+            gc.freeze()  # restored states are long-lived: keep them out of every collection
+            self.ready = True
+            runs = sum(len(self.stores[p]) for p in self.tasks)
+            log.info("partitions %s recovered in %.2fs (%d keys held)", sorted(self.tasks), time.monotonic() - t0, runs)
+
+    async def _recover(self, partitions: list[int]) -> None:
+        """Own ``partitions``: fence earlier producers, restore their changelog, resume at the committed offsets."""
+        if not partitions:
+            return
+        c = self.config
+        producers = {p: AIOKafkaProducer(
+            bootstrap_servers=c.bootstrap, transactional_id=f"{c.app_id}-{p}", enable_idempotence=True,
+            acks="all", max_request_size=c.max_message_bytes + _DEADLETTER_OVERHEAD * 2, linger_ms=0,
+            max_batch_size=256 * 1024, request_timeout_ms=30_000,
+        ) for p in partitions}
+        self.producers.update(producers)
+        # InitProducerId: fences earlier owners and completes their open transaction, so the
+        # changelog and the committed offsets read below are final.
+        await asyncio.gather(*(producer.start() for producer in producers.values()))
+        for p in partitions:
+            if p not in self.stores:
+                self.stores[p] = open_partition(c.store, c.data_dir, c.app_id, p)
+        await self._restore({p: self.stores[p] for p in partitions})
+        assert self.consumer is not None
+        tps = [TopicPartition(topic, p) for p in partitions for topic in self.inputs]
+        committed = {tp: await self.consumer.committed(tp) for tp in tps}
+        starts = await self.consumer.beginning_offsets([tp for tp, o in committed.items() if o is None]) \
+            if None in committed.values() else {}
+        for tp in tps:
+            offset = committed[tp] if committed[tp] is not None else starts[tp]
+            self.consumer.seek(tp, offset)
+            self.committed[tp] = offset
+        self.consumer.resume(*tps)
+        for p in partitions:
+            task = PartitionTask(p, self.stores[p], self.roles, settings=self.settings, clock=c.clock)
+            task.rebuild()
+            self._count_runs(task.state_counts)
+            # Progress is committed offsets moving: a partition that fails and recovers again and
+            # again makes none, and shows as stalled.
+            self.progress_at.setdefault(p, time.monotonic())
+            self.recover_at.pop(p, None)
+            self.tasks[p] = task
+
+    async def _restore(self, stores: dict[int, PartitionStore]) -> None:
+        """Read the changelog partitions (committed records only) from each store's position to the end."""
+        assert self.restorer is not None
+        restorer = self.restorer
+        tps = {TopicPartition(self.config.changelog_topic, p): store for p, store in stores.items()}
+        restorer.assign(list(tps))
+        ends = await restorer.end_offsets(list(tps))
+        starts = await restorer.beginning_offsets(list(tps))
+        todo = {}
+        for tp, store in tps.items():
+            if store.position > ends[tp]:
+                log.warning("%s: local store at changelog offset %d but the changelog ends at %d "
+                            "(topics recreated?): wiping the local state", tp, store.position, ends[tp])
+                store.wipe()
+            position = max(store.position, starts[tp])
+            if position < ends[tp]:
+                restorer.seek(tp, position)
+                todo[tp] = position
+            else:
+                restorer.pause(tp)
+        n = 0
+        while todo:
+            batch = await restorer.getmany(*todo, timeout_ms=1000, max_records=20_000)
+            for tp, records in batch.items():
+                if records:
+                    tps[tp].write({r.key: r.value for r in records}, records[-1].offset + 1)
+                    n += len(records)
+            for tp in list(todo):
+                position = await restorer.position(tp)
+                if position >= ends[tp]:
+                    tps[tp].write({}, position)
+                    restorer.pause(tp)
+                    del todo[tp]
+        restorer.assign([])
+        self.metrics.restored.inc(n)
+        if n:
+            log.info("restored %d changelog records for partitions %s", n, sorted(stores))
+
+    async def _drop(self, p: int) -> None:
+        """Stop working on ``p``: its producer stops; the memory store is dropped, RocksDB closed (kept on disk)."""
+        task = self.tasks.pop(p, None)
+        if task is not None:
+            self._count_runs(Counter({k: -v for k, v in task.state_counts.items()}))
+        producer = self.producers.pop(p, None)
+        if producer is not None:
+            try:
+                await asyncio.wait_for(producer.stop(), timeout=5)
+            except Exception:  # a fenced or disconnected producer: nothing of it is needed any more
+                log.debug("stopping the producer of partition %d failed", p, exc_info=True)
+        store = self.stores.pop(p, None)
+        if store is not None:
+            store.close()
+        for topic in self.inputs:
+            tp = TopicPartition(topic, p)
+            if p in self.assigned and self.consumer is not None:
+                self.consumer.pause(tp)  # nothing of it is fetched until it is recovered
+            elif topic != self.config.ticks_topic:
+                try:
+                    self.metrics.lag.remove(self.roles[topic], str(p))
+                except KeyError:
+                    pass
+
+    def _count_runs(self, delta: Counter) -> None:
+        m = self.metrics
+        for state, n in delta.items():
+            if state is not None and n:
+                m.child(m.runs, state).inc(n)
+
+    # -- the batch -----------------------------------------------------------------------
+    async def process(self, batch: dict) -> None:
+        """Fold each owned partition's records, then commit each partition's transaction (concurrently)."""
+        by_partition: dict[int, list] = {}
+        for tp, records in batch.items():
+            if tp.partition in self.tasks:
+                by_partition.setdefault(tp.partition, []).extend(records)
+        now = time.monotonic()
+        punctuate = now - self._last_punctuate >= self.config.tick_interval_s
+        if punctuate:
+            self._last_punctuate = now
+            for p in self.tasks:
+                by_partition.setdefault(p, [])
+        jobs = []
+        for p, records in by_partition.items():
+            task = self.tasks[p]
+            caught_up = await self._caught_up(p, records)
+            out = task.fold(records, punctuate=punctuate, caught_up=caught_up)
+            if out:
+                jobs.append(self._commit(p, task, out))
+            else:
+                task.committed(out)
+        if jobs:
+            await asyncio.gather(*jobs)
+
+    async def _caught_up(self, p: int, records: list) -> bool:
+        """Consumed both inputs of ``p`` to their end (last stable offset) with this batch."""
+        assert self.consumer is not None
+        last: dict[str, int] = {}
+        for r in records:
+            last[r.topic] = r.offset + 1
+        for topic in self.inputs[:2]:
+            tp = TopicPartition(topic, p)
+            end = self.consumer.last_stable_offset(tp)
+            if end is None:
+                end = self.consumer.highwater(tp)
+            if end is None:
+                return False
+            pos = last.get(topic)
+            if pos is None:
+                pos = await self.consumer.position(tp)
+            if pos < end:
+                return False
+        return True
+
+    async def _commit(self, p: int, task: PartitionTask, out: Batch) -> None:
+        producer = self.producers[p]
+        c = self.config
+        try:
+            await producer.begin_transaction()
+            futures = []
+            for t in out.transitions:
+                futures.append(await producer.send(c.health_topic, encode(t), key=t.run_id.encode()))
+            for d in out.deadletters:
+                futures.append(await producer.send(c.deadletter_topic, **self._deadletter(d)))
+            changelog = []
+            for key, value in out.changes.items():
+                changelog.append(await producer.send(c.changelog_topic, value, key=key, partition=p))
+            if out.offsets:
+                await producer.send_offsets_to_transaction(
+                    {TopicPartition(t, p): o for t, o in out.offsets.items()}, c.app_id)
+            await asyncio.gather(*futures)
+            metas = await asyncio.gather(*changelog)
+            await producer.commit_transaction()
+        except ProducerFenced:
+            task.discard()
+            await self._fenced(p)
+            return
+        except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+            task.discard()
+            await self._failed(p, out, exc)
+            return
+        position = max(m.offset for m in metas) + 1 if metas else None
+        self.stores[p].write(out.changes, position)
+        self._count_runs(task.committed(out))
+        m = self.metrics
+        m.transactions.labels("committed").inc()
+        if out.consumed:
+            m.batch_records.observe(out.consumed)
+        m.count_batch(out.counts)
+        now_ms = wall_clock_ms()
+        for t in out.transitions:
+            m.child(m.transitions, t.from_state or "none", t.to_state).inc()
+            m.latency.observe(max(0.0, (now_ms - t.ts) / 1000))
+        for d in out.deadletters:
+            r = d.record
+            log.warning("invalid message on %s[%d]@%d: %s", r.topic, r.partition, r.offset, d.error[:500])
+        moved = False
+        for topic, offset in out.offsets.items():
+            tp = TopicPartition(topic, p)
+            moved |= topic != c.ticks_topic and offset != self.committed.get(tp)
+            self.committed[tp] = offset
+        if moved:
+            self.progress_at[p] = time.monotonic()
+
+    def _deadletter(self, d: DeadLetter) -> dict:
+        """The original message unchanged, with headers naming the error; cut to fit ``max_message_bytes``."""
+        r = d.record
+        value = r.value if r.value is not None else b""
+        key = r.key
+        headers = [(k, v if isinstance(v, (bytes, bytearray)) else str(v).encode()) for k, v in (r.headers or ())]
+        extra = [
+            ("error", d.error[:2000].encode()),
+            ("error_reason", d.reason.encode()),
+            ("source_topic", r.topic.encode()),
+            ("source_partition", str(r.partition).encode()),
+            ("source_offset", str(r.offset).encode()),
+        ]
+        room = self.config.max_message_bytes - _DEADLETTER_OVERHEAD
+        size = len(value) + len(key or b"") + sum(len(k) + len(v) for k, v in headers)
+        if size > room:
+            # Too large to forward unchanged: keep what fits, say so (the source offset finds the original).
+            headers = [(k, v) for k, v in headers if len(k) + len(v) <= 1024][:32]
+            key = key[:1024] if key is not None else None
+            keep = max(0, room - len(key or b"") - sum(len(k) + len(v) for k, v in headers))
+            extra.append(("truncated", f"{len(value)}".encode()))
+            value = value[:keep]
+        return {"value": value, "key": key, "headers": headers + extra}
+
+    async def _fenced(self, p: int) -> None:
+        """Another worker owns ``p`` now: commit nothing more for it until the group assigns it again."""
+        m = self.metrics
+        m.transactions.labels("fenced").inc()
+        m.produce_failures.inc()
+        log.warning("partition %d: producer fenced (another worker owns it now); dropping it until reassigned", p)
+        await self._drop(p)
+        # If the group still gives it to this worker after two session timeouts, own it again.
+        self.recover_at[p] = time.monotonic() + 2 * self.config.session_timeout_s
+
+    async def _failed(self, p: int, out: Batch, exc: BaseException) -> None:
+        """A transaction failed: abort it, recover the partition, consume its batch again."""
+        m = self.metrics
+        m.transactions.labels("aborted").inc()
+        m.produce_failures.inc()
+        for key, n in out.counts.items():
+            if key[0] == "event" and key[1] != "ticks":
+                m.child(m.redelivered, key[1]).inc(n)
+        log.error("partition %d: transaction failed (%s: %s); recovering it and consuming its batch again",
+                  p, type(exc).__name__, exc)
+        producer = self.producers.get(p)
+        if producer is not None:
+            try:
+                await asyncio.wait_for(producer.abort_transaction(), timeout=10)
+            except Exception:  # the producer may be unusable now; a new one replaces it
+                log.debug("abort failed", exc_info=True)
+        await self._drop(p)
+        self.recover_at[p] = time.monotonic()
+
+    # -- lag and stalls --------------------------------------------------------------------
+    async def watch(self) -> None:
+        """Lag per owned input partition (high watermark − committed), stalls, and fenced partitions' retry."""
+        assert self.consumer is not None
+        now = time.monotonic()
+        m = self.metrics
+        for p in sorted(self.assigned):
+            lagging = False
+            for topic in self.inputs[:2]:
+                tp = TopicPartition(topic, p)
+                hw = self.consumer.highwater(tp)
+                committed = self.committed.get(tp)
+                if hw is None or committed is None:
+                    continue
+                lag = max(0, hw - committed)
+                m.lag.labels(self.roles[topic], str(p)).set(lag)
+                lagging |= lag > 0
+            stalled = lagging and now - self.progress_at.get(p, now) >= self.config.stall_timeout_s
+            if stalled and p not in self.stalled:
+                m.stalls.inc()
+                log.error("partition %d stalled: lag and no progress for %.0fs", p, now - self.progress_at[p])
+                self.stalled.add(p)
+            elif not stalled:
+                self.stalled.discard(p)
+        m.stalled.set(len(self.stalled))
+        for p, at in sorted(self.recover_at.items()):
+            if now < at or self.stopping.is_set():
+                continue
+            async with self.lock:
+                if p not in self.assigned:
+                    self.recover_at.pop(p, None)
+                    continue
+                if p in self.tasks:
+                    continue
+                try:
+                    await self._recover([p])
+                    log.info("partition %d recovered", p)
+                except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+                    log.error("partition %d: recovery failed (%s: %s); retrying", p, type(exc).__name__, exc)
+                    await self._drop(p)
+                    self.recover_at[p] = time.monotonic() + min(30.0, 1.0 + (now - at))
+
+
+def run_worker(config: Config) -> int:
+    """Run one worker until SIGTERM/SIGINT; exit by ``shutdown_timeout_s`` after the signal whatever happens."""
+    quiet_repeats()
+    for name in ("aiokafka", "aiohttp.access"):  # their INFO lines (joins, coordinators) say nothing a user needs
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(config.log_level.upper())))
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    gc.set_threshold(50_000, 20, 100)  # fewer young-generation passes: a batch allocates many short-lived objects
+
+    async def main() -> None:
+        worker = Worker(config)
+        from loopwarden.streams.http import serve
+
+        loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            if worker.stopping.is_set():
+                return
+            log.info("stopping (exit within %.0fs)", config.shutdown_timeout_s)
+            watchdog = threading.Timer(config.shutdown_timeout_s, _exit_now, args=(config.shutdown_timeout_s,))
+            watchdog.daemon = True
+            watchdog.start()
+            worker.stop()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+        runner = await serve(worker)
+        try:
+            await worker.run()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+    return 0
+
+
+def _exit_now(timeout_s: float) -> None:
+    log.critical("worker did not stop within %.0fs (broker unreachable?); exiting now", timeout_s)
+    logging.shutdown()
+    os._exit(EXIT_STOP_TIMEOUT)

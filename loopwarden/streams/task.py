@@ -1,0 +1,324 @@
+"""One owned partition's work on a batch, without Kafka: decode → fold in the pure core → outputs.
+
+The loop (``loopwarden.streams.loop``) hands every consumed batch of a partition to
+:meth:`PartitionTask.fold` and commits the returned :class:`Batch` in one Kafka
+transaction: its transitions, its dead letters, **one changelog record per run
+touched** (the run's last state in the batch) and the consumed offsets. Only once the
+transaction is committed does the loop call :meth:`PartitionTask.committed`, which
+writes those states to the store: the store (and the HTTP read model over it) holds
+committed state only, so an aborted transaction needs no undo beyond :meth:`discard`.
+
+Within a partition, steps and receipts are applied in event-time order (a merge of
+the two topics' records by ``ts``, each topic kept in offset order), so paths stay
+close to offline replay's; ticks come after the inputs of the batch.
+
+Timers are punctuators: :meth:`fold` fires the partition's due timers (O(due), one
+:class:`TimerQueue` per partition, at most one entry per run) when asked to, inside
+the same batch, so their transitions commit with everything else.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import msgspec
+
+from loopwarden.codecs import HealthTransition, InvalidEvent, decode_outcome_event, decode_step_event
+from loopwarden.rules import RunState, Settings, apply, fire_next, next_deadline
+
+try:
+    from loopwarden.rules import decode_state, encode_state
+except ImportError:  # TEMP until the compact codec lands
+    encode_state = msgspec.msgpack.Encoder().encode
+    decode_state = msgspec.msgpack.Decoder(RunState).decode
+from loopwarden.rules.timers import TimerQueue
+
+# Keys of a partition's store that are not run ids: 0xff never occurs in UTF-8, so no
+# run id can name, read or overwrite them.
+META_PREFIX = b"\xffloopwarden/"
+CLOCK_KEY = META_PREFIX + b"clock"
+
+
+def is_meta(key: bytes) -> bool:
+    return key[:1] == b"\xff"
+
+
+class Tick(msgspec.Struct, frozen=True):
+    """A tick on the ticks topic: moves a partition's event-time clock (``now_ms``) and fires due timers."""
+
+    now_ms: int | None = None  # None: processing time
+
+
+_decode_tick = msgspec.json.Decoder(Tick).decode
+encode_tick = msgspec.json.Encoder().encode
+_encode_clock = msgspec.msgpack.Encoder().encode
+_decode_clock = msgspec.msgpack.Decoder(int).decode
+
+
+class Record(Protocol):
+    """What a consumed Kafka record offers (aiokafka's ConsumerRecord has these)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: object
+
+
+def header(headers, name: str) -> str | None:
+    """A header's value as text (aiokafka gives a sequence of (str, bytes) pairs)."""
+    for key, value in headers or ():
+        if key.lower() == name:
+            return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
+    return None
+
+
+@dataclass
+class DeadLetter:
+    record: Record
+    reason: str
+    error: str
+
+
+@dataclass
+class Batch:
+    """A partition's outputs for one batch, to be committed in one transaction, in this order."""
+
+    transitions: list[HealthTransition] = field(default_factory=list)
+    deadletters: list[DeadLetter] = field(default_factory=list)
+    # changelog/store: key -> the run's last state in the batch, None deletes (retention)
+    changes: dict[bytes, bytes | None] = field(default_factory=dict)
+    # topic -> next offset to consume, for every input topic the batch consumed from
+    offsets: dict[str, int] = field(default_factory=dict)
+    # bounded-label counts for metrics, aggregated per batch: (metric kind, label, ...) -> n
+    counts: Counter = field(default_factory=Counter)
+    consumed: int = 0  # input records (steps, outcomes, ticks)
+
+    def __bool__(self) -> bool:
+        return bool(self.transitions or self.deadletters or self.changes or self.offsets)
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class PartitionTask:
+    """A partition's run states (committed, in ``store``), its due-timer queue and its clock."""
+
+    def __init__(
+        self,
+        partition: int,
+        store: Mapping[bytes, bytes],
+        roles: Mapping[str, str],
+        *,
+        settings: Settings,
+        clock: str = "wall",
+        wall_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self.partition = partition
+        self.store = store  # committed states: run id (UTF-8) -> encode_state bytes
+        self.roles = roles  # topic -> "steps" | "outcomes" | "ticks"
+        self.settings = settings
+        self.clock_mode = clock
+        self.wall_ms = wall_ms
+        self.timers = TimerQueue()
+        self.clock = 0  # event-time clock (clock == "event"), committed with the batch that moved it
+        self.state_counts: Counter = Counter()  # health -> runs, committed
+        self._live: dict[str, RunState] = {}  # states touched by the batch being folded
+        self._before: dict[str, str | None] = {}  # their committed health
+        self._clock_before = 0
+
+    # -- recovery -------------------------------------------------------------------
+    def rebuild(self) -> int:
+        """Timer queue, state counts and clock from the committed store (after restore)."""
+        self.timers.clear()
+        self.state_counts.clear()
+        n = 0
+        for key, raw in self.store.items():
+            if is_meta(key):
+                if key == CLOCK_KEY:
+                    self.clock = _decode_clock(raw)
+                continue
+            state = decode_state(raw)
+            n += 1
+            self.state_counts[state.health] += 1
+            self.timers.schedule(state.run_id, next_deadline(state, self.settings))
+        return n
+
+    # -- state within a batch ---------------------------------------------------------
+    def load(self, run_id: str) -> RunState | None:
+        state = self._live.get(run_id)
+        if state is not None:
+            return state
+        raw = self.store.get(run_id.encode())
+        if raw is None:
+            return None
+        return decode_state(raw)
+
+    def _take(self, run_id: str, res, out: Batch) -> None:
+        counts = out.counts
+        for kind, label in res.notes:
+            counts[kind, label] += 1
+        if res.transitions:
+            out.transitions += res.transitions
+        if res.state is None:
+            self._live.pop(run_id, None)
+            out.changes[run_id.encode()] = None
+        else:
+            self._live[run_id] = res.state
+
+    def _now(self, ts: int | None) -> int:
+        if self.clock_mode == "wall":
+            return self.wall_ms()
+        if ts is not None and ts > self.clock:
+            self.clock = ts
+        return self.clock
+
+    # -- the batch --------------------------------------------------------------------
+    def fold(self, records: Iterable[Record], *, punctuate: bool = False, caught_up: bool = True) -> Batch:
+        """Apply a batch of this partition's records (any input topic, offset order per topic).
+
+        ``punctuate``: fire due timers after the inputs (the loop asks once per tick
+        interval); only when ``caught_up`` (inputs consumed to their end): while a
+        backlog drains, a run whose next steps are still in it must not look stuck.
+        A tick record always fires due timers when caught up (and moves the event clock).
+        """
+        out = Batch()
+        self._live.clear()
+        self._before.clear()
+        self._clock_before = self.clock
+        inputs: dict[str, list] = {}
+        ticks = []
+        for rec in records:
+            role = self.roles.get(rec.topic)
+            out.consumed += 1
+            out.offsets[rec.topic] = rec.offset + 1
+            if role == "ticks":
+                ticks.append(rec)
+            elif role is None:
+                out.deadletters.append(DeadLetter(rec, "wrong_topic", f"topic {rec.topic!r} is not an input"))
+                out.counts["invalid", "steps", "wrong_topic"] += 1
+            else:
+                decoded = self._decode(rec, role, out)
+                if decoded is not None:
+                    inputs.setdefault(role, []).append(decoded)
+        if len(inputs) > 1:
+            merged: Iterator = heapq.merge(*inputs.values(), key=_ts)
+        else:
+            merged = iter(next(iter(inputs.values()), ()))
+        for role, event in merged:
+            out.counts["event", role, event.__struct_config__.tag] += 1
+            now = self._now(event.ts if role == "steps" else None)
+            state = self.load(event.run_id)
+            if event.run_id not in self._before:
+                self._before[event.run_id] = state.health if state is not None else None
+            self._take(event.run_id, apply(state, event, now), out)
+        fire = punctuate
+        for rec in ticks:
+            try:
+                tick = _decode_tick(rec.value or b"{}")
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                out.deadletters.append(DeadLetter(rec, "undecodable", f"bad tick: {exc}"))
+                out.counts["invalid", "ticks", "undecodable"] += 1
+                continue
+            out.counts["event", "ticks", "tick"] += 1
+            self._now(tick.now_ms)
+            fire = True
+        if fire and caught_up:
+            self.fire_due(self._now(None), out)
+        self._finish(out)
+        return out
+
+    def _decode(self, rec: Record, role: str, out: Batch):
+        try:
+            decode = decode_step_event if role == "steps" else decode_outcome_event
+            event = decode(rec.value if rec.value is not None else b"", header(rec.headers, "content-type"))
+        except InvalidEvent as exc:
+            out.deadletters.append(DeadLetter(rec, exc.reason, str(exc)))
+            out.counts["invalid", role, exc.reason] += 1
+            return None
+        if rec.key is None or rec.key != event.run_id.encode():
+            shown = None if rec.key is None else rec.key[:80]
+            out.deadletters.append(DeadLetter(
+                rec, "key_mismatch",
+                f"message key {shown!r} does not match run_id {event.run_id!r} (events must be keyed by run_id)"))
+            out.counts["invalid", role, "key_mismatch"] += 1
+            return None
+        return role, event
+
+    def fire_due(self, now_ms: int, out: Batch) -> None:
+        """Fire every due timer of the partition in deadline order: O(due timers)."""
+        for deadline, run_id in self.timers.pop_due(now_ms):
+            state = self.load(run_id)
+            if state is None:
+                continue
+            current = next_deadline(state, self.settings)
+            if current != deadline:
+                self.timers.schedule(run_id, current)  # moved since queued
+                continue
+            if run_id not in self._before:
+                self._before[run_id] = state.health
+            self._take(run_id, fire_next(state, now_ms, self.settings), out)
+
+    def _finish(self, out: Batch) -> None:
+        """One changelog record per run touched (its last state); timers rescheduled once per run."""
+        settings = self.settings
+        for run_id, state in self._live.items():
+            out.changes[run_id.encode()] = encode_state(state)
+            self.timers.schedule(run_id, next_deadline(state, settings))
+        if self.clock != self._clock_before:
+            out.changes[CLOCK_KEY] = _encode_clock(self.clock)
+
+    # -- after the transaction ----------------------------------------------------------
+    def committed(self, out: Batch) -> Counter:
+        """The batch's transaction committed: count its states; returns health -> delta for the runs gauge."""
+        delta: Counter = Counter()
+        for run_id, before in self._before.items():
+            state = self._live.get(run_id)
+            after = state.health if state is not None else None
+            if before != after:
+                if before is not None:
+                    delta[before] -= 1
+                if after is not None:
+                    delta[after] += 1
+        self.state_counts.update(delta)
+        self._live.clear()
+        self._before.clear()
+        return delta
+
+    def discard(self) -> None:
+        """The batch's transaction failed: forget what it changed (the store still holds the committed states).
+
+        Timer entries it queued are checked against the committed state when they fall due."""
+        self._live.clear()
+        self._before.clear()
+        self.clock = self._clock_before
+
+    # -- read model -------------------------------------------------------------------
+    def committed_state(self, run_id: str) -> RunState | None:
+        raw = self.store.get(run_id.encode())
+        return None if raw is None else decode_state(raw)
+
+    # -- read model (scan) ---------------------------------------------------------------
+    def runs_in_state(self, state: str, limit: int = 1000) -> list[dict]:
+        """Runs of this partition in ``state`` (a scan of committed states; for the read API)."""
+        found = []
+        for key, raw in list(self.store.items()):
+            if is_meta(key):
+                continue
+            s = decode_state(raw)
+            if s.health == state:
+                found.append({"run_id": s.run_id, "seq": s.seq, "agent": s.agent})
+                if len(found) >= limit:
+                    break
+        return found
+
+
+def _ts(item) -> int:
+    return item[1].ts

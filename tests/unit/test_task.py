@@ -1,0 +1,206 @@
+"""A partition's batch fold without Kafka: transactions are all or nothing, restarts lose nothing.
+
+A dict stands in for a partition's store and a list of records for the consumed log. A
+"transaction" here is what the loop commits: the batch's transitions, its changes written
+to the store and its offsets, together, or none of them. A crash can be cut at any batch;
+what a restarted worker sees is exactly what was committed.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from loopwarden.codecs import decode_input
+from loopwarden.replay import Replay
+from loopwarden.rules import Settings
+from loopwarden.simulate import fleet
+from loopwarden.streams.store import MemoryPartition
+from loopwarden.streams.task import CLOCK_KEY, PartitionTask, Tick, encode_tick, is_meta
+
+ROLES = {"agent.steps": "steps", "agent.outcomes": "outcomes", "loopwarden.ticks": "ticks"}
+TOPICS = {"steps": "agent.steps", "outcomes": "agent.outcomes"}
+PARTITIONS = 3
+ADVANCE_MS = 3_600_000
+MESSAGES = fleet(120, seed=11, bad_every=15)
+LAST_TS = max(m.ts for m in MESSAGES)
+
+
+@dataclass
+class Rec:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple = ()
+
+
+def consumed_log(messages) -> dict[int, list[Rec]]:
+    """Per partition, the records as a worker consumes them (offsets per topic partition)."""
+    next_offset: dict[tuple[str, int], int] = defaultdict(int)
+    out: dict[int, list[Rec]] = defaultdict(list)
+    for m in messages:
+        topic = TOPICS[m.topic]
+        p = zlib.crc32(m.key or b"") % PARTITIONS
+        out[p].append(Rec(topic, p, next_offset[topic, p], m.key, m.value))
+        next_offset[topic, p] += 1
+    return out
+
+
+LOG = consumed_log(MESSAGES)
+
+
+class Partition:
+    """One partition's committed store and offsets, and what its transactions produced."""
+
+    def __init__(self, p: int, store: MemoryPartition | None = None, offsets: dict | None = None) -> None:
+        self.p = p
+        self.store = store if store is not None else MemoryPartition()
+        self.offsets = dict(offsets or {})
+        self.task = PartitionTask(p, self.store, ROLES, settings=Settings(), clock="event")
+        self.task.rebuild()
+        self.transitions: list = []
+        self.deadletters = 0
+        self.ticks = 0
+
+    def pending(self) -> list[Rec]:
+        return [r for r in LOG[self.p] if r.offset >= self.offsets.get(r.topic, 0)]
+
+    def batch(self, records: list[Rec], *, commit: bool = True, punctuate: bool = False) -> None:
+        out = self.task.fold(records, punctuate=punctuate)
+        if not commit:  # the transaction aborted (or the worker died before committing)
+            self.task.discard()
+            return
+        self.transitions += out.transitions
+        self.deadletters += len(out.deadletters)
+        self.store.write(out.changes, None)
+        self.offsets.update(out.offsets)
+        self.task.committed(out)
+
+    def tick(self, now_ms: int) -> None:
+        self.ticks += 1
+        self.batch([Rec("loopwarden.ticks", self.p, self.ticks, None, encode_tick(Tick(now_ms=now_ms)))])
+
+
+def final(transitions) -> dict[str, str]:
+    best: dict[str, tuple[int, str]] = {}
+    for t in transitions:
+        if t.run_id not in best or t.seq > best[t.run_id][0]:
+            best[t.run_id] = (t.seq, t.to_state)
+    return {r: v[1] for r, v in best.items()}
+
+
+def run_all(batch_size: int) -> list[Partition]:
+    parts = []
+    for p in range(PARTITIONS):
+        part = Partition(p)
+        records = part.pending()
+        for i in range(0, len(records), batch_size):
+            part.batch(records[i:i + batch_size], punctuate=True)
+        part.tick(LAST_TS + ADVANCE_MS)
+        parts.append(part)
+    return parts
+
+
+def replay_final() -> dict[str, str]:
+    replay = Replay()
+    for m in MESSAGES:
+        if m.valid:
+            replay.feed(decode_input(m.value))
+    replay.advance_to(LAST_TS + ADVANCE_MS)
+    return {r: t.to_state for r, t in replay.final.items()}
+
+
+BASELINE = run_all(batch_size=7)
+BASELINE_TRANSITIONS = [t for part in BASELINE for t in part.transitions]
+
+
+def test_batched_folding_matches_replay_at_any_batch_size() -> None:
+    """Final states equal replay's whether a batch holds 1, 7 or every record of a partition."""
+    expected = replay_final()
+    assert final(BASELINE_TRANSITIONS) == expected
+    for size in (1, 10_000):
+        assert final(t for part in run_all(size) for t in part.transitions) == expected
+    assert sum(part.deadletters for part in BASELINE) == sum(not m.valid for m in MESSAGES) > 0
+
+
+def test_one_change_per_run_touched_and_offsets_per_topic() -> None:
+    """A batch writes each run it touched once (its last state), and the next offset of each topic."""
+    part = Partition(0)
+    records = part.pending()[:50]
+    out = part.task.fold(records)
+    touched = {r.key for r in records if r.key is not None}
+    run_keys = {k for k in out.changes if not is_meta(k)}
+    assert run_keys <= touched and len(run_keys) == len(out.changes) - (CLOCK_KEY in out.changes)
+    last = {}
+    for r in records:
+        last[r.topic] = r.offset + 1
+    assert out.offsets == last
+    assert out.consumed == 50
+
+
+def test_steps_and_receipts_are_applied_in_event_time_order() -> None:
+    """Within a batch, a receipt stamped after a run_ended is applied after it, whatever the topics' order."""
+    run = [m for m in MESSAGES if m.key == b"run-11-000000-natural_verified"]
+    assert {m.topic for m in run} == {"steps", "outcomes"}
+    receipts = [Rec(TOPICS[m.topic], 0, i, m.key, m.value) for i, m in enumerate(run) if m.topic == "outcomes"]
+    steps = [Rec(TOPICS[m.topic], 0, i, m.key, m.value) for i, m in enumerate(run) if m.topic == "steps"]
+    part = Partition(0)
+    out = part.task.fold(receipts + steps)  # the outcomes topic's records first, as a fetch may return them
+    assert [t.to_state for t in out.transitions] == ["RUNNING", "VERIFYING", "VERIFIED_COMPLETE"]
+
+
+def test_the_event_clock_is_committed_with_the_batch() -> None:
+    part = Partition(0)
+    part.batch(part.pending()[:20])
+    assert part.task.clock > 0 and CLOCK_KEY in part.store
+    again = Partition(0, part.store, part.offsets)
+    assert again.task.clock == part.task.clock
+
+
+def _content(t) -> tuple:
+    return (t.run_id, t.seq, t.from_state, t.to_state, t.reason, t.ts)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(partition=st.integers(0, PARTITIONS - 1), sizes=st.lists(st.integers(1, 40), min_size=1, max_size=20),
+       crash_at=st.integers(0, 19), committed_crash=st.booleans())
+def test_a_crash_at_any_batch_then_recovery_loses_and_repeats_nothing(partition, sizes, crash_at, committed_crash) -> None:
+    """Batches commit all or nothing; a worker dies at any batch (before or after its commit); a new one
+    recovers the committed store and offsets and goes on. What both committed is exactly what one
+    uninterrupted worker commits over the same committed batches: every (run_id, seq) once, same content."""
+    first = Partition(partition)
+    records = first.pending()
+    committed_chunks, i = [], 0
+    for n, size in enumerate(sizes):
+        chunk = records[i:i + size]
+        if n == crash_at:
+            first.batch(chunk, commit=committed_crash, punctuate=True)
+            if committed_crash:
+                committed_chunks.append(chunk)
+            break
+        first.batch(chunk, punctuate=True)
+        committed_chunks.append(chunk)
+        i += size
+    second = Partition(partition, first.store, first.offsets)  # recovery: the committed store and offsets
+    rest = second.pending()
+    rest_chunks = [rest[j:j + 13] for j in range(0, len(rest), 13)]
+    for chunk in rest_chunks:
+        second.batch(chunk, punctuate=True)
+    second.tick(LAST_TS + ADVANCE_MS)
+
+    reference = Partition(partition)
+    for chunk in committed_chunks + rest_chunks:
+        reference.batch(chunk, punctuate=True)
+    reference.tick(LAST_TS + ADVANCE_MS)
+
+    both = [_content(t) for t in first.transitions + second.transitions]
+    assert len({c[:2] for c in both}) == len(both)  # each (run_id, seq) exactly once
+    assert both == [_content(t) for t in reference.transitions]
+    assert final(first.transitions + second.transitions) == final(
+        t for t in BASELINE_TRANSITIONS if zlib.crc32(t.run_id.encode()) % PARTITIONS == partition)
