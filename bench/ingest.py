@@ -265,7 +265,7 @@ def _tail(log: Path, lines: int = 15) -> str:
 
 
 def _env(extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOPWARDEN_", "PEER_", "Quix__"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOPWARDEN_", "Quix__"))}
     env.update(extra)
     return env
 
@@ -309,7 +309,7 @@ async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s
         env = _env({
             "PEER_BROKER": backlog.bootstrap, "PEER_GROUP": group, "PEER_STEPS": backlog.steps,
             "PEER_OUTCOMES": backlog.outcomes, "PEER_OUTPUT": output, "PEER_STATE_DIR": str(adir / "state"),
-            "PEER_READY_FILE": str(ready_file), "PYTHONPATH": str(REPO),
+            "PEER_READY_FILE": str(ready_file), "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1",
         })
         argv = [sys.executable, "-m", f"bench.peers.{app}_app"]
 

@@ -19,9 +19,9 @@ app = Application(
     consumer_group=env["PEER_GROUP"],
     auto_offset_reset="earliest",
     processing_guarantee="exactly-once",
-    commit_interval=1.0,  # as the loopwarden worker and the Faust peer: completion is seen at a commit
+    commit_interval=float(env.get("PEER_COMMIT_INTERVAL", "1.0")),  # 1 s as the worker and Faust: done is seen at a commit
     state_dir=env["PEER_STATE_DIR"],
-    loglevel="WARNING",
+    loglevel=env.get("PEER_LOGLEVEL", "WARNING"),
 )
 steps = app.topic(env["PEER_STEPS"])
 outcomes = app.topic(env["PEER_OUTCOMES"])
