@@ -1,8 +1,8 @@
 """Bench d: the cost of a timer tick with many runs held but few timers due.
 
-Drives :class:`loopwarden.streams.processor.Processor` directly (a dict as the
-table, event-time clock, one tick message per partition), as the worker's agent
-does. Each round advances the clock by just enough for ``due`` timers to fire.
+Drives :class:`loopwarden.streams.task.PartitionTask` directly (a dict store per
+partition, event-time clock, one tick record per partition), as the worker's loop
+does (then writing the batch's changes to the store, as after a commit). Each round advances the clock by just enough for ``due`` timers to fire.
 The O(runs) baseline decodes every table value and computes its deadline: what a
 processor scanning its table on each tick would pay.
 """
@@ -16,8 +16,8 @@ import msgspec
 from bench.common import Report, duration, median, progress
 from loopwarden.codecs import Policy, RunStarted, StepFinished, ToolCall
 from loopwarden.rules import Settings, apply, next_deadline
-from loopwarden.streams.metrics import Metrics
-from loopwarden.streams.processor import Processor, Stored, Tick, encode_tick
+from loopwarden.streams.store import MemoryPartition
+from loopwarden.streams.task import PartitionTask, Tick, decode_state, encode_state, encode_tick, is_meta
 
 PARTITIONS = 8
 BASE_MS = 1_780_000_000_000
@@ -25,39 +25,43 @@ INACTIVITY_S = 300.0
 GAP_MS = 1  # run i's deadline is BASE + i ms + the inactivity timeout
 
 
-def _processor(runs: int) -> tuple[Processor, dict]:
-    """A processor holding ``runs`` RUNNING runs whose deadlines are 1 ms apart."""
+class _Rec:
+    def __init__(self, partition: int, value: bytes) -> None:
+        self.topic, self.partition, self.offset, self.key, self.value, self.headers = "ticks", partition, 0, None, value, ()
+
+
+def _processor(runs: int) -> tuple[list[PartitionTask], list[MemoryPartition]]:
+    """Partition tasks holding ``runs`` RUNNING runs whose deadlines are 1 ms apart."""
     policy = Policy(version="v1", inactivity_timeout_s=INACTIVITY_S)
     template = apply(None, RunStarted(run_id="t", ts=BASE_MS, agent="bench-agent", policy=policy), BASE_MS).state
     step = StepFinished(run_id="t", ts=BASE_MS, step=0, finish_reason="tool-calls",
                         tool_calls=(ToolCall(id="c", name="lookup", status="result"),))
     template = apply(template, step, BASE_MS).state
-    encode = msgspec.msgpack.Encoder().encode
-    table: dict[bytes, bytes] = {}
+    stores = [MemoryPartition() for _ in range(PARTITIONS)]
     for i in range(runs):
         ts = BASE_MS + i * GAP_MS
         state = msgspec.structs.replace(template, run_id=f"run-{i:07d}", last_activity_ts=ts, last_seen_ts=ts)
-        table[state.run_id.encode()] = encode(Stored(i % PARTITIONS, state))
-    proc = Processor(table, steps_topic="steps", outcomes_topic="outcomes", ticks_topic="ticks",
-                     settings=Settings(), metrics=Metrics(), clock="event")
-    proc.rebuild(table.items(), set(range(PARTITIONS)))
-    return proc, table
+        stores[i % PARTITIONS].write({state.run_id.encode(): encode_state(state)}, None)
+    roles = {"steps": "steps", "outcomes": "outcomes", "ticks": "ticks"}
+    tasks = [PartitionTask(p, stores[p], roles, settings=Settings(), clock="event") for p in range(PARTITIONS)]
+    for task in tasks:
+        task.rebuild()
+    return tasks, stores
 
 
-def _round(proc: Processor, now_ms: int) -> int:
-    """One tick to every partition, as the worker's tick timer sends; returns transitions."""
+def _round(tasks: list[PartitionTask], now_ms: int) -> int:
+    """One tick to every partition, then its changes written as after a commit; returns transitions."""
     value = encode_tick(Tick(now_ms=now_ms))
-    end_batch = getattr(proc, "end_batch", lambda: None)  # as the worker does after each batch
     n = 0
-    for p in range(PARTITIONS):
-        out = proc.on_message("ticks", p, None, value)
-        proc.apply_writes(out)
-        end_batch()
+    for task in tasks:
+        out = task.fold([_Rec(task.partition, value)])
+        task.store.write(out.changes, None)
+        task.committed(out)
         n += len(out.transitions)
     return n
 
 
-def _rounds(proc: Processor, start_ms: int, due: int, rounds: int) -> tuple[list[float], int, int]:
+def _rounds(proc: list[PartitionTask], start_ms: int, due: int, rounds: int) -> tuple[list[float], int, int]:
     """Seconds per round with ``due`` timers due each round; returns (times, fired, next start)."""
     times, fired, now = [], 0, start_ms
     for _ in range(rounds):
@@ -68,12 +72,13 @@ def _rounds(proc: Processor, start_ms: int, due: int, rounds: int) -> tuple[list
     return times, fired, now
 
 
-def _scan(table: dict) -> float:
-    decode = msgspec.msgpack.Decoder(Stored).decode
+def _scan(stores: list[MemoryPartition]) -> float:
     settings = Settings()
     t0 = time.perf_counter()
-    for raw in table.values():
-        next_deadline(decode(raw).state, settings)
+    for store in stores:
+        for key, raw in store.items():
+            if not is_meta(key):
+                next_deadline(decode_state(raw), settings)
     return time.perf_counter() - t0
 
 
@@ -91,7 +96,7 @@ def tick_cost(report: Report, sizes: tuple[int, ...], few: int, many: int, round
         many_rounds = max(1, min(rounds, left // due_many))
         t_many, fired_many, _ = _rounds(proc, now, due_many, many_rounds)
         scan = median([_scan(table) for _ in range(3)])
-        heap = sum(len(q) for q in proc.timers.values())
+        heap = sum(len(task.timers) for task in proc)
         note = f"{PARTITIONS} partitions"
         report.add(bench, f"{runs:,} runs: tick round, 0 due", duration(median(t_idle)), note)
         report.add(bench, f"{runs:,} runs: tick round, {few} due", duration(median(t_few)),

@@ -61,7 +61,7 @@ def add_commands(sub) -> None:
     p.add_argument("--retention-s", dest="retention_s", type=float, help="drop settled runs after this (default 7 days)")
     p.add_argument("--log-level", dest="log_level", help="info, warning, debug (LOOPWARDEN_LOG_LEVEL)")
     p.add_argument("--batch-max-records", dest="batch_max_records", type=int,
-                   help="records per batch at most (LOOPWARDEN_BATCH_MAX_RECORDS; default 5000)")
+                   help="records per batch at most (LOOPWARDEN_BATCH_MAX_RECORDS; default 20000)")
     p.add_argument("--batch-wait-ms", dest="batch_wait_ms", type=int,
                    help="how long a batch waits for records at most (LOOPWARDEN_BATCH_WAIT_MS; default 5)")
     p.add_argument("--stall-timeout-s", dest="stall_timeout_s", type=float,

@@ -42,7 +42,7 @@ class Config:
     # A worker told to stop exits by then even if its broker is gone.
     shutdown_timeout_s: float = 30.0
     # A batch is at most this many records (all partitions) and waits at most this long for them.
-    batch_max_records: int = 5000
+    batch_max_records: int = 20000
     batch_wait_ms: int = 5
     # A partition with lag whose committed offset has not moved for this long is stalled (/readyz 503).
     stall_timeout_s: float = 60.0

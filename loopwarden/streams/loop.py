@@ -97,6 +97,9 @@ class Worker:
         self.consumer: AIOKafkaConsumer | None = None
         self.restorer: AIOKafkaConsumer | None = None
         self._last_punctuate = 0.0
+        self.inflight: dict[int, asyncio.Task] = {}  # partition -> its transaction being committed
+        self.health_partitions = config.partitions
+        self.deadletter_partitions = config.partitions
 
     # -- read model (loopwarden.streams.http) ---------------------------------------------
     def owned(self) -> list[int]:
@@ -158,20 +161,25 @@ class Worker:
         self.stopping.set()
 
     async def shutdown(self) -> None:
+        """Finish the transactions in flight, stop the producers, leave the group (its partitions move at once).
+
+        With the broker gone any step can fail: each is tried, none stops the others
+        (the watchdog in :func:`run_worker` bounds the whole)."""
         async with self.lock:
             self.ready = False
-            for p in list(self.producers):
-                await self._drop(p)
-        if self.consumer is not None:
-            await self.consumer.stop()  # leaves the group: its partitions move at once
-        if self.restorer is not None:
-            await self.restorer.stop()
+            await _quietly(self.drain(), "finishing the transactions in flight")
+            for p in set(self.producers) | set(self.tasks) | set(self.stores):
+                await _quietly(self._drop(p), f"stopping partition {p}")
+        for client in (self.consumer, self.restorer):
+            if client is not None:
+                await _quietly(client.stop(), "stopping a consumer")
 
     # -- rebalance ------------------------------------------------------------------------
     async def release(self) -> None:
         """Partitions are about to be reassigned: stop working on any of them (after the batch in flight)."""
         async with self.lock:
             self.ready = False
+            await self.drain()
             self.assigned = set()
             self.recover_at.clear()
             self.committed.clear()
@@ -212,6 +220,9 @@ class Worker:
         # InitProducerId: fences earlier owners and completes their open transaction, so the
         # changelog and the committed offsets read below are final.
         await asyncio.gather(*(producer.start() for producer in producers.values()))
+        some = next(iter(producers.values()))
+        self.health_partitions = len(await some.partitions_for(c.health_topic))
+        self.deadletter_partitions = len(await some.partitions_for(c.deadletter_topic))
         for p in partitions:
             if p not in self.stores:
                 self.stores[p] = open_partition(c.store, c.data_dir, c.app_id, p)
@@ -306,7 +317,10 @@ class Worker:
 
     # -- the batch -----------------------------------------------------------------------
     async def process(self, batch: dict) -> None:
-        """Fold each owned partition's records, then commit each partition's transaction (concurrently)."""
+        """Fold each owned partition's records and start its transaction.
+
+        Transactions run concurrently with each other and with the next batch's folding;
+        a partition's next fold waits for its previous transaction (it needs those states)."""
         by_partition: dict[int, list] = {}
         for tp, records in batch.items():
             if tp.partition in self.tasks:
@@ -317,17 +331,24 @@ class Worker:
             self._last_punctuate = now
             for p in self.tasks:
                 by_partition.setdefault(p, [])
-        jobs = []
         for p, records in by_partition.items():
-            task = self.tasks[p]
+            pending = self.inflight.pop(p, None)
+            if pending is not None:  # the partition's previous transaction: its states are the next fold's input
+                await pending
+            task = self.tasks.get(p)
+            if task is None:  # its transaction failed: these records are consumed again once it is recovered
+                continue
             caught_up = await self._caught_up(p, records)
             out = task.fold(records, punctuate=punctuate, caught_up=caught_up)
             if out:
-                jobs.append(self._commit(p, task, out))
+                self.inflight[p] = asyncio.create_task(self._commit(p, task, out))
             else:
                 task.committed(out)
-        if jobs:
-            await asyncio.gather(*jobs)
+
+    async def drain(self) -> None:
+        """Wait for every transaction in flight."""
+        while self.inflight:
+            await asyncio.gather(*[self.inflight.pop(p) for p in list(self.inflight)])
 
     async def _caught_up(self, p: int, records: list) -> bool:
         """Consumed both inputs of ``p`` to their end (last stable offset) with this batch."""
@@ -349,24 +370,34 @@ class Worker:
                 return False
         return True
 
+    def _health_partition(self, run_id: str, p: int) -> int:
+        """What the default partitioner picks for key ``run_id`` (all of a run's transitions on one partition).
+
+        With agent.health partitioned like the inputs that is the input partition ``p``
+        itself, which saves hashing every key again."""
+        if self.health_partitions == self.config.partitions:
+            return p
+        return partition_of(run_id.encode(), self.health_partitions)
+
     async def _commit(self, p: int, task: PartitionTask, out: Batch) -> None:
         producer = self.producers[p]
         c = self.config
         try:
             await producer.begin_transaction()
-            futures = []
+            outbox = _Outbox(producer)
             for t in out.transitions:
-                futures.append(await producer.send(c.health_topic, encode(t), key=t.run_id.encode()))
+                await outbox.add(c.health_topic, self._health_partition(t.run_id, p), t.run_id.encode(), encode(t))
             for d in out.deadletters:
-                futures.append(await producer.send(c.deadletter_topic, **self._deadletter(d)))
-            changelog = []
+                letter = self._deadletter(d)
+                partition = partition_of(letter["key"], self.deadletter_partitions) if letter["key"] else p % self.deadletter_partitions
+                await outbox.add(c.deadletter_topic, partition, letter["key"], letter["value"], letter["headers"])
             for key, value in out.changes.items():
-                changelog.append(await producer.send(c.changelog_topic, value, key=key, partition=p))
+                await outbox.add(c.changelog_topic, p, key, value)
+            await outbox.flush()
             if out.offsets:
                 await producer.send_offsets_to_transaction(
                     {TopicPartition(t, p): o for t, o in out.offsets.items()}, c.app_id)
-            await asyncio.gather(*futures)
-            metas = await asyncio.gather(*changelog)
+            metas = await outbox.delivered()
             await producer.commit_transaction()
         except ProducerFenced:
             task.discard()
@@ -376,7 +407,8 @@ class Worker:
             task.discard()
             await self._failed(p, out, exc)
             return
-        position = max(m.offset for m in metas) + 1 if metas else None
+        ends = [meta.offset + n for topic, n, meta in metas if topic == c.changelog_topic]
+        position = max(ends) if ends else None
         self.stores[p].write(out.changes, position)
         self._count_runs(task.committed(out))
         m = self.metrics
@@ -493,6 +525,53 @@ class Worker:
                     log.error("partition %d: recovery failed (%s: %s); retrying", p, type(exc).__name__, exc)
                     await self._drop(p)
                     self.recover_at[p] = time.monotonic() + min(30.0, 1.0 + (now - at))
+
+
+async def _quietly(step, what: str) -> None:
+    """Await a shutdown step; a failure (the broker may be gone) is logged, not raised."""
+    try:
+        await step
+    except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - shutting down regardless
+        log.warning("%s failed during shutdown: %s: %s", what, type(exc).__name__, exc)
+
+
+class _Outbox:
+    """A transaction's records, one batch per topic partition (``send_batch``): no per-record send."""
+
+    def __init__(self, producer: AIOKafkaProducer) -> None:
+        self.producer = producer
+        self.open: dict[tuple[str, int], object] = {}
+        self.sent: list[tuple[str, int, asyncio.Future]] = []  # (topic, records, future of the batch)
+
+    async def add(self, topic: str, partition: int, key: bytes | None, value: bytes | None, headers=()) -> None:
+        batch = self.open.get((topic, partition))
+        if batch is None:
+            batch = self.open[topic, partition] = self.producer.create_batch()
+        if batch.append(key=key, value=value, timestamp=None, headers=list(headers)) is not None:
+            return
+        if batch.record_count():  # full: send it, start the next one
+            await self._send(topic, partition, batch)
+            batch = self.open[topic, partition] = self.producer.create_batch()
+            if batch.append(key=key, value=value, timestamp=None, headers=list(headers)) is not None:
+                return
+        # Larger than a batch on its own (a dead letter near the size limit).
+        future = await self.producer.send(topic, value, key=key, partition=partition, headers=list(headers))
+        self.sent.append((topic, 1, future))
+
+    async def _send(self, topic: str, partition: int, batch) -> None:
+        n = batch.record_count()
+        self.sent.append((topic, n, await self.producer.send_batch(batch, topic, partition=partition)))
+
+    async def flush(self) -> None:
+        for (topic, partition), batch in self.open.items():
+            if batch.record_count():
+                await self._send(topic, partition, batch)
+        self.open.clear()
+
+    async def delivered(self) -> list[tuple[str, int, object]]:
+        """Wait for every batch's ack; (topic, records, RecordMetadata of its first record)."""
+        metas = await asyncio.gather(*(f for _, _, f in self.sent))
+        return [(topic, n, meta) for (topic, n, _), meta in zip(self.sent, metas)]
 
 
 def run_worker(config: Config) -> int:

@@ -20,6 +20,7 @@ the same batch, so their transitions commit with everything else.
 from __future__ import annotations
 
 import heapq
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -37,6 +38,8 @@ except ImportError:  # TEMP until the compact codec lands
     encode_state = msgspec.msgpack.Encoder().encode
     decode_state = msgspec.msgpack.Decoder(RunState).decode
 from loopwarden.rules.timers import TimerQueue
+
+log = logging.getLogger("loopwarden.task")
 
 # Keys of a partition's store that are not run ids: 0xff never occurs in UTF-8, so no
 # run id can name, read or overwrite them.
@@ -212,13 +215,20 @@ class PartitionTask:
             merged: Iterator = heapq.merge(*inputs.values(), key=_ts)
         else:
             merged = iter(next(iter(inputs.values()), ()))
-        for role, event in merged:
+        for role, event, rec in merged:
             out.counts["event", role, event.__struct_config__.tag] += 1
             now = self._now(event.ts if role == "steps" else None)
             state = self.load(event.run_id)
             if event.run_id not in self._before:
                 self._before[event.run_id] = state.health if state is not None else None
-            self._take(event.run_id, apply(state, event, now), out)
+            try:
+                res = apply(state, event, now)
+            except Exception as exc:  # a bug of ours must not stop the partition nor lose the message
+                log.exception("internal error on %s[%d]@%d; dead-lettered", rec.topic, rec.partition, rec.offset)
+                out.deadletters.append(DeadLetter(rec, "internal_error", f"{type(exc).__name__}: {exc}"))
+                out.counts["invalid", role, "internal_error"] += 1
+                continue
+            self._take(event.run_id, res, out)
         fire = punctuate
         for rec in ticks:
             try:
@@ -250,7 +260,7 @@ class PartitionTask:
                 f"message key {shown!r} does not match run_id {event.run_id!r} (events must be keyed by run_id)"))
             out.counts["invalid", role, "key_mismatch"] += 1
             return None
-        return role, event
+        return role, event, rec
 
     def fire_due(self, now_ms: int, out: Batch) -> None:
         """Fire every due timer of the partition in deadline order: O(due timers)."""
