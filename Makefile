@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 
 # The real Apache Kafka broker, as jars from Maven Central (dev/kafka/pom.xml).
 kafka: python
-	$(PY) -m loopwarden.localkafka fetch
+	$(PY) -m dev.localkafka fetch
 
 node: $(EMITTER)/node_modules/.package-lock.json
 $(EMITTER)/node_modules/.package-lock.json: $(EMITTER)/package-lock.json $(EMITTER)/package.json
@@ -35,7 +35,7 @@ test-unit: python
 
 # The README's main command: local Kafka + worker + simulated fleet, transitions shown live.
 dev: setup
-	$(LW) dev
+	$(PY) -m dev.run
 
 replay-seed: python
 	$(LW) replay ../shared/cases/seed-eleven.jsonl --advance-s 1800 --summary

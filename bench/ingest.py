@@ -45,7 +45,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bench.common import Report, cpu_s, duration, median, progress, si
 from loopwarden.codecs import decode_input
-from loopwarden.localkafka import DEFAULT_JVM_ARGS, LocalKafka, free_port
+from dev.localkafka import DEFAULT_JVM_ARGS, LocalKafka, free_port
 from loopwarden.simulate import fleet
 
 BENCH = "e ingest"

@@ -35,7 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import Report, cpu_s, duration, median, nbytes, progress, rss_kb, si
 from loopwarden.codecs import decode_input, encode
-from loopwarden.localkafka import DEFAULT_JVM_ARGS, LocalKafka, free_port
+from dev.localkafka import DEFAULT_JVM_ARGS, LocalKafka, free_port
 from loopwarden.publisher import Publisher
 from loopwarden.replay import Replay
 from loopwarden.simulate import fleet

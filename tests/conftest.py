@@ -25,7 +25,7 @@ def cases_dir() -> Path:
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory):
     """A real Apache Kafka broker (KRaft, from dev/kafka) for the whole session, on a free port."""
-    from loopwarden.localkafka import LocalKafka
+    from dev.localkafka import LocalKafka
 
     broker = LocalKafka(tmp_path_factory.mktemp("kafka"), heap="768m")
     broker.start(timeout_s=120)

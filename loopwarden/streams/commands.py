@@ -1,16 +1,12 @@
-"""Kafka-side commands: worker, dev, simulate, tail, tick."""
+"""Kafka-side commands: worker, simulate, tail, tick."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 from loopwarden.streams.config import CLOCKS, STORES, Config, from_env
 from loopwarden.streams.exceptions import ConfigError
@@ -95,14 +91,6 @@ def add_commands(sub) -> None:
     _common(p)
     p.add_argument("--now-ms", type=int, required=True, help="the clock value the workers move to")
     p.set_defaults(func=cmd_tick)
-
-    p = sub.add_parser("dev", help="local Kafka + worker + simulated fleet; shows transitions live")
-    p.add_argument("--port", type=int, default=9092, help="broker port (a free one if taken)")
-    p.add_argument("--dir", default=".kafka", help="broker working directory (default .kafka)")
-    p.add_argument("--runs", type=int, default=300)
-    p.add_argument("--rate", type=float, default=3.0)
-    p.add_argument("--web-port", dest="web_port", type=int, default=6066)
-    p.set_defaults(func=cmd_dev)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -210,46 +198,3 @@ async def _tick(config: Config, now_ms: int) -> int:
 
 def cmd_tick(args: argparse.Namespace) -> int:
     return asyncio.run(_tick(_config(args), args.now_ms))
-
-
-def cmd_dev(args: argparse.Namespace) -> int:
-    """Start a local Kafka, one worker and a live simulated fleet; tail transitions until Ctrl-C."""
-    from loopwarden.localkafka import LocalKafka, fetch, free_port, port_free
-
-    fetch(quiet=False)
-    port = args.port if port_free(args.port) else free_port()
-    kafka = LocalKafka(Path(args.dir), port=port)
-    print(f"loopwarden dev: starting Apache Kafka on 127.0.0.1:{port} (data in {args.dir}) ...", file=sys.stderr, flush=True)
-    kafka.start(timeout_s=120)
-    env = {**os.environ, "LOOPWARDEN_BROKER": kafka.bootstrap, "LOOPWARDEN_PARTITIONS": "4"}
-    procs: list[subprocess.Popen] = []
-    lw = [sys.executable, "-m", "loopwarden.cli"]
-    try:
-        worker_log = open(Path(args.dir) / "worker.log", "ab")
-        procs.append(subprocess.Popen([*lw, "worker", "--web-port", str(args.web_port)], env=env,
-                                      stdout=worker_log, stderr=subprocess.STDOUT))
-        print(f"loopwarden dev: worker started (log {args.dir}/worker.log; metrics http://127.0.0.1:{args.web_port}/metrics)",
-              file=sys.stderr, flush=True)
-        procs.append(subprocess.Popen([*lw, "simulate", "--runs", str(args.runs), "--rate", str(args.rate),
-                                       "--inactivity-s", "20", "--window-s", "30", "--bad-every", "40"], env=env))
-        print("loopwarden dev: simulated fleet publishing; transitions below (Ctrl-C to stop)\n", file=sys.stderr, flush=True)
-        from loopwarden.streams.commands import _tail as tail
-
-        ns = argparse.Namespace(from_beginning=True, json=False, idle_exit_s=None)
-        try:
-            asyncio.run(tail(from_env({"broker": kafka.bootstrap}), ns))
-        except KeyboardInterrupt:
-            pass
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        kafka.stop()
-        print("loopwarden dev: stopped", file=sys.stderr)
-    return 0
-

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer
 
-from loopwarden.localkafka import free_port
+from dev.localkafka import free_port
 from loopwarden.publisher import Publisher
 from loopwarden.streams.config import Config
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from loopwarden.localkafka import LocalKafka
+from dev.localkafka import LocalKafka
 from tests.integration.harness import make_worker, unique_config
 
 pytestmark = pytest.mark.timeout(180)

@@ -7,16 +7,16 @@ The broker's jars come from Maven Central through ``dev/kafka/pom.xml``
 
 Library use (e.g. a pytest fixture)::
 
-    from loopwarden.localkafka import LocalKafka
+    from dev.localkafka import LocalKafka
     with LocalKafka(tmp_path / "kafka") as kafka:
         use(kafka.bootstrap)            # "127.0.0.1:<port>"
 
 Command line (from any directory)::
 
-    python -m loopwarden.localkafka fetch
-    python -m loopwarden.localkafka run   --port 9092 --dir .kafka   # foreground
-    python -m loopwarden.localkafka start --port 9092 --dir .kafka   # background
-    python -m loopwarden.localkafka stop  --dir .kafka
+    python -m dev.localkafka fetch
+    python -m dev.localkafka run   --port 9092 --dir .kafka   # foreground
+    python -m dev.localkafka start --port 9092 --dir .kafka   # background
+    python -m dev.localkafka stop  --dir .kafka
 
 Readiness is decided by talking Kafka's protocol, not by a TCP connect or a log
 line: the broker only accepts client connections once it is registered and
@@ -626,7 +626,7 @@ def stop_dir(workdir: Path | str, timeout_s: float = 20) -> bool:
 
 def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m loopwarden.localkafka",
+        prog="python -m dev.localkafka",
         description="Fetch and run a local single-node Apache Kafka (KRaft) broker.",
     )
     sub = ap.add_subparsers(dest="cmd", required=True)

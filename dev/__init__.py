@@ -1,0 +1,1 @@
+"""Development harness: the local Apache Kafka broker and the `make dev` demo. Never shipped in the wheel."""
