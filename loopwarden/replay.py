@@ -39,27 +39,30 @@ class Replay:
         self.clock: int | None = None
         self._timers = TimerQueue()
 
-    def _schedule(self, run_id: str) -> None:
-        state = self.states.get(run_id)
-        if state is not None:
-            self._timers.schedule(run_id, next_deadline(state, self.settings))
-
     def _take(self, res: Result, run_id: str) -> list[HealthTransition]:
-        self.notes.update(res.notes)
-        if res.state is None:
+        notes = res.notes
+        if notes:
+            self.notes.update(notes)
+        state = res.state
+        if state is None:
             self.states.pop(run_id, None)
         else:
-            self.states[run_id] = res.state
-        for t in res.transitions:
-            self.final[run_id] = t
-        self._schedule(run_id)
-        return res.transitions
+            self.states[run_id] = state
+            self._timers.schedule(run_id, next_deadline(state, self.settings))
+        transitions = res.transitions
+        if transitions:
+            self.final[run_id] = transitions[-1]
+        return transitions
 
     def advance_to(self, now_ms: int) -> list[HealthTransition]:
         """Move the clock to ``now_ms`` (never backwards) and fire due timers in deadline order."""
-        self.clock = now_ms if self.clock is None else max(self.clock, now_ms)
+        clock = self.clock
+        if clock is None or now_ms > clock:
+            self.clock = clock = now_ms
+        if not self._timers.due(clock):
+            return []
         out: list[HealthTransition] = []
-        for deadline, run_id in self._timers.pop_due(self.clock):
+        for deadline, run_id in self._timers.pop_due(clock):
             state = self.states.get(run_id)
             if state is None:
                 continue
@@ -67,14 +70,17 @@ class Replay:
             if current != deadline:
                 self._timers.schedule(run_id, current)  # the deadline moved since it was queued
                 continue
-            out += self._take(fire_next(state, self.clock, self.settings), run_id)
+            out += self._take(fire_next(state, clock, self.settings), run_id)
         return out
 
     def feed(self, event: InputEvent) -> list[HealthTransition]:
+        run_id = event.run_id
         out = self.advance_to(event.ts)
-        assert self.clock is not None
-        out += self._take(apply(self.states.get(event.run_id), event, self.clock), event.run_id)
-        return out
+        res = apply(self.states.get(run_id), event, self.clock)  # type: ignore[arg-type]
+        if out:
+            out += self._take(res, run_id)
+            return out
+        return self._take(res, run_id)
 
     def finish(self, advance_s: float = 0.0) -> list[HealthTransition]:
         """After the last event: advance the clock by ``advance_s`` and fire due timers."""

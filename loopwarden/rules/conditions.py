@@ -12,7 +12,7 @@ Everything here is a pure function of small values; nothing keeps step records.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from loopwarden.codecs.events import (
     DEFAULT_POLICY_CONDITIONS,
@@ -37,6 +37,102 @@ def conditions_of(policy: Policy | None) -> tuple[Condition, ...]:
     if policy is None or policy.stop_when is None:
         return DEFAULT_POLICY_CONDITIONS
     return policy.stop_when
+
+
+class CompiledPolicy:
+    """A policy's values in the form the per-event code needs, computed once per distinct policy.
+
+    Durations in whole ms; the conditions in force as lookup tables: step counts
+    (count -> id), tool names (name -> id), token budgets ((max_tokens, id), ...),
+    the declared ids' roles and the declared custom ids.
+    """
+
+    __slots__ = ("conditions", "inactivity_ms", "window_ms", "step_ids", "tool_ids", "budgets",
+                 "roles", "custom_ids")
+
+    def __init__(self, policy: Policy | None) -> None:
+        effective = policy if policy is not None else _DEFAULT_POLICY
+        self.conditions = conditions = conditions_of(policy)
+        self.inactivity_ms = int(round(effective.inactivity_timeout_s * 1000))
+        self.window_ms = int(round(effective.receipt_window_s * 1000))
+        step_ids: dict[int, str] = {}
+        tool_ids: dict[str, str] = {}
+        budgets: list[tuple[int, str]] = []
+        for cond in conditions:
+            if isinstance(cond, StepCount):
+                step_ids[cond.count] = cond.ids[0]
+            elif isinstance(cond, ToolCallCondition):
+                for tool in cond.tools:
+                    tool_ids[tool] = f"tool_call:{tool}"
+            elif isinstance(cond, TokenBudget):
+                budgets.append((cond.max_tokens, cond.ids[0]))
+        self.step_ids = step_ids
+        self.tool_ids = tool_ids
+        self.budgets = tuple(budgets)
+        self.roles = declared_ids(conditions)
+        self.custom_ids = frozenset(cid for cid in self.roles if cid.startswith("custom:"))
+
+    def evaluate(self, steps_in_segment: int, segment_tokens: int, last_tool_names: Iterable[str]) -> tuple[str, ...]:
+        """As :func:`evaluate` on this policy's conditions."""
+        fired = None
+        cid = self.step_ids.get(steps_in_segment)
+        if cid is not None:
+            fired = {cid}
+        tool_ids = self.tool_ids
+        if tool_ids:
+            for name in last_tool_names:
+                cid = tool_ids.get(name)
+                if cid is not None:
+                    if fired is None:
+                        fired = {cid}
+                    else:
+                        fired.add(cid)
+        for max_tokens, cid in self.budgets:
+            if segment_tokens >= max_tokens:
+                if fired is None:
+                    fired = {cid}
+                else:
+                    fired.add(cid)
+        if fired is None:
+            return ()
+        return tuple(sorted(fired))
+
+
+_DEFAULT_POLICY = Policy(version="")
+# Distinct policies of a fleet are few; a producer sending a new one per run only
+# makes the memo start over now and then, never grow without bound.
+_COMPILED_MAX = 4096
+_COMPILED: dict[Policy | None, tuple[Policy | None, CompiledPolicy]] = {}
+# id of a policy held as a key of _COMPILED (so the id cannot be reused) -> its compiled form
+_BY_ID: dict[int, CompiledPolicy] = {}
+
+
+def _memo(policy: Policy | None) -> tuple[Policy | None, CompiledPolicy]:
+    try:
+        return _COMPILED[policy]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable policy (built by hand with lists): compiled every time
+        return policy, CompiledPolicy(policy)
+    if len(_COMPILED) >= _COMPILED_MAX:
+        _COMPILED.clear()
+        _BY_ID.clear()
+    entry = _COMPILED[policy] = (policy, CompiledPolicy(policy))
+    _BY_ID[id(policy)] = entry[1]
+    return entry
+
+
+def intern_policy(policy: Policy | None) -> Policy | None:
+    """An equal policy shared by every run that has it (runs keep one object, not one each)."""
+    return _memo(policy)[0]
+
+
+def compile_policy(policy: Policy | None) -> CompiledPolicy:
+    """The :class:`CompiledPolicy` of ``policy`` (None: the default policy), memoized by value."""
+    compiled = _BY_ID.get(id(policy))
+    if compiled is not None:
+        return compiled
+    return _memo(policy)[1]
 
 
 def is_evaluated(step: StepFinished) -> bool:
@@ -114,6 +210,7 @@ def derive_cause(
     fired_at_last: Sequence[str],
     reported_fired: Sequence[str],
     conditions: Sequence[Condition],
+    custom_declared: Collection[str] | None = None,
 ) -> tuple[str, tuple[str, ...]]:
     """Re-derive a segment's stop cause from its steps (spec.md section 5, with the SDK's rule).
 
@@ -121,6 +218,8 @@ def derive_cause(
     the SDK, only where the loop could not have gone on: a step whose calls all
     settled under another finish reason was still evaluated (see :func:`is_evaluated`).
     Returns the derived cause and the derived fired set (empty under rules 1-4).
+    ``custom_declared``, if given, is the set of custom ids ``conditions`` declare
+    (see :class:`CompiledPolicy`), so it need not be worked out again.
     """
     if steps_seen == 0:
         return "unknown", ()
@@ -132,8 +231,10 @@ def derive_cause(
         if last_finish_reason not in CONTINUING_FINISH:
             return "natural_finish", ()  # the model's finish: tools were not run
         return "unexecuted_tool", ()  # an explicit done signal
-    custom_declared = {cid for cid in declared_ids(conditions) if cid.startswith("custom:")}
-    fired = set(fired_at_last) | {cid for cid in reported_fired if cid in custom_declared}
+    if custom_declared is None:
+        custom_declared = {cid for cid in declared_ids(conditions) if cid.startswith("custom:")}
+    fired = set(fired_at_last)
+    fired.update(cid for cid in reported_fired if cid in custom_declared)
     if fired:
         return "stop_condition", tuple(sorted(fired))
     return "unknown", ()

@@ -29,13 +29,7 @@ from loopwarden.codecs.events import (
     RunStarted,
     StepFinished,
 )
-from loopwarden.rules.conditions import (
-    conditions_of,
-    declared_ids,
-    derive_cause,
-    evaluate,
-    is_evaluated,
-)
+from loopwarden.rules.conditions import SETTLED_STATUSES, compile_policy, derive_cause, intern_policy
 from loopwarden.rules.precedence import (
     FALSE_COMPLETE,
     VERIFIED_COMPLETE,
@@ -126,14 +120,6 @@ def _ms(seconds: float) -> int:
     return int(round(seconds * 1000))
 
 
-_DEFAULT_POLICY = Policy(version="")
-
-
-def _policy_s(state: RunState, attr: str) -> float:
-    """A per-run duration from the run's policy, or the default policy's."""
-    return getattr(state.policy or _DEFAULT_POLICY, attr)
-
-
 def evidence_of(state: RunState) -> Evidence:
     """The evidence a transition of this run would carry now (also served by the read API)."""
     seg = state.open.get(state.current)
@@ -176,8 +162,10 @@ def _move(state: RunState, res: Result, to: str, reason: str, ts: int, now_ms: i
         )
     )
     state.health = to
-    state.history.append((state.seq, ts, to, reason))
-    del state.history[:-MAX_HISTORY]
+    history = state.history
+    history.append((state.seq, ts, to, reason))
+    if len(history) > MAX_HISTORY:
+        del history[:-MAX_HISTORY]
 
 
 def _ignore(state: RunState, res: Result, why: str) -> None:
@@ -186,13 +174,18 @@ def _ignore(state: RunState, res: Result, why: str) -> None:
 
 
 def _activity(state: RunState, res: Result, ts: int, now_ms: int) -> None:
-    state.last_activity_ts = ts if state.last_activity_ts is None else max(state.last_activity_ts, ts)
-    state.last_seen_ts = max(state.last_seen_ts, ts)
+    last = state.last_activity_ts
+    if last is None or ts > last:
+        state.last_activity_ts = ts
+    if ts > state.last_seen_ts:
+        state.last_seen_ts = ts
     if state.health is None:
         _move(state, res, "RUNNING", "started", ts, now_ms)
 
 
 def _receipts_verdict(state: RunState) -> str | None:
+    if not state.verified_kinds and not state.negative_kinds:
+        return None  # what receipt_verdict says with no receipts, whatever is required
     required = state.policy.required_outcomes if state.policy is not None else ()
     return receipt_verdict(state.verified_kinds, state.negative_kinds, required)
 
@@ -201,7 +194,7 @@ def _receipts_verdict(state: RunState) -> str | None:
 def _on_run_started(state: RunState, ev: RunStarted, now_ms: int, res: Result) -> None:
     if state.policy is None:
         # A late run_started sets the policy from then on; it is never inferred.
-        state.policy = ev.policy
+        state.policy = intern_policy(ev.policy)
         state.agent = ev.agent
     else:
         _ignore(state, res, "duplicate_run_started")
@@ -223,49 +216,76 @@ def _fill_gap(seg: Segment, step: int) -> None:
 
 
 def _on_step(state: RunState, ev: StepFinished, now_ms: int, res: Result) -> None:
-    _activity(state, res, ev.ts, now_ms)
-    if ev.segment in state.ended:
+    ts = ev.ts
+    last = state.last_activity_ts  # _activity, inline: this is the hot path
+    if last is None or ts > last:
+        state.last_activity_ts = ts
+    if ts > state.last_seen_ts:
+        state.last_seen_ts = ts
+    if state.health is None:
+        _move(state, res, "RUNNING", "started", ts, now_ms)
+    segment = ev.segment
+    if segment in state.ended:
         _ignore(state, res, "step_after_end")
         return
-    seg = state.open.get(ev.segment)
+    seg = state.open.get(segment)
     if seg is None:
-        seg = state.open[ev.segment] = Segment()
-        state.current = max(state.current, ev.segment)
-    if _seen(seg, ev.step):
+        seg = state.open[segment] = Segment()
+        if segment > state.current:
+            state.current = segment
+    step = ev.step
+    max_step = seg.max_step
+    if step <= max_step and _seen(seg, step):
         _ignore(state, res, "duplicate_step")
         return
 
-    if ev.step > seg.max_step + 1:
+    if step > max_step + 1:
         seg.step_gap = True
-        seg.gaps.append((seg.max_step + 1, ev.step - 1))
+        seg.gaps.append((max_step + 1, step - 1))
         del seg.gaps[:-MAX_GAPS]
-    elif ev.step <= seg.max_step:
-        _fill_gap(seg, ev.step)
+    elif step <= max_step:
+        _fill_gap(seg, step)
     seg.steps_seen += 1
-    seg.tokens += ev.usage.tokens
-    errors = sum(1 for tc in ev.tool_calls if tc.status == "error")
-    seg.tool_errors += errors
-    state.tool_errors += errors
+    usage = ev.usage
+    total = usage.total_tokens
+    seg.tokens += total if total is not None else (usage.input_tokens or 0) + (usage.output_tokens or 0)
 
     fired: tuple[str, ...] = ()
-    if is_evaluated(ev):
-        fired = evaluate(
-            conditions_of(state.policy),
-            steps_in_segment=ev.step + 1,  # the SDK's steps.length at this step
-            segment_tokens=seg.tokens,
-            last_tool_names=[tc.name for tc in ev.tool_calls],
-        )
-        if fired and (seg.stop_step is None or ev.step < seg.stop_step):
-            seg.stop_step = ev.step
-    if ev.step > seg.max_step:
-        seg.max_step = ev.step
+    calls = ev.tool_calls
+    if calls:
+        errors = 0
+        settled = True
+        for tc in calls:
+            status = tc.status
+            if status == "error":
+                errors += 1
+            elif status not in SETTLED_STATUSES:
+                settled = False
+        if errors:
+            seg.tool_errors += errors
+            state.tool_errors += errors
+        if settled and ev.finish_reason != "interrupted":  # is_evaluated(ev)
+            fired = compile_policy(state.policy).evaluate(
+                step + 1,  # the SDK's steps.length at this step
+                seg.tokens,
+                [tc.name for tc in calls],
+            )
+            if fired and (seg.stop_step is None or step < seg.stop_step):
+                seg.stop_step = step
+        if step > max_step:
+            seg.max_step = step
+            seg.finish_reason = ev.finish_reason
+            seg.statuses = tuple([tc.status for tc in calls])
+            seg.fired = fired
+    elif step > max_step:
+        seg.max_step = step
         seg.finish_reason = ev.finish_reason
-        seg.statuses = tuple(tc.status for tc in ev.tool_calls)
+        seg.statuses = ()
         seg.fired = fired
 
     if state.health != "RUNNING":
         # A step after STUCK or after any verdict means the run is moving again.
-        _move(state, res, "RUNNING", "progress", ev.ts, now_ms)
+        _move(state, res, "RUNNING", "progress", ts, now_ms)
 
 
 def _disagreements(state: RunState, ev: RunEnded, seg: Segment, derived: str, derived_fired: tuple[str, ...]) -> tuple[str, ...]:
@@ -298,9 +318,10 @@ def _on_run_ended(state: RunState, ev: RunEnded, now_ms: int, res: Result) -> No
     state.ended.append(ev.segment)
     state.current = max(state.current, ev.segment)
 
-    conditions = conditions_of(state.policy)
+    compiled = compile_policy(state.policy)
     derived, derived_fired = derive_cause(
-        seg.steps_seen, seg.statuses, seg.finish_reason, seg.fired, ev.fired, conditions
+        seg.steps_seen, seg.statuses, seg.finish_reason, seg.fired, ev.fired, compiled.conditions,
+        compiled.custom_ids,
     )
     disagreements = _disagreements(state, ev, seg, derived, derived_fired)
     res.notes.append(("cause", derived))
@@ -325,7 +346,7 @@ def _on_run_ended(state: RunState, ev: RunEnded, now_ms: int, res: Result) -> No
             cause=ev.cause,
             derived_cause=derived,
             fired=derived_fired,
-            roles=declared_ids(conditions),
+            roles=compiled.roles,
             disagreements=disagreements,
             last_tool_error="error" in seg.statuses,
             approval=ev.approval,
@@ -333,7 +354,7 @@ def _on_run_ended(state: RunState, ev: RunEnded, now_ms: int, res: Result) -> No
         )
     )
     if to == "VERIFYING":
-        state.verify_deadline_ts = ev.ts + _ms(_policy_s(state, "receipt_window_s"))
+        state.verify_deadline_ts = ev.ts + compiled.window_ms
     _move(state, res, to, reason, ev.ts, now_ms)
 
 
@@ -434,34 +455,66 @@ def apply(state: RunState | None, event: InputEvent, now_ms: int) -> Result:
     if state is None:
         state = RunState(run_id=event.run_id)
     res = Result(state=state)
-    while True:
-        due = [t for t in _timers(state, DEFAULT_SETTINGS) if t[1] != "retention" and t[0] <= event.ts]
-        if not due:
-            break
-        _fire(state, *min(due), now_ms, res)
+    if state.health in _RUN_TIMER_KINDS:
+        ts = event.ts
+        while True:
+            deadline = _run_deadline(state)
+            if deadline is None or deadline > ts:
+                break
+            _fire(state, deadline, _RUN_TIMER_KINDS[state.health], now_ms, res)
     _HANDLERS[type(event)](state, event, now_ms, res)
     return res
 
 
 # -- timers -------------------------------------------------------------------
-def _timers(state: RunState, settings: Settings) -> list[tuple[int, str]]:
-    """Deadlines (ms) of the run's timers with their kind."""
-    timers = []
-    if state.health == "RUNNING" and state.last_activity_ts is not None:
-        timers.append((state.last_activity_ts + _ms(_policy_s(state, "inactivity_timeout_s")), "no_progress"))
-    elif state.health == "WAITING" and state.approval is not None and state.approval.deadline_ts is not None:
-        timers.append((state.approval.deadline_ts, "approval_expired"))
-    elif state.health == "VERIFYING" and state.verify_deadline_ts is not None:
-        timers.append((state.verify_deadline_ts, "receipt_window_expired"))
-    if state.health in TIMERLESS:
-        timers.append((state.last_seen_ts + _ms(settings.retention_s), "retention"))
-    return timers
+_RUN_TIMER_KINDS = {"RUNNING": "no_progress", "WAITING": "approval_expired", "VERIFYING": "receipt_window_expired"}
+_TIMERLESS = frozenset(TIMERLESS)
+_RETENTION_MS: dict[float, int] = {}
+
+
+def _run_deadline(state: RunState) -> int | None:
+    """The deadline (ms) of the run's own timer (kind: ``_RUN_TIMER_KINDS[state.health]``), if any.
+
+    A run has at most one timer: its health's (no_progress, approval_expired,
+    receipt_window_expired) or, in a state with none of those, retention.
+    """
+    health = state.health
+    if health == "RUNNING":
+        last = state.last_activity_ts
+        return None if last is None else last + compile_policy(state.policy).inactivity_ms
+    if health == "WAITING":
+        approval = state.approval
+        return None if approval is None else approval.deadline_ts
+    if health == "VERIFYING":
+        return state.verify_deadline_ts
+    return None
+
+
+def _retention_ms(settings: Settings) -> int:
+    seconds = settings.retention_s
+    ms = _RETENTION_MS.get(seconds)
+    if ms is None:
+        if len(_RETENTION_MS) > 64:
+            _RETENTION_MS.clear()
+        ms = _RETENTION_MS[seconds] = _ms(seconds)
+    return ms
+
+
+def _timer(state: RunState, settings: Settings) -> tuple[int, str] | None:
+    """The run's timer, ``(deadline ms, kind)``, or None when it has none."""
+    health = state.health
+    if health in _TIMERLESS:
+        return state.last_seen_ts + _retention_ms(settings), "retention"
+    deadline = _run_deadline(state)
+    return None if deadline is None else (deadline, _RUN_TIMER_KINDS[health])
 
 
 def next_deadline(state: RunState, settings: Settings = DEFAULT_SETTINGS) -> int | None:
     """The earliest deadline (ms) of the run's timers, or None when it has none."""
-    timers = _timers(state, settings)
-    return min(timers)[0] if timers else None
+    health = state.health
+    if health in _TIMERLESS:
+        return state.last_seen_ts + _retention_ms(settings)
+    return _run_deadline(state)
 
 
 def fire_next(state: RunState, now_ms: int, settings: Settings = DEFAULT_SETTINGS) -> Result:
@@ -471,10 +524,10 @@ def fire_next(state: RunState, now_ms: int, settings: Settings = DEFAULT_SETTING
     back as ``Result(state=None)``, with orphaned receipts counted in the notes.
     """
     res = Result(state=state)
-    timers = _timers(state, settings)
-    if not timers:
+    timer = _timer(state, settings)
+    if timer is None:
         return res
-    deadline, kind = min(timers)
+    deadline, kind = timer
     if deadline > now_ms:
         return res
     if kind == "retention":

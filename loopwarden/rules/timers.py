@@ -29,6 +29,11 @@ class TimerQueue:
         self._queued[run_id] = deadline
         heapq.heappush(self._heap, (deadline, run_id))
 
+    def due(self, now_ms: int) -> bool:
+        """Whether an entry (perhaps stale) has deadline <= now_ms: ``pop_due`` would yield or drop something."""
+        heap = self._heap
+        return bool(heap) and heap[0][0] <= now_ms
+
     def pop_due(self, now_ms: int) -> Iterator[tuple[int, str]]:
         """Entries with deadline <= now_ms, earliest first; may yield entries the caller finds stale."""
         heap = self._heap
