@@ -13,7 +13,7 @@ def test_flags_override_environment_which_overrides_defaults() -> None:
     env = {"LOOPWARDEN_BROKER": "k1:9092,k2:9092", "LOOPWARDEN_PARTITIONS": "12", "LOOPWARDEN_STORE": "rocksdb"}
     cfg = from_env({"partitions": 3, "store": None}, environ=env)
     assert (cfg.broker, cfg.partitions, cfg.store) == ("k1:9092,k2:9092", 3, "rocksdb")
-    assert cfg.broker_url == "kafka://k1:9092;kafka://k2:9092"
+    assert cfg.changelog_topic == "loopwarden-runs-changelog"
     assert from_env({}, environ={}) == Config()
 
 
@@ -30,6 +30,11 @@ def test_flags_override_environment_which_overrides_defaults() -> None:
     ({"LOOPWARDEN_TICK_INTERVAL_S": "0"}, r"tick_interval_s: 0.0 must be between 0.05 and 3600"),
     ({"LOOPWARDEN_SHUTDOWN_TIMEOUT_S": "0.5"}, r"shutdown_timeout_s: 0.5 must be between 1 and 3600"),
     ({"LOOPWARDEN_SHUTDOWN_TIMEOUT_S": "soon"}, r"LOOPWARDEN_SHUTDOWN_TIMEOUT_S: 'soon' is not a valid float"),
+    ({"LOOPWARDEN_BATCH_MAX_RECORDS": "0"}, r"batch_max_records: 0 must be between 1 and 1000000"),
+    ({"LOOPWARDEN_BATCH_WAIT_MS": "-1"}, r"batch_wait_ms: -1 must be between 0 and 10000"),
+    ({"LOOPWARDEN_STALL_TIMEOUT_S": "0"}, r"stall_timeout_s: 0.0 must be between 1 and 86400"),
+    ({"LOOPWARDEN_MAX_MESSAGE_BYTES": "100"}, r"max_message_bytes: 100 must be between 10000 and 100000000"),
+    ({"LOOPWARDEN_SESSION_TIMEOUT_S": "0.1"}, r"session_timeout_s: 0.1 must be between 1 and 300"),
 ])
 def test_bad_values_are_named(env, message) -> None:
     """Each bad setting fails fast with a message naming the setting and the value."""
@@ -51,3 +56,28 @@ def test_advertised_url() -> None:
 def test_token_is_not_in_the_repr() -> None:
     """The token never shows up when the config is logged."""
     assert "abcdefghijklmnopqrstuvwxyz" not in repr(Config(token="abcdefghijklmnopqrstuvwxyz"))
+
+
+def test_the_readme_lists_every_setting_with_its_default_and_flag(capsys) -> None:
+    """One place lists the settings: each Config field is a row of the README's table (env var, flag,
+    default), and each flag there is one the worker command accepts."""
+    import re
+    from dataclasses import fields
+    from pathlib import Path
+
+    from loopwarden.cli import build_parser
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    rows = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(
+        r"^\| `LOOPWARDEN_([A-Z_]+)` \| (?:`(--[a-z-]+)`|—) \| `?([^|`]*?)`? \|", readme, flags=re.M)}
+    names = {f.name.upper() for f in fields(Config)}
+    assert set(rows) == names, (names - set(rows), set(rows) - names)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["worker", "--help"])
+    help_text = capsys.readouterr().out
+    for name, (flag, default) in rows.items():
+        if flag:
+            assert re.search(rf"{flag}\b", help_text), flag
+        value = getattr(Config(), name.lower())
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            assert float(default) == float(value), (name, default, value)
