@@ -392,7 +392,7 @@ async def _rounds(bootstrap: str, broker_pid: int, workdir: Path, events: int, r
     return backlog, results, errors
 
 
-def ingest(report: Report, workdir: Path, events: int, rounds: int, worker_cap_s: float = 60.0) -> None:
+def ingest(report: Report, workdir: Path, events: int, rounds: int, worker_cap_s: float = 40.0) -> None:
     progress("[e] starting a local Kafka broker (KRaft) ...")
     t = time.monotonic()
     kafka = start_broker(workdir / "kafka-ingest")

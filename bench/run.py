@@ -18,7 +18,7 @@ from bench.common import Report, machine_note, progress
 
 FULL = dict(core_runs=20_000, core_repeats=3, state_runs=20_000, heap_runs=10_000,
             kafka_runs=5_000, kafka_rounds=2, paced_runs=300, timer_sizes=(5_000, 50_000), timer_rounds=200,
-            ingest_events=200_000, ingest_rounds=2)
+            ingest_events=200_000, ingest_rounds=3)
 QUICK = dict(core_runs=5_000, core_repeats=3, state_runs=5_000, heap_runs=5_000,
              kafka_runs=1_000, kafka_rounds=1, paced_runs=150, timer_sizes=(5_000, 50_000), timer_rounds=100,
              ingest_events=50_000, ingest_rounds=1)
