@@ -4,14 +4,16 @@ a. events/s of ``decode_input`` alone, of ``Replay.feed`` on decoded events, and
    both together, so the decode share shows where the time goes; and of the stream
    processor's per-message path (``Processor.on_message`` on a dict, no Kafka), with and
    without its Prometheus bookkeeping;
-b. bytes of a run's state as MessagePack (what the stream processor's table holds per
-   run), over a fleet's states and for one run of 10,000 steps, and the Python heap a
-   Replay holds per 10k runs (tracemalloc).
+b. bytes of a run's state as ``encode_state`` makes them (what the stream processor's
+   store holds per run), over a fleet's states and for one run of 10,000 steps; the heap
+   a store {run id: encoded state} holds per run, and the Python heap a Replay holds
+   per 10k runs (tracemalloc).
 """
 
 from __future__ import annotations
 
 import gc
+import sys
 import tracemalloc
 
 import msgspec
@@ -19,7 +21,7 @@ import msgspec
 from bench.common import Report, duration, median, nbytes, progress, si, timed
 from loopwarden.codecs import Policy, RunStarted, StepFinished, ToolCall, Usage, decode_input
 from loopwarden.replay import Replay
-from loopwarden.rules import Settings, apply
+from loopwarden.rules import Settings, apply, decode_state, encode_state
 from loopwarden.simulate import fleet
 from loopwarden.streams.metrics import Metrics
 from loopwarden.streams.processor import Processor
@@ -139,20 +141,48 @@ def _state_after_steps(n_steps: int):
     return state, len(r._timers)  # noqa: SLF001 - the heap's length is the figure
 
 
+def _store_bytes_per_run(states: list) -> tuple[float, float]:
+    """Heap bytes per run of a store as the stream processor keeps it: {run id bytes: encoded state}.
+
+    Measured with tracemalloc around building the dict (keys, values and the dict's
+    own table); returns (all-in bytes/run, of which the encoded states' bytes objects).
+    """
+    pairs = [(s.run_id, s) for s in states]
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    store = {run_id.encode(): encode_state(state) for run_id, state in pairs}
+    held = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    values = sum(sys.getsizeof(v) for v in store.values())
+    return held / len(store), values / len(store)
+
+
 def state_size(report: Report, runs: int, heap_runs: int) -> None:
     bench = "b state"
     progress(f"[b] state size: {runs:,} runs ...")
     r = Replay()
     for v in [m.value for m in valid_messages(runs)]:
         r.feed(decode_input(v))
-    sizes = sorted(len(msgspec.msgpack.encode(s)) for s in r.states.values())
-    report.add(bench, f"msgpack RunState, median ({len(sizes):,} runs)", nbytes(median(sizes)),
-               f"p99 {nbytes(sizes[int(len(sizes) * 0.99) - 1])}")
-    report.add(bench, "msgpack RunState, max", nbytes(sizes[-1]))
+    states = list(r.states.values())
+    sizes = sorted(len(encode_state(s)) for s in states)
+    plain = sorted(len(msgspec.msgpack.encode(s)) for s in states)
+    report.add(bench, f"encode_state bytes, median ({len(sizes):,} runs)", nbytes(median(sizes)),
+               f"p99 {nbytes(sizes[int(len(sizes) * 0.99) - 1])}; plain msgpack RunState median {nbytes(median(plain))}")
+    report.add(bench, "encode_state bytes, max", nbytes(sizes[-1]), f"plain msgpack RunState max {nbytes(plain[-1])}")
     for steps in (10, 10_000):
         state, heap_entries = _state_after_steps(steps)
-        report.add(bench, f"msgpack RunState, one run of {steps:,} steps", nbytes(len(msgspec.msgpack.encode(state))),
-                   f"Replay timer heap: {heap_entries:,} entries")
+        report.add(bench, f"encode_state bytes, one run of {steps:,} steps", nbytes(len(encode_state(state))),
+                   f"plain msgpack {nbytes(len(msgspec.msgpack.encode(state)))}; Replay timer heap: {heap_entries:,} entries")
+    per_run, values = _store_bytes_per_run(states)
+    report.add(bench, "memory store bytes/run", nbytes(per_run),
+               f"dict {{run id bytes: encode_state}} of {len(states):,} runs (tracemalloc); "
+               f"of which encoded-state bytes objects {nbytes(values)}")
+    t_enc = timed(lambda: [encode_state(s) for s in states])
+    blobs = [encode_state(s) for s in states]
+    t_dec = timed(lambda: [decode_state(b) for b in blobs])
+    report.add(bench, "encode_state / decode_state", f"{duration(t_enc / len(states))} / {duration(t_dec / len(states))}",
+               "per state")
 
     progress(f"[b] Python heap of a Replay holding {heap_runs:,} runs (tracemalloc) ...")
     events = [decode_input(v) for v in [m.value for m in valid_messages(heap_runs, seed=11)]]

@@ -3,6 +3,7 @@
 No I/O, no clock, no faust, no prometheus: ``now_ms`` is an argument.
 """
 
+from loopwarden.rules.codec import decode_state, encode_state
 from loopwarden.rules.conditions import derive_cause, evaluate, is_evaluated
 from loopwarden.rules.machine import (
     DEFAULT_SETTINGS,
@@ -17,6 +18,6 @@ from loopwarden.rules.precedence import PRECEDENCE, Facts, receipt_verdict, verd
 
 __all__ = [
     "DEFAULT_SETTINGS", "PRECEDENCE", "Facts", "Result", "RunState", "Settings",
-    "apply", "derive_cause", "evaluate", "fire_next", "is_evaluated",
+    "apply", "decode_state", "derive_cause", "encode_state", "evaluate", "fire_next", "is_evaluated",
     "next_deadline", "receipt_verdict", "verdict",
 ]
