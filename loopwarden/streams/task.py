@@ -30,13 +30,7 @@ from typing import Protocol
 import msgspec
 
 from loopwarden.codecs import HealthTransition, InvalidEvent, decode_outcome_event, decode_step_event
-from loopwarden.rules import RunState, Settings, apply, fire_next, next_deadline
-
-try:
-    from loopwarden.rules import decode_state, encode_state
-except ImportError:  # TEMP until the compact codec lands
-    encode_state = msgspec.msgpack.Encoder().encode
-    decode_state = msgspec.msgpack.Decoder(RunState).decode
+from loopwarden.rules import RunState, Settings, apply, decode_state, encode_state, fire_next, next_deadline
 from loopwarden.rules.timers import TimerQueue
 
 log = logging.getLogger("loopwarden.task")
