@@ -74,13 +74,30 @@ class Replay:
         return out
 
     def feed(self, event: InputEvent) -> list[HealthTransition]:
+        ts = event.ts
+        clock = self.clock
+        if clock is None or ts > clock:
+            self.clock = clock = ts
+        out = self.advance_to(clock) if self._timers.due(clock) else None
         run_id = event.run_id
-        out = self.advance_to(event.ts)
-        res = apply(self.states.get(run_id), event, self.clock)  # type: ignore[arg-type]
-        if out:
-            out += self._take(res, run_id)
-            return out
-        return self._take(res, run_id)
+        states = self.states
+        state = states.get(run_id)
+        res = apply(state, event, clock)
+        # _take, inline (the hot path): one event, one run
+        if res.notes:
+            self.notes.update(res.notes)
+        if state is None:
+            state = states[run_id] = res.state  # type: ignore[assignment]
+        deadline = next_deadline(state, self.settings)  # type: ignore[arg-type]
+        if deadline is not None:
+            self._timers.schedule(run_id, deadline)
+        transitions = res.transitions
+        if transitions:
+            self.final[run_id] = transitions[-1]
+            if out:
+                out += transitions
+                return out
+        return out or transitions
 
     def finish(self, advance_s: float = 0.0) -> list[HealthTransition]:
         """After the last event: advance the clock by ``advance_s`` and fire due timers."""

@@ -29,7 +29,7 @@ from loopwarden.codecs.events import (
     RunStarted,
     StepFinished,
 )
-from loopwarden.rules.conditions import SETTLED_STATUSES, compile_policy, derive_cause, intern_policy
+from loopwarden.rules.conditions import _BY_ID, SETTLED_STATUSES, compile_policy, derive_cause, intern_policy
 from loopwarden.rules.precedence import (
     FALSE_COMPLETE,
     VERIFIED_COMPLETE,
@@ -61,7 +61,7 @@ class Settings(Struct, frozen=True):
 DEFAULT_SETTINGS = Settings()
 
 
-class Segment(Struct):
+class Segment(Struct, gc=False):
     """Accumulated facts of one open segment; no step records are kept."""
 
     steps_seen: int = 0
@@ -77,7 +77,7 @@ class Segment(Struct):
     fired: tuple[str, ...] = ()  # policy evaluated at L
 
 
-class RunState(Struct):
+class RunState(Struct, gc=False):
     """Everything loopwarden keeps about one run."""
 
     run_id: str
@@ -122,7 +122,7 @@ def _ms(seconds: float) -> int:
 
 def evidence_of(state: RunState) -> Evidence:
     """The evidence a transition of this run would carry now (also served by the read API)."""
-    seg = state.open.get(state.current)
+    seg = state.open.get(state.current) if state.open else None
     if seg is not None:  # the current segment is still open
         step_count, finish_reason = seg.steps_seen, seg.finish_reason
     else:
@@ -136,9 +136,9 @@ def evidence_of(state: RunState) -> Evidence:
         tool_errors=state.tool_errors,
         finish_reason=finish_reason,
         disagreements=state.disagreements,
-        receipt_ids=tuple(state.receipt_ids),
+        receipt_ids=tuple(state.receipt_ids) if state.receipt_ids else (),
         approval=state.approval,
-        ignored=dict(state.ignored),
+        ignored=dict(state.ignored) if state.ignored else {},
     )
 
 
@@ -265,7 +265,8 @@ def _on_step(state: RunState, ev: StepFinished, now_ms: int, res: Result) -> Non
             seg.tool_errors += errors
             state.tool_errors += errors
         if settled and ev.finish_reason != "interrupted":  # is_evaluated(ev)
-            fired = compile_policy(state.policy).evaluate(
+            policy = state.policy
+            fired = (_BY_ID.get(id(policy)) or compile_policy(policy)).evaluate(
                 step + 1,  # the SDK's steps.length at this step
                 seg.tokens,
                 [tc.name for tc in calls],
@@ -292,7 +293,7 @@ def _disagreements(state: RunState, ev: RunEnded, seg: Segment, derived: str, de
     found = []
     if ev.cause not in UNCHECKED_CAUSES and ev.cause != derived:
         found.append("cause_mismatch")
-    if any(cid not in derived_fired for cid in ev.fired):
+    if ev.fired and any(cid not in derived_fired for cid in ev.fired):
         found.append("fired_mismatch")
     if ev.step_count != seg.steps_seen:
         found.append("step_count_mismatch")
@@ -306,7 +307,7 @@ def _disagreements(state: RunState, ev: RunEnded, seg: Segment, derived: str, de
         found.append("cause_not_recorded")
     if ev.cause == "tool_error" and seg.tool_errors == 0:
         found.append("tool_error_unseen")
-    return tuple(sorted(found))
+    return tuple(sorted(found)) if found else ()
 
 
 def _on_run_ended(state: RunState, ev: RunEnded, now_ms: int, res: Result) -> None:
@@ -318,7 +319,8 @@ def _on_run_ended(state: RunState, ev: RunEnded, now_ms: int, res: Result) -> No
     state.ended.append(ev.segment)
     state.current = max(state.current, ev.segment)
 
-    compiled = compile_policy(state.policy)
+    policy = state.policy
+    compiled = _BY_ID.get(id(policy)) or compile_policy(policy)
     derived, derived_fired = derive_cause(
         seg.steps_seen, seg.statuses, seg.finish_reason, seg.fired, ev.fired, compiled.conditions,
         compiled.custom_ids,
@@ -326,7 +328,8 @@ def _on_run_ended(state: RunState, ev: RunEnded, now_ms: int, res: Result) -> No
     disagreements = _disagreements(state, ev, seg, derived, derived_fired)
     res.notes.append(("cause", derived))
     res.notes.append(("reported_cause", ev.cause))
-    res.notes.extend(("disagreement", d) for d in disagreements)
+    if disagreements:
+        res.notes.extend([("disagreement", d) for d in disagreements])
 
     state.reported_cause = ev.cause
     state.derived_cause = derived
@@ -454,8 +457,17 @@ def apply(state: RunState | None, event: InputEvent, now_ms: int) -> Result:
     """
     if state is None:
         state = RunState(run_id=event.run_id)
-    res = Result(state=state)
-    if state.health in _RUN_TIMER_KINDS:
+    res = Result(state)
+    health = state.health
+    if health == "RUNNING":  # the common case, inline: is the inactivity timer due by the event's ts?
+        last = state.last_activity_ts
+        if last is not None:
+            policy = state.policy
+            compiled = _BY_ID.get(id(policy)) or compile_policy(policy)
+            deadline = last + compiled.inactivity_ms
+            if deadline <= event.ts:
+                _fire(state, deadline, "no_progress", now_ms, res)  # to STUCK: no timer of its own
+    elif health in _RUN_TIMER_KINDS:
         ts = event.ts
         while True:
             deadline = _run_deadline(state)
@@ -481,7 +493,10 @@ def _run_deadline(state: RunState) -> int | None:
     health = state.health
     if health == "RUNNING":
         last = state.last_activity_ts
-        return None if last is None else last + compile_policy(state.policy).inactivity_ms
+        if last is None:
+            return None
+        policy = state.policy
+        return last + (_BY_ID.get(id(policy)) or compile_policy(policy)).inactivity_ms
     if health == "WAITING":
         approval = state.approval
         return None if approval is None else approval.deadline_ts
