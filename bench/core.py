@@ -24,38 +24,20 @@ from loopwarden.replay import Replay
 from loopwarden.rules import Settings, apply, decode_state, encode_state
 from loopwarden.simulate import fleet
 from loopwarden.streams.metrics import Metrics
-from loopwarden.streams.processor import Processor
+from loopwarden.streams.store import MemoryPartition
+from loopwarden.streams.task import PartitionTask
 
 
 def valid_messages(runs: int, seed: int = 7) -> list:
     return [m for m in fleet(runs, seed=seed) if m.valid]
 
 
-class _Null:
-    """A metric that records nothing: to see what Prometheus bookkeeping costs per event."""
+class _Rec:
+    __slots__ = ("topic", "partition", "offset", "key", "value", "headers")
 
-    def labels(self, *_):
-        return self
-
-    def inc(self, *_):
-        pass
-
-    set = observe = inc
-
-
-class NullMetrics:
-    events = invalid = transitions = runs = latency = lag = redelivered = offset_gaps = produce_failures = _Null()
-
-    def note(self, kind: str, label: str) -> None:
-        pass
-
-    def child(self, metric, *labels: str):
-        return metric.labels(*labels)
-
-
-def _processor(metrics) -> Processor:
-    return Processor({}, steps_topic="steps", outcomes_topic="outcomes", ticks_topic="ticks",
-                     settings=Settings(), metrics=metrics, clock="event")
+    def __init__(self, topic, partition, offset, key, value) -> None:
+        self.topic, self.partition, self.offset, self.key, self.value, self.headers = \
+            topic, partition, offset, key, value, ()
 
 
 def throughput(report: Report, runs: int, repeats: int) -> dict:
@@ -80,31 +62,39 @@ def throughput(report: Report, runs: int, repeats: int) -> dict:
         for v in values:
             r.feed(decode_input(v))
 
-    def processor(metrics_factory, offsets: bool = False):
+    # The worker's path without Kafka: records of 8 partitions in batches, folded by the
+    # partition's task, changes written to its store as after a commit, metrics per batch.
+    next_offset: dict = {}
+    by_partition: dict[int, list] = {}
+    for m in messages:
+        partition = hash(m.key) % partitions
+        offset = next_offset.get((m.topic, partition), 0)
+        next_offset[m.topic, partition] = offset + 1
+        by_partition.setdefault(partition, []).append(_Rec(m.topic, partition, offset, m.key, m.value))
+
+    def worker_fold(batch: int, with_metrics: bool = True):
         def go() -> None:
-            proc = _processor(metrics_factory())
-            # As the worker does per batch (batches of one here); absent in older processors.
-            end_batch = getattr(proc, "end_batch", lambda: None)
-            next_offset: dict = {}
-            for m in messages:
-                partition = hash(m.key) % partitions
-                if offsets:  # as the worker calls it, with each message's offset (checkpoints come with ticks)
-                    offset = next_offset.get((m.topic, partition), 0)
-                    next_offset[m.topic, partition] = offset + 1
-                    out = proc.on_message(m.topic, partition, m.key, m.value, None, offset)
-                else:
-                    out = proc.on_message(m.topic, partition, m.key, m.value)
-                proc.apply_writes(out)
-                end_batch()
+            metrics = Metrics()
+            roles = {"steps": "steps", "outcomes": "outcomes", "ticks": "ticks"}
+            for p, records in by_partition.items():
+                task = PartitionTask(p, MemoryPartition(), roles, settings=Settings(), clock="event")
+                for i in range(0, len(records), batch):
+                    out = task.fold(records[i:i + batch], punctuate=True)
+                    task.store.write(out.changes, None)
+                    task.committed(out)
+                    if with_metrics:
+                        metrics.count_batch(out.counts)
+                        for t in out.transitions:
+                            metrics.child(metrics.transitions, t.from_state or "none", t.to_state).inc()
         return go
 
     variants = {
         "decode": decode_only,
         "feed": feed_only,
         "total": replay_total,
-        "processor": processor(Metrics),
-        "processor_nometrics": processor(NullMetrics),
-        "processor_offsets": processor(Metrics, offsets=True),
+        "fold": worker_fold(2500),
+        "fold_nometrics": worker_fold(2500, with_metrics=False),
+        "fold_small": worker_fold(50),
     }
     times: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(repeats):  # round-robin, so machine noise hits every variant alike
@@ -119,12 +109,13 @@ def throughput(report: Report, runs: int, repeats: int) -> dict:
     report.add(bench, "replay: decode + Replay.feed", si(n / t["total"], "ev/s"), duration(t["total"] / n) + "/event")
     report.add(bench, "decode share of replay time", f"{t['decode'] / t['total']:.0%}",
                f"decode:total = 1:{t['total'] / t['decode']:.1f}")
-    report.add(bench, "Processor.on_message, dict table", si(n / t["processor"], "ev/s"),
-               f"{t['processor'] / t['total']:.2f}x replay time")
-    report.add(bench, "  same, Prometheus metrics stubbed out", si(n / t["processor_nometrics"], "ev/s"),
-               f"metrics = {1 - t['processor_nometrics'] / t['processor']:.0%} of processor time")
-    report.add(bench, "  same, with offsets (redelivery check)", si(n / t["processor_offsets"], "ev/s"),
-               f"{t['processor_offsets'] / t['processor']:.2f}x the processor without")
+    report.add(bench, "ratio replay : decode-only (ev/s)", f"{t['decode'] / t['total']:.2f}", "target >= 0.2")
+    report.add(bench, "worker fold (PartitionTask), batches of 2,500", si(n / t["fold"], "ev/s"),
+               f"{t['fold'] / t['total']:.2f}x replay time; store writes and metrics per batch")
+    report.add(bench, "  same, metrics left out", si(n / t["fold_nometrics"], "ev/s"),
+               f"metrics = {1 - t['fold_nometrics'] / t['fold']:.0%} of fold time")
+    report.add(bench, "  same, batches of 50", si(n / t["fold_small"], "ev/s"),
+               f"{t['fold_small'] / t['fold']:.2f}x the time of batches of 2,500")
     return {"events": n, "replay_eps": n / t["total"]}
 
 
