@@ -1,1 +1,1 @@
-"""The imperative shell on Kafka: the Faust app, topics, agents, table, timers, web views, metrics."""
+"""The imperative shell on Kafka: the consume -> fold -> produce loop, store and recovery, assignment, HTTP, metrics, config."""

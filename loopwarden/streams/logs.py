@@ -14,7 +14,7 @@ import time
 # The loggers that repeat themselves during a broker outage.
 NOISY = (
     "aiokafka", "aiokafka.conn", "aiokafka.consumer.fetcher", "aiokafka.consumer.group_coordinator",
-    "aiokafka.producer.sender", "faust.topics",
+    "aiokafka.producer.sender",
 )
 
 
