@@ -392,7 +392,8 @@ async def _rounds(bootstrap: str, broker_pid: int, workdir: Path, events: int, r
     return backlog, results, errors
 
 
-def ingest(report: Report, workdir: Path, events: int, rounds: int, worker_cap_s: float = 40.0) -> None:
+def ingest(report: Report, workdir: Path, events: int, rounds: int, worker_cap_s: float = 40.0) -> float | None:
+    """Print the ingest comparison; returns the worker's median events/s (None if it failed)."""
     progress("[e] starting a local Kafka broker (KRaft) ...")
     t = time.monotonic()
     kafka = start_broker(workdir / "kafka-ingest")
@@ -404,6 +405,8 @@ def ingest(report: Report, workdir: Path, events: int, rounds: int, worker_cap_s
         stop_all()
         kafka.stop()
     _report(report, backlog, results, errors, rounds, worker_cap_s)
+    worker = [r.eps for r in results.get("worker", []) if not r.capped]
+    return median(worker) if worker else None
 
 
 def _report(report: Report, backlog: Backlog, results: dict[str, list[Result]], errors: dict[str, str],

@@ -54,7 +54,8 @@ class Metrics:
         self.latency = Histogram(
             "loopwarden_event_to_transition_seconds",
             "From an event's ts to the emission of the transition it caused.",
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            buckets=(0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5,
+                     10, 30, 60),
             registry=r,
         )
         self.redelivered = Counter(
