@@ -46,7 +46,12 @@ schema: python
 golden: python
 	$(PY) -m tests.vectors.make_golden
 
-bench: setup
+# The ingest bench's peers (Quix Streams, Faust) live in the `bench` extra, not in the runtime.
+$(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	touch $@
+
+bench: setup $(VENV)/.bench-installed
 	$(PY) -m bench.run
 
 clean:

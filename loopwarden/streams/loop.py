@@ -215,6 +215,9 @@ class Worker:
             bootstrap_servers=c.bootstrap, transactional_id=f"{c.app_id}-{p}", enable_idempotence=True,
             acks="all", max_request_size=c.max_message_bytes + _DEADLETTER_OVERHEAD * 2, linger_ms=0,
             max_batch_size=256 * 1024, request_timeout_ms=30_000,
+            # A transaction begun right after the last one commits meets CONCURRENT_TRANSACTIONS
+            # while the markers are written: retry that in ms, not the default 100 ms.
+            retry_backoff_ms=10,
         ) for p in partitions}
         self.producers.update(producers)
         # InitProducerId: fences earlier owners and completes their open transaction, so the
