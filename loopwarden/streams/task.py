@@ -127,7 +127,9 @@ class PartitionTask:
         self.timers = TimerQueue()
         self.clock = 0  # event-time clock (clock == "event"), committed with the batch that moved it
         self.state_counts: Counter = Counter()  # health -> runs, committed
-        self._live: dict[str, RunState] = {}  # states touched by the batch being folded
+        # States touched by the batch being folded; None: dropped by retention in this batch
+        # (the store still holds its committed state, which must not come back).
+        self._live: dict[str, RunState | None] = {}
         self._before: dict[str, str | None] = {}  # their committed health
         self._clock_before = 0
 
@@ -150,9 +152,8 @@ class PartitionTask:
 
     # -- state within a batch ---------------------------------------------------------
     def load(self, run_id: str) -> RunState | None:
-        state = self._live.get(run_id)
-        if state is not None:
-            return state
+        if run_id in self._live:
+            return self._live[run_id]
         raw = self.store.get(run_id.encode())
         if raw is None:
             return None
@@ -164,11 +165,7 @@ class PartitionTask:
             counts[kind, label] += 1
         if res.transitions:
             out.transitions += res.transitions
-        if res.state is None:
-            self._live.pop(run_id, None)
-            out.changes[run_id.encode()] = None
-        else:
-            self._live[run_id] = res.state
+        self._live[run_id] = res.state
 
     def _now(self, ts: int | None) -> int:
         if self.clock_mode == "wall":
@@ -274,6 +271,9 @@ class PartitionTask:
         """One changelog record per run touched (its last state); timers rescheduled once per run."""
         settings = self.settings
         for run_id, state in self._live.items():
+            if state is None:
+                out.changes[run_id.encode()] = None  # a tombstone
+                continue
             out.changes[run_id.encode()] = encode_state(state)
             self.timers.schedule(run_id, next_deadline(state, settings))
         if self.clock != self._clock_before:
