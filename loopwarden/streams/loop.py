@@ -144,6 +144,7 @@ class Worker:
             heartbeat_interval_ms=max(100, int(c.session_timeout_s * 1000 / 6)),
             max_partition_fetch_bytes=max(1_048_576, c.max_message_bytes + 65536),
             fetch_max_bytes=64 * 1_048_576,
+            fetch_max_wait_ms=50,
         )
         self.consumer.subscribe(list(self.inputs), listener=_Rebalance(self))
         await self.consumer.start()
