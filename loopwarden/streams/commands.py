@@ -7,6 +7,7 @@ import asyncio
 import json
 import sys
 import time
+from dataclasses import fields
 
 from loopwarden.streams.config import CLOCKS, STORES, Config, from_env
 from loopwarden.streams.exceptions import ConfigError
@@ -18,12 +19,8 @@ COLORS = {
 
 
 def _config(args: argparse.Namespace) -> Config:
-    overrides = {k: getattr(args, k, None) for k in (
-        "broker", "app_id", "steps_topic", "outcomes_topic", "health_topic", "deadletter_topic", "ticks_topic",
-        "partitions", "store", "data_dir", "web_host", "web_port", "canonical_url", "clock", "tick_interval_s",
-        "shutdown_timeout_s", "retention_s", "log_level", "batch_max_records", "batch_wait_ms", "stall_timeout_s",
-        "max_message_bytes", "session_timeout_s",
-    )}
+    # A flag is the Config field of the same name (dest); a command without it leaves the env's value.
+    overrides = {f.name: getattr(args, f.name, None) for f in fields(Config)}
     try:
         return from_env(overrides)
     except ConfigError as exc:

@@ -32,6 +32,7 @@ FORWARDED = "X-Loopwarden-Forwarded"
 class ReadModel(Protocol):
     config: Config
     metrics: Metrics
+    stalled: set[int]
 
     def is_ready(self) -> bool: ...
     def owned(self) -> list[int]: ...
@@ -76,7 +77,7 @@ def make_app(model: ReadModel) -> web.Application:
     async def readyz(request: web.Request) -> web.Response:
         if not model.is_ready():
             return _json({"status": "not ready", "partitions": model.owned(),
-                                      "stalled": sorted(getattr(model, "stalled", ()))}, status=503)
+                                      "stalled": sorted(model.stalled)}, status=503)
         return _json({"status": "ready", "partitions": model.owned()})
 
     async def metrics(request: web.Request) -> web.Response:

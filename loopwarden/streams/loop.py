@@ -204,8 +204,8 @@ class Worker:
             gc.collect()
             gc.freeze()  # restored states are long-lived: keep them out of every collection
             self.ready = True
-            runs = sum(len(self.stores[p]) for p in self.tasks)
-            log.info("partitions %s recovered in %.2fs (%d keys held)", sorted(self.tasks), time.monotonic() - t0, runs)
+            runs = sum(sum(task.state_counts.values()) for task in self.tasks.values())
+            log.info("partitions %s recovered in %.2fs (%d runs held)", sorted(self.tasks), time.monotonic() - t0, runs)
 
     async def _recover(self, partitions: list[int]) -> None:
         """Own ``partitions``: fence earlier producers, restore their changelog, resume at the committed offsets."""
