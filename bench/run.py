@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one Kafka round (about 2 minutes)")
     parser.add_argument("--only", choices=BENCHES, action="append",
                         help="run only this bench (repeatable); default all")
+    parser.add_argument("--pace-eps", type=float, default=None,
+                        help="rate of the kafka bench's paced (latency) phase; default half the ingest maximum")
     parser.add_argument("--keep", action="store_true", help="keep the broker and worker logs (path printed)")
     args = parser.parse_args(argv)
     size = QUICK if args.quick else FULL
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             from bench.kafka import processor_e2e
 
             # Latency is read at half the worker's measured maximum (ingest bench), as the issue asks.
-            pace = max_eps / 2 if max_eps else size["pace_eps"]
+            pace = args.pace_eps or (max_eps / 2 if max_eps else size["pace_eps"])
             processor_e2e(report, workdir, size["kafka_runs"], size["kafka_rounds"], partitions=4,
                           paced_runs=max(size["paced_runs"], int(pace * size["paced_s"] / 6.5)), pace_eps=pace)
     finally:

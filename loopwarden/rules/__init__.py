@@ -7,6 +7,7 @@ from loopwarden.rules.codec import decode_state, encode_state
 from loopwarden.rules.conditions import derive_cause, evaluate, is_evaluated
 from loopwarden.rules.machine import (
     DEFAULT_SETTINGS,
+    TIMER_REASONS,
     Result,
     RunState,
     Settings,
@@ -17,7 +18,7 @@ from loopwarden.rules.machine import (
 from loopwarden.rules.precedence import PRECEDENCE, Facts, receipt_verdict, verdict
 
 __all__ = [
-    "DEFAULT_SETTINGS", "PRECEDENCE", "Facts", "Result", "RunState", "Settings",
+    "DEFAULT_SETTINGS", "PRECEDENCE", "Facts", "Result", "RunState", "Settings", "TIMER_REASONS",
     "apply", "decode_state", "derive_cause", "encode_state", "evaluate", "fire_next", "is_evaluated",
     "next_deadline", "receipt_verdict", "verdict",
 ]

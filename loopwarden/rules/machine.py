@@ -480,6 +480,8 @@ def apply(state: RunState | None, event: InputEvent, now_ms: int) -> Result:
 
 # -- timers -------------------------------------------------------------------
 _RUN_TIMER_KINDS = {"RUNNING": "no_progress", "WAITING": "approval_expired", "VERIFYING": "receipt_window_expired"}
+# The reasons of transitions a timer fired (their ``ts`` is the deadline, not an event's).
+TIMER_REASONS = frozenset(_RUN_TIMER_KINDS.values())
 _TIMERLESS = frozenset(TIMERLESS)
 _RETENTION_MS: dict[float, int] = {}
 

@@ -57,6 +57,9 @@ def add_commands(sub) -> None:
                    help="records per batch at most (LOOPWARDEN_BATCH_MAX_RECORDS; default 20000)")
     p.add_argument("--batch-wait-ms", dest="batch_wait_ms", type=int,
                    help="how long a batch waits for records at most (LOOPWARDEN_BATCH_WAIT_MS; default 5)")
+    p.add_argument("--commit-gap-ms", dest="commit_gap_ms", type=int,
+                   help="a partition's next transaction starts this long after its last commit at the earliest "
+                        "(LOOPWARDEN_COMMIT_GAP_MS; default 6)")
     p.add_argument("--stall-timeout-s", dest="stall_timeout_s", type=float,
                    help="a partition with lag and no progress this long is stalled (LOOPWARDEN_STALL_TIMEOUT_S; default 60)")
     p.add_argument("--max-message-bytes", dest="max_message_bytes", type=int,

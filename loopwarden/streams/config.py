@@ -44,6 +44,10 @@ class Config:
     # A batch is at most this many records (all partitions) and waits at most this long for them.
     batch_max_records: int = 20000
     batch_wait_ms: int = 5
+    # A partition's next transaction starts at least this long after its last commit: the broker
+    # writes the commit markers meanwhile (one begun sooner meets CONCURRENT_TRANSACTIONS and
+    # the client retries only after a fixed 20 ms).
+    commit_gap_ms: int = 6
     # A partition with lag whose committed offset has not moved for this long is stalled (/readyz 503).
     stall_timeout_s: float = 60.0
     # Largest message produced (dead letters are truncated to fit); at most the broker's limit.
@@ -82,6 +86,8 @@ class Config:
             raise ConfigError(f"shutdown_timeout_s: {self.shutdown_timeout_s} must be between 1 and 3600")
         if not 1 <= self.batch_max_records <= 1_000_000:
             raise ConfigError(f"batch_max_records: {self.batch_max_records} must be between 1 and 1000000")
+        if not 0 <= self.commit_gap_ms <= 1000:
+            raise ConfigError(f"commit_gap_ms: {self.commit_gap_ms} must be between 0 and 1000")
         if not 0 <= self.batch_wait_ms <= 10_000:
             raise ConfigError(f"batch_wait_ms: {self.batch_wait_ms} must be between 0 and 10000")
         if not 1 <= self.stall_timeout_s <= 86400:

@@ -46,7 +46,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError, ProducerFenced
 
 from loopwarden.codecs import encode
-from loopwarden.rules import Settings
+from loopwarden.rules import TIMER_REASONS, Settings
 from loopwarden.streams.assignment import CoPartitionedAssignor, partition_of
 from loopwarden.streams.config import Config
 from loopwarden.streams.logs import quiet_repeats
@@ -97,7 +97,10 @@ class Worker:
         self.consumer: AIOKafkaConsumer | None = None
         self.restorer: AIOKafkaConsumer | None = None
         self._last_punctuate = 0.0
-        self.inflight: dict[int, asyncio.Task] = {}  # partition -> its transaction being committed
+        self.inflight: dict[int, asyncio.Task] = {}  # partition -> its pipeline (fold, then commit, while records wait)
+        self.buffered: dict[int, list] = {}  # partition -> records consumed, not folded yet
+        self.punctuate_pending: set[int] = set()  # partitions whose next fold fires due timers
+        self.committed_at: dict[int, float] = {}  # partition -> monotonic time of its last commit
         self.health_partitions = config.partitions
         self.deadletter_partitions = config.partitions
 
@@ -168,6 +171,7 @@ class Worker:
         (the watchdog in :func:`run_worker` bounds the whole)."""
         async with self.lock:
             self.ready = False
+            self._forget_buffered()
             await _quietly(self.drain(), "finishing the transactions in flight")
             for p in set(self.producers) | set(self.tasks) | set(self.stores):
                 await _quietly(self._drop(p), f"stopping partition {p}")
@@ -180,6 +184,7 @@ class Worker:
         """Partitions are about to be reassigned: stop working on any of them (after the batch in flight)."""
         async with self.lock:
             self.ready = False
+            self._forget_buffered()  # consumed again from the committed offsets by whoever owns them next
             await self.drain()
             self.assigned = set()
             self.recover_at.clear()
@@ -291,6 +296,7 @@ class Worker:
 
     async def _drop(self, p: int) -> None:
         """Stop working on ``p``: its producer stops; the memory store is dropped, RocksDB closed (kept on disk)."""
+        self._forget_buffered(p)
         task = self.tasks.pop(p, None)
         if task is not None:
             self._count_runs(Counter({k: -v for k, v in task.state_counts.items()}))
@@ -321,36 +327,72 @@ class Worker:
 
     # -- the batch -----------------------------------------------------------------------
     async def process(self, batch: dict) -> None:
-        """Fold each owned partition's records and start its transaction.
+        """Hand each owned partition its records; start its pipeline unless one is running.
 
-        Transactions run concurrently with each other and with the next batch's folding;
-        a partition's next fold waits for its previous transaction (it needs those states)."""
-        by_partition: dict[int, list] = {}
+        A partition's pipeline folds what is buffered, commits it, and folds again
+        while records wait: partitions never wait for each other's transactions, and
+        a partition's next fold waits only for its own previous transaction (it needs
+        those states). With ``batch_max_records`` buffered, the loop waits for a
+        pipeline before it fetches more."""
         for tp, records in batch.items():
             if tp.partition in self.tasks:
-                by_partition.setdefault(tp.partition, []).extend(records)
+                self.buffered.setdefault(tp.partition, []).extend(records)
         now = time.monotonic()
-        punctuate = now - self._last_punctuate >= self.config.tick_interval_s
-        if punctuate:
+        if now - self._last_punctuate >= self.config.tick_interval_s:
             self._last_punctuate = now
-            for p in self.tasks:
-                by_partition.setdefault(p, [])
-        for p, records in by_partition.items():
-            pending = self.inflight.pop(p, None)
-            if pending is not None:  # the partition's previous transaction: its states are the next fold's input
-                await pending
+            self.punctuate_pending.update(self.tasks)
+        for p in self.buffered.keys() | self.punctuate_pending:
+            running = self.inflight.get(p)
+            if running is None or running.done():
+                if running is not None:
+                    running.result()  # a bug of ours in a pipeline stops the worker, as in the loop itself
+                self.inflight[p] = asyncio.create_task(self._pipeline(p))
+        while self.inflight and sum(map(len, self.buffered.values())) >= self.config.batch_max_records:
+            done, _ = await asyncio.wait(list(self.inflight.values()), return_when=asyncio.FIRST_COMPLETED)
+            self._reap(done)
+
+    async def _pipeline(self, p: int) -> None:
+        """Fold and commit ``p``'s buffered records until none are left."""
+        gap = self.config.commit_gap_ms / 1000
+        while True:
+            # Let the broker write the last commit's markers first (records gather meanwhile).
+            wait = self.committed_at.get(p, 0.0) + gap - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            records = self.buffered.pop(p, [])
+            punctuate = p in self.punctuate_pending
+            self.punctuate_pending.discard(p)
             task = self.tasks.get(p)
-            if task is None:  # its transaction failed: these records are consumed again once it is recovered
-                continue
+            if task is None:  # dropped (its transaction failed, or fenced): consumed again once recovered
+                return
+            if not records and not punctuate:
+                return
             caught_up = await self._caught_up(p, records)
+            if self.tasks.get(p) is not task:  # dropped meanwhile: its records are consumed again
+                return
             out = task.fold(records, punctuate=punctuate, caught_up=caught_up)
             if out:
-                self.inflight[p] = asyncio.create_task(self._commit(p, task, out))
+                await self._commit(p, task, out)
             else:
                 task.committed(out)
 
+    def _reap(self, done) -> None:
+        for p, running in list(self.inflight.items()):
+            if running in done:
+                del self.inflight[p]
+                running.result()
+
+    def _forget_buffered(self, p: int | None = None) -> None:
+        """Records not folded yet are dropped: the partition resumes from its committed offsets when recovered."""
+        if p is None:
+            self.buffered.clear()
+            self.punctuate_pending.clear()
+        else:
+            self.buffered.pop(p, None)
+            self.punctuate_pending.discard(p)
+
     async def drain(self) -> None:
-        """Wait for every transaction in flight."""
+        """Wait for every pipeline in flight (each ends once its buffer is empty)."""
         while self.inflight:
             await asyncio.gather(*[self.inflight.pop(p) for p in list(self.inflight)])
 
@@ -386,6 +428,7 @@ class Worker:
     async def _commit(self, p: int, task: PartitionTask, out: Batch) -> None:
         producer = self.producers[p]
         c = self.config
+        began = time.monotonic()
         try:
             await producer.begin_transaction()
             outbox = _Outbox(producer)
@@ -417,13 +460,15 @@ class Worker:
         self._count_runs(task.committed(out))
         m = self.metrics
         m.transactions.labels("committed").inc()
+        self.committed_at[p] = now = time.monotonic()
+        m.transaction_seconds.observe(now - began)
         if out.consumed:
             m.batch_records.observe(out.consumed)
         m.count_batch(out.counts)
         now_ms = wall_clock_ms()
         for t in out.transitions:
             m.child(m.transitions, t.from_state or "none", t.to_state).inc()
-            m.latency.observe(max(0.0, (now_ms - t.ts) / 1000))
+            (m.timer_latency if t.reason in TIMER_REASONS else m.latency).observe(max(0.0, (now_ms - t.ts) / 1000))
         for d in out.deadletters:
             r = d.record
             log.warning("invalid message on %s[%d]@%d: %s", r.topic, r.partition, r.offset, d.error[:500])

@@ -53,9 +53,21 @@ class Metrics:
                                ["state"], registry=r)
         self.latency = Histogram(
             "loopwarden_event_to_transition_seconds",
-            "From an event's ts to the emission of the transition it caused.",
+            "From an event's ts to the commit of the transition it caused (timer transitions excluded).",
             buckets=(0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5,
                      10, 30, 60),
+            registry=r,
+        )
+        self.timer_latency = Histogram(
+            "loopwarden_timer_to_transition_seconds",
+            "From a timer's deadline to the commit of the transition it fired (bounded by the tick interval).",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=r,
+        )
+        self.transaction_seconds = Histogram(
+            "loopwarden_transaction_seconds",
+            "A batch transaction from begin to commit (its broker round trips): the floor under the latency.",
+            buckets=(0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5, 10),
             registry=r,
         )
         self.redelivered = Counter(

@@ -44,6 +44,14 @@ def test_http_routes_metrics_and_token(kafka, tmp_path: Path) -> None:
                        "loopwarden_timers_fired_total{kind=", "loopwarden_transactions_total{result=\"committed\"}"):
             assert needle in text, needle
         assert "run-21-" not in text  # never a run id in a label
+        # Every transition is timed once: from its event, or (timer transitions) from its deadline.
+        values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and line[0] != "#"}
+        transitions = sum(v for k, v in values.items() if k.startswith("loopwarden_transitions_total{"))
+        from_events = values["loopwarden_event_to_transition_seconds_count"]
+        from_timers = values["loopwarden_timer_to_transition_seconds_count"]
+        assert from_events + from_timers == transitions and from_events >= 40
+        assert from_timers == sum(v for k, v in values.items() if k.startswith("loopwarden_timers_fired_total{"))
+        assert values["loopwarden_transaction_seconds_count"] == values['loopwarden_transactions_total{result="committed"}']
         lag = [line for line in text.splitlines() if line.startswith("loopwarden_consumer_lag{")]
         assert {'topic="steps"', 'topic="outcomes"'} <= {part for line in lag for part in line[:line.index("}")].split(",")}
         assert all(line.endswith(" 0.0") for line in lag), lag  # everything consumed and committed
