@@ -14,6 +14,7 @@ class InvalidEvent(ValueError):
     REASONS = (
         "undecodable",
         "too_large",
+        "too_deep",
         "unsupported_content_type",
         "missing_type",
         "unknown_type",

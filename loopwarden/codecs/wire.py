@@ -8,6 +8,7 @@ headers) and a message naming the field and, where it can be found, the bad valu
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any, Union
 
 import msgspec
@@ -73,7 +74,7 @@ def _explain(exc: msgspec.ValidationError, data: bytes, content_type: str, union
     field_name = "$" + path
     try:
         loose = (_json_any if content_type == JSON else _msgpack_any).decode(data)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         loose = None
     found, value = _lookup(loose, path) if m else (False, None)
     if path == ".type" or (not path and "type" in msg and isinstance(loose, dict) and "type" not in loose):
@@ -107,6 +108,11 @@ def _decode(data: bytes, content_type: str | None, union: str) -> Any:
         raise _explain(exc, bytes(data), ctype, union) from exc
     except msgspec.DecodeError as exc:
         raise InvalidEvent("undecodable", f"not valid {'JSON' if ctype == JSON else 'MessagePack'}: {exc}") from exc
+    except RecursionError:
+        # msgspec decodes (and skips unknown fields) recursively: a document nested deeper than
+        # Python's recursion limit (~1,000 levels; no valid event comes close) is refused as such.
+        raise InvalidEvent("too_deep", f"{'JSON' if ctype == JSON else 'MessagePack'} nested deeper than the decoder's "
+                           f"limit (about {sys.getrecursionlimit()} levels)") from None
 
 
 def decode_input(data: bytes, content_type: str | None = None) -> InputEvent:
@@ -136,6 +142,8 @@ def decode_transition(data: bytes) -> HealthTransition:
         return _transition_json.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise InvalidEvent("invalid_transition", str(exc)) from exc
+    except RecursionError:
+        raise InvalidEvent("invalid_transition", "nested deeper than the decoder's limit") from None
 
 
 def encode(obj: Any, content_type: str = JSON) -> bytes:

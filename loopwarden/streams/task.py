@@ -224,7 +224,7 @@ class PartitionTask:
         for rec in ticks:
             try:
                 tick = _decode_tick(rec.value or b"{}")
-            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
                 out.deadletters.append(DeadLetter(rec, "undecodable", f"bad tick: {exc}"))
                 out.counts["invalid", "ticks", "undecodable"] += 1
                 continue

@@ -135,3 +135,35 @@ def test_approval_is_routed_only_with_owner_deadline_and_token() -> None:
 
     assert msgspec.convert(approval(), Approval).routed
     assert not msgspec.convert({**approval(), "owner": None}, Approval).routed
+
+
+def _deep_json(depth: int) -> bytes:
+    """A step_finished whose unknown field ``x`` nests ``depth`` arrays (unknown fields are skipped, recursively)."""
+    head = json.dumps(step(0, ("lookup", "result"), ts=1))[:-1].encode()
+    return head + b', "x": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+def _deep_msgpack(depth: int) -> bytes:
+    event = step(0, ("lookup", "result"), ts=1)
+    head = msgspec.msgpack.encode(event)
+    assert head[0] == 0x80 + len(event)  # a fixmap: one more entry is one more in the first byte
+    return bytes([head[0] + 1]) + head[1:] + msgspec.msgpack.encode("x") + b"\x91" * depth + b"\xc0"
+
+
+@pytest.mark.parametrize("make, content_type", [(_deep_json, None), (_deep_msgpack, MSGPACK)])
+def test_deep_nesting_is_an_invalid_event_not_a_recursion_error(make, content_type) -> None:
+    """100,000 nested arrays inside an unknown field: refused as too_deep, on every decoder."""
+    data = make(100_000)
+    for decode in (decode_input, decode_step_event):
+        with pytest.raises(InvalidEvent) as err:
+            decode(data, content_type)
+        assert err.value.reason == "too_deep"
+        assert "nested deeper" in str(err.value)
+    # A known field nested as deep: the type error is found first, the explanation survives the depth.
+    bad_field = json.dumps(step(0, ts=1)).replace('"run_id": "r"', '"run_id": ' + "[" * 50_000 + "]" * 50_000).encode()
+    assert bad_field != json.dumps(step(0, ts=1)).encode()
+    with pytest.raises(InvalidEvent) as err:
+        decode_input(bad_field)
+    assert err.value.reason == "invalid_field" and err.value.field == "$.run_id"
+    # Nesting a real producer could send (100 levels) still decodes.
+    assert decode_input(make(100), content_type).step == 0

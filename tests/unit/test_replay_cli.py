@@ -62,3 +62,18 @@ def test_missing_file_and_bad_flag_are_named(tmp_path: Path) -> None:
     assert proc.returncode != 0 and "nope.jsonl" in proc.stderr
     proc = subprocess.run([*LW, "replay", "--advance-s", "-3"], capture_output=True, text=True, input="")
     assert proc.returncode != 0 and "'-3'" in proc.stderr
+
+
+def test_a_deeply_nested_line_is_skipped_and_later_lines_still_replay(tmp_path: Path) -> None:
+    """100,000 nested arrays on line 2 once crashed replay with RecursionError; now it is one invalid line."""
+    good = timed(started(), step(0), ended("natural_finish", 1), receipt("rc"))
+    head = json.dumps(step(1))[:-1]
+    deep = head + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
+    f = tmp_path / "events.jsonl"
+    f.write_text(_lines(good[0]) + deep + _lines(*good[1:]))
+    proc = subprocess.run([*LW, "replay", str(f)], capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stderr
+    assert f"{f}:2: invalid event (too_deep)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    final = [json.loads(line) for line in proc.stdout.splitlines()][-1]
+    assert final["to_state"] == "VERIFIED_COMPLETE"

@@ -204,3 +204,16 @@ def test_a_crash_at_any_batch_then_recovery_loses_and_repeats_nothing(partition,
     assert both == [_content(t) for t in reference.transitions]
     assert final(first.transitions + second.transitions) == final(
         t for t in BASELINE_TRANSITIONS if zlib.crc32(t.run_id.encode()) % PARTITIONS == partition)
+
+
+def test_a_deeply_nested_message_is_dead_lettered_as_too_deep_and_the_batch_goes_on() -> None:
+    """100,000 nested arrays (JSON, unknown field; and a tick) are dead letters with their own reason."""
+    part = Partition(0)
+    good = part.pending()[:10]
+    deep = b'{"type":"step_finished","run_id":"r","x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    bad = [Rec("agent.steps", 0, 10_000, b"r", deep), Rec("loopwarden.ticks", 0, 0, None, b"[" * 100_000)]
+    out = part.task.fold(good[:5] + bad + good[5:])
+    assert [(d.reason, d.record.topic) for d in out.deadletters] == [("too_deep", "agent.steps"),
+                                                                   ("undecodable", "loopwarden.ticks")]
+    assert out.counts["invalid", "steps", "too_deep"] == 1
+    assert sum(n for k, n in out.counts.items() if k[0] == "event") == 10
