@@ -97,6 +97,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from loopwarden.streams.loop import run_worker
 
     config = _config(args)
+    if config.store == "rocksdb":
+        from loopwarden.streams.store import prepare_data_dir
+
+        try:
+            prepare_data_dir(config.data_dir)
+        except ConfigError as exc:
+            raise SystemExit(f"loopwarden: {exc}") from None
     print(f"loopwarden worker: broker={config.broker} topics={config.steps_topic},{config.outcomes_topic} -> "
           f"{config.health_topic} partitions={config.partitions} store={config.store} clock={config.clock} "
           f"http://{config.web_host}:{config.web_port}", file=sys.stderr, flush=True)

@@ -16,9 +16,12 @@ kept) wipes that partition's local state and restores it from offset 0.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+
+from loopwarden.streams.exceptions import ConfigError
 
 log = logging.getLogger("loopwarden.store")
 
@@ -135,6 +138,26 @@ class RocksPartition(PartitionStore):
         shutil.rmtree(self.path, ignore_errors=True)
         self._db = self._open()
         self.position = 0
+
+
+def prepare_data_dir(data_dir: str) -> Path:
+    """The RocksDB directory, created if missing; its parent must exist (a mistyped path is an error, not a new tree).
+
+    Raises ConfigError naming the path and why it cannot be used."""
+    path = Path(data_dir).expanduser()
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        raise ConfigError(f"data_dir: {data_dir!r}: its parent {str(parent)!r} does not exist or is not a directory "
+                          f"(create it first)")
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"data_dir: {data_dir!r} is not a directory")
+    try:
+        path.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"data_dir: {data_dir!r} cannot be created: {exc.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"data_dir: {data_dir!r} is not writable by this user")
+    return path
 
 
 def open_partition(kind: str, data_dir: str, app_id: str, partition: int) -> PartitionStore:

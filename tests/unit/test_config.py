@@ -81,3 +81,27 @@ def test_the_readme_lists_every_setting_with_its_default_and_flag(capsys) -> Non
         value = getattr(Config(), name.lower())
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             assert float(default) == float(value), (name, default, value)
+
+
+def test_data_dir_under_a_missing_parent_is_a_configuration_error(tmp_path) -> None:
+    """`worker --store rocksdb --data-dir <missing>/<dir>` exits with one line naming the path, no traceback."""
+    import subprocess
+    import sys
+
+    missing = tmp_path / "no-such-parent" / "data"
+    proc = subprocess.run([sys.executable, "-m", "loopwarden.cli", "worker", "--store", "rocksdb",
+                           "--data-dir", str(missing), "--broker", "127.0.0.1:1"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (f"loopwarden: data_dir: {str(missing)!r}: its parent "
+                                   f"{str(missing.parent)!r} does not exist or is not a directory (create it first)")
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    proc = subprocess.run([sys.executable, "-m", "loopwarden.cli", "worker", "--store", "rocksdb",
+                           "--data-dir", str(a_file), "--broker", "127.0.0.1:1"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == f"loopwarden: data_dir: {str(a_file)!r} is not a directory"
+    from loopwarden.streams.store import prepare_data_dir
+
+    assert prepare_data_dir(str(tmp_path / "new")).is_dir()  # the directory itself is made
