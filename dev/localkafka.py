@@ -178,7 +178,13 @@ def free_port(host: str = HOST, exclude: tuple[int, ...] = ()) -> int:
 
 
 def port_free(port: int, host: str = HOST) -> bool:
+    """Whether the broker could listen on ``port`` now.
+
+    Bound with SO_REUSEADDR, as the JVM binds its server sockets on Linux and macOS: connections
+    of a broker just killed linger in TIME_WAIT for ~60 s and do not stop a new listener; only a
+    socket that listens there does."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
