@@ -147,6 +147,7 @@ class _Segment(Struct, array_like=True, omit_defaults=True):
     finish_reason: Word | None = None
     statuses: tuple[Word, ...] = ()
     fired: tuple[str, ...] = ()
+    forgot_hi: int = -1  # added later: older records lack it (array_like: the default fills in)
 
 
 class _State(Struct, array_like=True, omit_defaults=True):
@@ -263,12 +264,12 @@ def _approval_in(a: _Approval) -> Approval:
 
 def _segment_out(s: Segment) -> _Segment:
     return _Segment(s.steps_seen, s.max_step, s.gaps, s.step_gap, s.tokens, s.tool_errors, s.stop_step,
-                    _ow(s.finish_reason), _ws(s.statuses), s.fired)
+                    _ow(s.finish_reason), _ws(s.statuses), s.fired, s.forgot_hi)
 
 
 def _segment_in(s: _Segment) -> Segment:
     return Segment(s.steps_seen, s.max_step, s.gaps, s.step_gap, s.tokens, s.tool_errors, s.stop_step,
-                   _os(s.finish_reason), _ss(s.statuses), s.fired)
+                   _os(s.finish_reason), _ss(s.statuses), s.fired, s.forgot_hi)
 
 
 _encode = msgspec.msgpack.Encoder().encode

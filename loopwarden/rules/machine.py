@@ -14,6 +14,9 @@ Notes are ``(kind, label)`` pairs from bounded sets, for metrics:
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from operator import itemgetter
+
 from msgspec import Struct, field
 
 from loopwarden.codecs.events import (
@@ -39,10 +42,14 @@ from loopwarden.rules.precedence import (
 )
 
 Note = tuple[str, str]
+_lo = itemgetter(0)
 
 DEFAULT_RETENTION_S = 7 * 86400
-# Bounds that keep one run's state small whatever a producer sends.
-MAX_GAPS = 32
+# Bounds that keep one run's state small whatever a producer sends. Repeats stay safe past them:
+# steps below the gaps forgotten are ignored as untracked (never counted again), and receipts past
+# MAX_RECEIPT_IDS distinct ids still apply their kind (a set: a repeat changes nothing) but are
+# counted as untracked, never as a new on-time, late or negative receipt.
+MAX_GAPS = 1024
 MAX_RECEIPT_IDS = 256
 MAX_HISTORY = 32
 # Boundary facts the steps cannot show: not checked against the derived cause.
@@ -66,7 +73,7 @@ class Segment(Struct, gc=False):
 
     steps_seen: int = 0
     max_step: int = -1
-    gaps: list[tuple[int, int]] = []  # skipped step ranges, inclusive, not yet seen
+    gaps: list[tuple[int, int]] = []  # skipped step ranges, inclusive, not yet seen; sorted
     step_gap: bool = False
     tokens: int = 0
     tool_errors: int = 0
@@ -75,6 +82,8 @@ class Segment(Struct, gc=False):
     finish_reason: str | None = None
     statuses: tuple[str, ...] = ()  # status of each tool call of L
     fired: tuple[str, ...] = ()  # policy evaluated at L
+    # Steps <= this were in gaps forgotten past MAX_GAPS (seen or not, nobody knows): never counted again.
+    forgot_hi: int = -1
 
 
 class RunState(Struct, gc=False):
@@ -201,18 +210,31 @@ def _on_run_started(state: RunState, ev: RunStarted, now_ms: int, res: Result) -
     _activity(state, res, ev.ts, now_ms)
 
 
+def _gap_at(gaps: list[tuple[int, int]], step: int) -> int:
+    """Index of the gap holding ``step``, or -1 (gaps are sorted and disjoint: O(log gaps))."""
+    i = bisect_right(gaps, step, key=_lo) - 1
+    return i if i >= 0 and step <= gaps[i][1] else -1
+
+
 def _seen(seg: Segment, step: int) -> bool:
     if step > seg.max_step:
         return False
-    return not any(lo <= step <= hi for lo, hi in seg.gaps)
+    return _gap_at(seg.gaps, step) < 0
 
 
 def _fill_gap(seg: Segment, step: int) -> None:
-    for i, (lo, hi) in enumerate(seg.gaps):
-        if lo <= step <= hi:
-            parts = [(a, b) for a, b in ((lo, step - 1), (step + 1, hi)) if a <= b]
-            seg.gaps[i : i + 1] = parts
-            return
+    i = _gap_at(seg.gaps, step)
+    if i >= 0:
+        lo, hi = seg.gaps[i]
+        seg.gaps[i : i + 1] = [(a, b) for a, b in ((lo, step - 1), (step + 1, hi)) if a <= b]
+
+
+def _add_gap(seg: Segment, lo: int, hi: int) -> None:
+    gaps = seg.gaps
+    gaps.append((lo, hi))
+    if len(gaps) > MAX_GAPS:  # forget the lowest: from then on their steps are untracked, not new
+        seg.forgot_hi = max(seg.forgot_hi, gaps[-MAX_GAPS - 1][1])
+        del gaps[:-MAX_GAPS]
 
 
 def _on_step(state: RunState, ev: StepFinished, now_ms: int, res: Result) -> None:
@@ -235,14 +257,17 @@ def _on_step(state: RunState, ev: StepFinished, now_ms: int, res: Result) -> Non
             state.current = segment
     step = ev.step
     max_step = seg.max_step
-    if step <= max_step and _seen(seg, step):
-        _ignore(state, res, "duplicate_step")
-        return
+    if step <= max_step:
+        if step <= seg.forgot_hi:
+            _ignore(state, res, "untracked_step")
+            return
+        if _seen(seg, step):
+            _ignore(state, res, "duplicate_step")
+            return
 
     if step > max_step + 1:
         seg.step_gap = True
-        seg.gaps.append((max_step + 1, step - 1))
-        del seg.gaps[:-MAX_GAPS]
+        _add_gap(seg, max_step + 1, step - 1)
     elif step <= max_step:
         _fill_gap(seg, step)
     seg.steps_seen += 1
@@ -402,8 +427,9 @@ def _on_receipt(state: RunState, ev: OutcomeReceipt, now_ms: int, res: Result) -
         _ignore(state, res, "duplicate_receipt")
         res.notes.append(("receipt", "duplicate"))
         return
-    state.receipt_ids.append(ev.receipt_id)
-    del state.receipt_ids[:-MAX_RECEIPT_IDS]
+    tracked = len(state.receipt_ids) < MAX_RECEIPT_IDS
+    if tracked:
+        state.receipt_ids.append(ev.receipt_id)
     kinds = state.verified_kinds if ev.verified else state.negative_kinds
     if ev.kind not in kinds:
         kinds.append(ev.kind)
@@ -411,7 +437,9 @@ def _on_receipt(state: RunState, ev: OutcomeReceipt, now_ms: int, res: Result) -
     late = state.health == FALSE_COMPLETE or (
         state.verify_deadline_ts is not None and ev.ts > state.verify_deadline_ts
     )
-    if not ev.verified:
+    if not tracked:
+        label = "untracked"  # past MAX_RECEIPT_IDS ids: maybe a repeat of one not kept, so never counted as new
+    elif not ev.verified:
         label = "negative"
     elif state.health is None:
         label = "held"

@@ -15,10 +15,10 @@ DISAGREEMENTS = (
     "cause_mismatch", "fired_mismatch", "step_count_mismatch", "policy_overrun", "policy_unknown",
     "step_gap", "cause_not_recorded", "tool_error_unseen",
 )
-RECEIPT_OUTCOMES = ("on_time", "late", "negative", "held", "duplicate", "orphan")
+RECEIPT_OUTCOMES = ("on_time", "late", "negative", "held", "duplicate", "orphan", "untracked")
 IGNORED = (
     "duplicate_step", "step_after_end", "duplicate_run_ended", "duplicate_run_started",
-    "unmatched_approval", "duplicate_receipt",
+    "unmatched_approval", "duplicate_receipt", "untracked_step",
 )
 TIMER_KINDS = ("no_progress", "approval_expired", "receipt_window_expired", "retention")
 
