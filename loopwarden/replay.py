@@ -86,7 +86,7 @@ class Replay:
         # _take, inline (the hot path): one event, one run
         if res.notes:
             self.notes.update(res.notes)
-        if state is None:
+        if res.state is not state:  # a new run, or one back from its tomb
             state = states[run_id] = res.state  # type: ignore[assignment]
         deadline = next_deadline(state, self.settings)  # type: ignore[arg-type]
         if deadline is not None:

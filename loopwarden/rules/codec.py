@@ -176,6 +176,7 @@ class _State(Struct, array_like=True, omit_defaults=True):
     negative_kinds: list[Word] = []
     ignored: dict[Word, int] = {}
     history: list[tuple[int, int, Word, Word]] = []
+    tomb: bool = False  # added later: older records lack it (array_like: the default fills in)
 
 
 assert _State.__struct_fields__ == RunState.__struct_fields__, "codec out of step with RunState"
@@ -305,6 +306,7 @@ def encode_state(state: RunState) -> bytes:
         [_INDEX.get(k, k) for k in s.negative_kinds] if s.negative_kinds else [],
         {_INDEX.get(k, k): n for k, n in s.ignored.items()} if s.ignored else {},
         [(seq, ts, _INDEX.get(to, to), _INDEX.get(why, why)) for seq, ts, to, why in s.history],
+        s.tomb,
     ))
 
 
@@ -349,4 +351,5 @@ def decode_state(data: bytes) -> RunState:
         [_s(k) for k in s.negative_kinds] if s.negative_kinds else [],
         {_s(k): n for k, n in s.ignored.items()} if s.ignored else {},
         [(seq, ts, _s(to), _s(why)) for seq, ts, to, why in s.history],
+        s.tomb,
     )

@@ -45,6 +45,9 @@ Note = tuple[str, str]
 _lo = itemgetter(0)
 
 DEFAULT_RETENTION_S = 7 * 86400
+# How long a dropped run's last seq is remembered (its tomb), so the run id's seq never repeats
+# while consumers may still hold (run_id, seq) pairs to drop repeats by.
+DEFAULT_SEQ_MEMORY_S = 30 * 86400
 # Bounds that keep one run's state small whatever a producer sends. Repeats stay safe past them:
 # steps below the gaps forgotten are ignored as untracked (never counted again), and receipts past
 # MAX_RECEIPT_IDS distinct ids still apply their kind (a set: a repeat changes nothing) but are
@@ -63,6 +66,7 @@ class Settings(Struct, frozen=True):
     """Engine-wide knobs (per-run knobs travel in the run's Policy)."""
 
     retention_s: float = DEFAULT_RETENTION_S
+    seq_memory_s: float = DEFAULT_SEQ_MEMORY_S
 
 
 DEFAULT_SETTINGS = Settings()
@@ -116,6 +120,9 @@ class RunState(Struct, gc=False):
     ignored: dict[str, int] = {}
     # (seq, ts, to_state, reason) of the last MAX_HISTORY transitions, for the read API
     history: list[tuple[int, int, str, str]] = []
+    # A tomb: what is left of a run dropped after retention (run_id, seq, last_seen_ts = when it was
+    # dropped) until seq_memory_s has passed; the run id's next transition continues its seq.
+    tomb: bool = False
 
 
 class Result(Struct):
@@ -485,6 +492,8 @@ def apply(state: RunState | None, event: InputEvent, now_ms: int) -> Result:
     """
     if state is None:
         state = RunState(run_id=event.run_id)
+    elif state.tomb:  # the run id comes back after retention dropped it: its seq goes on
+        state = RunState(run_id=event.run_id, seq=state.seq)
     res = Result(state)
     health = state.health
     if health == "RUNNING":  # the common case, inline: is the inactivity timer due by the event's ts?
@@ -536,7 +545,10 @@ def _run_deadline(state: RunState) -> int | None:
 
 
 def _retention_ms(settings: Settings) -> int:
-    seconds = settings.retention_s
+    return _ms_of(settings.retention_s)
+
+
+def _ms_of(seconds: float) -> int:
     ms = _RETENTION_MS.get(seconds)
     if ms is None:
         if len(_RETENTION_MS) > 64:
@@ -549,6 +561,8 @@ def _timer(state: RunState, settings: Settings) -> tuple[int, str] | None:
     """The run's timer, ``(deadline ms, kind)``, or None when it has none."""
     health = state.health
     if health in _TIMERLESS:
+        if state.tomb:
+            return state.last_seen_ts + _ms_of(settings.seq_memory_s), "forget"
         return state.last_seen_ts + _retention_ms(settings), "retention"
     deadline = _run_deadline(state)
     return None if deadline is None else (deadline, _RUN_TIMER_KINDS[health])
@@ -558,6 +572,8 @@ def next_deadline(state: RunState, settings: Settings = DEFAULT_SETTINGS) -> int
     """The earliest deadline (ms) of the run's timers, or None when it has none."""
     health = state.health
     if health in _TIMERLESS:
+        if state.tomb:
+            return state.last_seen_ts + _ms_of(settings.seq_memory_s)
         return state.last_seen_ts + _retention_ms(settings)
     return _run_deadline(state)
 
@@ -566,7 +582,9 @@ def fire_next(state: RunState, now_ms: int, settings: Settings = DEFAULT_SETTING
     """Fire the run's earliest timer if it is due (deadline <= ``now_ms``).
 
     The transition's ``ts`` is the deadline. A run dropped after retention comes
-    back as ``Result(state=None)``, with orphaned receipts counted in the notes.
+    back as its tomb (``Result(state=<tomb>)``: run id and seq), or as
+    ``Result(state=None)`` when it never emitted a transition, with orphaned receipts
+    counted in the notes; a tomb comes back as None once ``seq_memory_s`` passed.
     """
     res = Result(state=state)
     timer = _timer(state, settings)
@@ -575,8 +593,10 @@ def fire_next(state: RunState, now_ms: int, settings: Settings = DEFAULT_SETTING
     deadline, kind = timer
     if deadline > now_ms:
         return res
-    if kind == "retention":
+    if kind == "forget":
         res.state = None
+    elif kind == "retention":
+        res.state = RunState(run_id=state.run_id, seq=state.seq, last_seen_ts=deadline, tomb=True) if state.seq else None
         if state.health is None:
             res.notes.extend(("receipt", "orphan") for _ in state.receipt_ids)
         res.notes.append(("evicted", state.health or "NEVER_STARTED"))

@@ -79,7 +79,7 @@ class Worker:
     def __init__(self, config: Config, metrics: Metrics | None = None) -> None:
         self.config = config
         self.metrics = metrics or Metrics()
-        self.settings = Settings(retention_s=config.retention_s)
+        self.settings = Settings(retention_s=config.retention_s, seq_memory_s=config.seq_memory_s)
         self.roles = {config.steps_topic: "steps", config.outcomes_topic: "outcomes", config.ticks_topic: "ticks"}
         self.inputs = (config.steps_topic, config.outcomes_topic, config.ticks_topic)
         self.assignor = CoPartitionedAssignor(config.advertised_url)
@@ -117,7 +117,8 @@ class Worker:
     def run_state(self, run_id: str):
         """The run's committed state, if this worker owns its partition and holds it."""
         task = self.tasks.get(self.partition_of(run_id))
-        return None if task is None else task.committed_state(run_id)
+        state = None if task is None else task.committed_state(run_id)
+        return None if state is None or state.tomb else state  # a tomb is a dropped run: not held
 
     def is_ready(self) -> bool:
         """The assignment is recovered and no partition is stalled."""

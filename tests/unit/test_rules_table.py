@@ -9,6 +9,7 @@ import pytest
 
 from loopwarden.codecs import decode_input
 from loopwarden.replay import Replay
+from loopwarden.rules import Settings
 from loopwarden.rules.machine import evidence_of
 from tests.builders import (
     DONE_POLICY,
@@ -284,3 +285,30 @@ def test_timer_transition_ts_is_the_deadline() -> None:
     run_ended_ts = timed(*natural)[-1]["ts"]
     assert expired["ts"] == run_ended_ts + WINDOW_S * 1000
     assert expired["emitted_ts"] == run_ended_ts + 3600 * 1000
+
+
+def test_a_run_id_back_after_retention_continues_its_seq() -> None:
+    """Retention drops a settled run but keeps its tomb (run id, last seq): the run id's seq never repeats."""
+    settings = Settings(retention_s=3600, seq_memory_s=86400)
+    replay = Replay(settings)
+    first = [t for e in timed(*natural) for t in replay.feed(decode_input(msgspec.json.encode(e)))]
+    first += replay.advance_to(replay.clock + 3_600_000)  # the receipt window expires: FALSE_COMPLETE
+    last_seq = first[-1].seq
+    assert [t.seq for t in first] == list(range(1, last_seq + 1))
+    replay.advance_to(replay.clock + 3_600_000 + 1000)  # retention: dropped, but a tomb is kept
+    tomb = replay.states["r"]
+    assert tomb.tomb and tomb.seq == last_seq and tomb.health is None
+    again = [t for e in timed(*natural, start=replay.clock + 1000)
+             for t in replay.feed(decode_input(msgspec.json.encode(e)))]
+    assert [t.seq for t in again] == list(range(last_seq + 1, last_seq + 1 + len(again)))
+    assert again[0].from_state is None and again[0].to_state == "RUNNING"
+    # Once seq_memory_s has passed after the drop, the tomb goes too (a run id may then start at 1).
+    replay.advance_to(replay.clock + 2 * 3_600_000 + 86_400_000 + 5000)
+    assert "r" not in replay.states
+
+
+def test_a_receipt_holder_that_never_started_leaves_no_tomb() -> None:
+    replay = Replay(Settings(retention_s=60))
+    replay.feed(decode_input(msgspec.json.encode(receipt("a", ts=1000))))
+    replay.finish(61)
+    assert "r" not in replay.states

@@ -8,6 +8,7 @@ what a restarted worker sees is exactly what was committed.
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass
@@ -217,3 +218,35 @@ def test_a_deeply_nested_message_is_dead_lettered_as_too_deep_and_the_batch_goes
                                                                    ("undecodable", "loopwarden.ticks")]
     assert out.counts["invalid", "steps", "too_deep"] == 1
     assert sum(n for k, n in out.counts.items() if k[0] == "event") == 10
+
+
+def test_a_dropped_run_leaves_a_tomb_in_the_changelog_and_its_seq_goes_on_after_a_restart() -> None:
+    """Retention writes the run's tomb (not a delete); a restarted worker continues the run id's seq from it."""
+    from loopwarden.codecs import encode
+    from loopwarden.rules import decode_state
+    from tests.builders import ended, started, step, timed
+
+    def recs(events, first_offset):
+        return [Rec("agent.steps", 0, first_offset + i, b"r", encode(decode_input(json.dumps(e).encode())))
+                for i, e in enumerate(events)]
+
+    settings = Settings(retention_s=60, seq_memory_s=3600)
+    store = MemoryPartition()
+    task = PartitionTask(0, store, ROLES, settings=settings, clock="event")
+    task.rebuild()
+    run = timed(started(), step(0), ended("natural_finish", 1))
+    out = task.fold(recs(run, 0))
+    assert [t.seq for t in out.transitions] == [1, 2]
+    store.write(out.changes, None)
+    task.committed(out)
+    late = run[-1]["ts"] + 600_000 + 61_000  # past the receipt window (FALSE_COMPLETE) and retention
+    for now in (run[-1]["ts"] + 600_001, late):
+        out = task.fold([Rec("loopwarden.ticks", 0, now, None, encode_tick(Tick(now_ms=now)))])
+        store.write(out.changes, None)
+        task.committed(out)
+    tomb = decode_state(store[b"r"])
+    assert tomb.tomb and tomb.seq == 3  # RUNNING, VERIFYING, FALSE_COMPLETE
+    again = PartitionTask(0, store, ROLES, settings=settings, clock="event")  # a restart: state from the store
+    again.rebuild()
+    out = again.fold(recs(timed(started(), step(0), start=late + 1000), 10))
+    assert [(t.seq, t.from_state, t.to_state) for t in out.transitions] == [(4, None, "RUNNING")]
