@@ -52,6 +52,9 @@ def add_commands(sub) -> None:
     p.add_argument("--shutdown-timeout-s", dest="shutdown_timeout_s", type=float,
                    help="exit at the latest this long after SIGTERM/SIGINT (LOOPWARDEN_SHUTDOWN_TIMEOUT_S; default 30)")
     p.add_argument("--retention-s", dest="retention_s", type=float, help="drop settled runs after this (default 7 days)")
+    p.add_argument("--max-future-skew-s", dest="max_future_skew_s", type=float,
+                   help="dead-letter events and ticks stamped further ahead of the wall clock "
+                        "(LOOPWARDEN_MAX_FUTURE_SKEW_S; default 300)")
     p.add_argument("--seq-memory-s", dest="seq_memory_s", type=float,
                    help="keep a dropped run's last seq this long, so its seq never repeats "
                         "(LOOPWARDEN_SEQ_MEMORY_S; default 30 days)")
@@ -76,7 +79,7 @@ def add_commands(sub) -> None:
     p.add_argument("--runs", type=int, default=200, help="number of runs (default 200)")
     p.add_argument("--rate", type=float, default=5.0, help="runs started per second (default 5)")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--fast", action="store_true", help="publish as fast as possible (timestamps still spread at --rate from now)")
+    p.add_argument("--fast", action="store_true", help="publish as fast as possible (timestamps still spread at --rate, ending now)")
     p.add_argument("--out", help="write the messages as JSON lines (invalid ones included) to this file instead of publishing")
     p.add_argument("--inactivity-s", type=float, default=300.0, help="policy inactivity_timeout_s of simulated runs")
     p.add_argument("--window-s", type=float, default=600.0, help="policy receipt_window_s of simulated runs")
@@ -120,8 +123,14 @@ async def _simulate(config: Config, args: argparse.Namespace) -> int:
 
     await ensure_topics(config)  # before the broker auto-creates them with the wrong partition count
     start = int(time.time() * 1000)
-    messages = fleet(args.runs, seed=args.seed, start_ms=start, rate=args.rate,
+    def make(start_ms: int) -> list:
+        return fleet(args.runs, seed=args.seed, start_ms=start_ms, rate=args.rate,
                      timers_s=(args.inactivity_s, args.window_s), bad_every=args.bad_every)
+
+    messages = make(start)
+    if args.fast:  # sent at once: stamped so the last event is now (a worker refuses ts far in its future)
+        start -= max(m.ts for m in messages) - start
+        messages = make(start)
     topics = {"steps": config.steps_topic, "outcomes": config.outcomes_topic}
     async with Publisher(config.bootstrap, config.steps_topic, config.outcomes_topic) as pub:
         t0 = time.monotonic()

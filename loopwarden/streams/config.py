@@ -55,6 +55,8 @@ class Config:
     # The group's session timeout: how soon a dead or paused worker's partitions move.
     session_timeout_s: float = 6.0
     retention_s: float = 7 * 86400
+    # An event or tick stamped more than this ahead of the worker's wall clock is dead-lettered.
+    max_future_skew_s: float = 300.0
     # A dropped run's last seq is kept this long (a tomb of ~70 B), so its run id's seq never repeats.
     seq_memory_s: float = 30 * 86400
     log_level: str = "info"
@@ -100,6 +102,8 @@ class Config:
             raise ConfigError(f"session_timeout_s: {self.session_timeout_s} must be between 1 and 300")
         if self.retention_s <= 0:
             raise ConfigError(f"retention_s: {self.retention_s} must be > 0")
+        if not 1 <= self.max_future_skew_s <= 10 * 365 * 86400:
+            raise ConfigError(f"max_future_skew_s: {self.max_future_skew_s} must be between 1 and 10 years in seconds")
         if not 0 <= self.seq_memory_s <= 10 * 365 * 86400:
             raise ConfigError(f"seq_memory_s: {self.seq_memory_s} must be between 0 and 10 years in seconds")
         if self.canonical_url is not None and not re.match(r"^https?://[^/\s]+$", self.canonical_url):

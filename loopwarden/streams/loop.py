@@ -248,7 +248,8 @@ class Worker:
             self.committed[tp] = offset
         self.consumer.resume(*tps)
         for p in partitions:
-            task = PartitionTask(p, self.stores[p], self.roles, settings=self.settings, clock=c.clock)
+            task = PartitionTask(p, self.stores[p], self.roles, settings=self.settings, clock=c.clock,
+                                 max_future_ms=int(c.max_future_skew_s * 1000))
             task.rebuild()
             self._count_runs(task.state_counts)
             # Progress is committed offsets moving: a partition that fails and recovers again and

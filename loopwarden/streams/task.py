@@ -117,6 +117,7 @@ class PartitionTask:
         settings: Settings,
         clock: str = "wall",
         wall_ms: Callable[[], int] = wall_clock_ms,
+        max_future_ms: int = 300_000,
     ) -> None:
         self.partition = partition
         self.store = store  # committed states: run id (UTF-8) -> encode_state bytes
@@ -124,6 +125,11 @@ class PartitionTask:
         self.settings = settings
         self.clock_mode = clock
         self.wall_ms = wall_ms
+        # An event stamped further ahead of this worker's wall clock is dead-lettered: one such
+        # message would move the event clock (or its run's timers) to the end of time. Ticks are
+        # the operator's tool to move the clock (backfills, tests): trusted, not bounded.
+        self.max_future_ms = max_future_ms
+        self._ts_limit = 0
         self.timers = TimerQueue()
         self.clock = 0  # event-time clock (clock == "event"), committed with the batch that moved it
         self.state_counts: Counter = Counter()  # health -> runs, committed
@@ -187,6 +193,7 @@ class PartitionTask:
         self._live.clear()
         self._before.clear()
         self._clock_before = self.clock
+        self._ts_limit = self.wall_ms() + self.max_future_ms
         inputs: dict[str, list] = {}
         ticks = []
         for rec in records:
@@ -251,7 +258,16 @@ class PartitionTask:
                 f"message key {shown!r} does not match run_id {event.run_id!r} (events must be keyed by run_id)"))
             out.counts["invalid", role, "key_mismatch"] += 1
             return None
+        if event.ts > self._ts_limit:
+            out.deadletters.append(DeadLetter(rec, "ts_in_future", self._future(event.ts, "ts")))
+            out.counts["invalid", role, "ts_in_future"] += 1
+            return None
         return role, event, rec
+
+    def _future(self, ts: int, what: str) -> str:
+        ahead_s = (ts - (self._ts_limit - self.max_future_ms)) / 1000
+        return (f"{what} {ts} is {ahead_s:.0f} s ahead of this worker's wall clock "
+                f"(at most max_future_skew_s={self.max_future_ms / 1000:g} s is accepted)")
 
     def fire_due(self, now_ms: int, out: Batch) -> None:
         """Fire every due timer of the partition in deadline order: O(due timers)."""

@@ -36,7 +36,8 @@ def env_for(config: Config) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWARDEN_")}
     for name in ("broker", "app_id", "steps_topic", "outcomes_topic", "health_topic", "deadletter_topic",
                  "ticks_topic", "partitions", "store", "data_dir", "clock", "tick_interval_s", "web_port",
-                 "shutdown_timeout_s", "stall_timeout_s", "session_timeout_s", "max_message_bytes", "batch_max_records"):
+                 "shutdown_timeout_s", "stall_timeout_s", "session_timeout_s", "max_message_bytes", "batch_max_records",
+                 "max_future_skew_s", "seq_memory_s", "retention_s"):
         env["LOOPWARDEN_" + name.upper()] = str(getattr(config, name))
     if config.token:
         env["LOOPWARDEN_TOKEN"] = config.token

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -29,7 +33,7 @@ def test_http_routes_metrics_and_token(kafka, tmp_path: Path) -> None:
         wait_final(worker.config, expected)
 
         assert worker.get("/healthz") == (200, b'{"status":"ok"}')
-        for path in ("/readyz", "/metrics", f"/runs/{next(iter(expected))}", "/runs?state=STUCK"):
+        for path in ("/", "/nope", "/readyz", "/metrics", f"/runs/{next(iter(expected))}", "/runs?state=STUCK"):
             status, body = worker.get(path)
             assert status == 401, path
             assert b"unauthorized" in body
@@ -122,4 +126,100 @@ def test_python_publisher_with_msgpack(kafka, tmp_path: Path) -> None:
         status, body = worker.get("/metrics")
         assert b'loopwarden_invalid_events_total{reason="undecodable",topic="steps"} 0.0' in body
     finally:
+        worker.stop()
+
+
+class RogueMember(threading.Thread):
+    """A process that joins the worker's consumer group (it needs no token for that), advertises its
+    own URL for the partitions it gets, records what forwarded reads bring it, and answers forged runs."""
+
+    def __init__(self, config, port: int) -> None:
+        super().__init__(daemon=True)
+        self.config, self.port = config, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.requests: list[dict] = []
+        self.assigned: set[int] = set()
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+    async def _main(self) -> None:
+        from aiohttp import web
+        from aiokafka import AIOKafkaConsumer
+
+        from loopwarden.streams.assignment import CoPartitionedAssignor
+        from loopwarden.streams.http import ANSWER_SIGNATURE
+
+        async def forged(request):
+            self.requests.append({"path": request.path_qs, "headers": dict(request.headers)})
+            return web.json_response({"run_id": request.match_info["tail"], "state": "VERIFIED_COMPLETE", "forged": True},
+                                     headers={ANSWER_SIGNATURE: "0" * 64})
+
+        app = web.Application()
+        app.router.add_get("/{tail:.*}", forged)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", self.port).start()
+        c = self.config
+        consumer = AIOKafkaConsumer(bootstrap_servers=c.bootstrap, group_id=c.app_id, enable_auto_commit=False,
+                                    partition_assignment_strategy=(CoPartitionedAssignor(self.url),),
+                                    session_timeout_ms=int(c.session_timeout_s * 1000), heartbeat_interval_ms=1000)
+        consumer.subscribe([c.steps_topic, c.outcomes_topic, c.ticks_topic])
+        await consumer.start()
+        try:
+            while not self.stopping.is_set():
+                await consumer.getmany(timeout_ms=200)
+                self.assigned = {tp.partition for tp in consumer.assignment()}
+        finally:
+            await consumer.stop()
+            await runner.cleanup()
+
+
+def test_a_rogue_group_member_never_gets_the_token_and_cannot_forge_a_run(kafka, tmp_path: Path) -> None:
+    """Forwarded reads once carried the caller's Bearer token to whoever claimed the partition, and its
+    forged answer came back as 200 (18 of 60). Now the token never leaves; an unsigned answer is a 502."""
+    from dev.localkafka import free_port
+    from loopwarden.streams.assignment import partition_of
+
+    config = unique_config(kafka.bootstrap, partitions=4)
+    worker = make_worker(config, tmp_path, clock="event", token=TOKEN).start()
+    rogue = RogueMember(worker.config, free_port())
+    rogue.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            status, body = worker.get("/readyz", TOKEN)
+            if status == 200 and rogue.assigned and len(json.loads(body)["partitions"]) < 4:
+                break
+            time.sleep(0.2)
+        assert rogue.error is None, rogue.error
+        assert rogue.assigned, "the rogue member got no partition"
+        runs = [f"run-{i}" for i in range(400)]
+        theirs = [r for r in runs if partition_of(r.encode(), 4) in rogue.assigned][:30]
+        answers = [worker.get(f"/runs/{r}", TOKEN) for r in theirs]
+        assert rogue.requests, "nothing was forwarded to the rogue member"
+        print(f"\nrogue member: {len(theirs)} reads of its partitions, {len(rogue.requests)} forwarded to it, "
+              f"{sum(s == 200 for s, _ in answers)} forged answers passed on")
+        for seen in rogue.requests:
+            assert "Authorization" not in seen["headers"]
+            assert not any(TOKEN in v for v in seen["headers"].values())
+        assert all(status == 502 and b"could not be verified" in body for status, body in answers), answers[:3]
+        # What the rogue captured opens nothing else: the signature covers the path it was made for.
+        captured = rogue.requests[0]["headers"]
+        mine = next(r for r in runs if partition_of(r.encode(), 4) not in rogue.assigned)
+        req = urllib.request.Request(worker.url + f"/runs/{mine}",
+                                     headers={k: v for k, v in captured.items() if k.lower().startswith("x-loopwarden")})
+        try:
+            urllib.request.urlopen(req, timeout=5)
+            raise AssertionError("a replayed signature was accepted for another path")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 401
+    finally:
+        rogue.stopping.set()
+        rogue.join(30)
         worker.stop()

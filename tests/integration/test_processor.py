@@ -163,8 +163,9 @@ def test_two_workers_split_partitions_and_agree(kafka, tmp_path: Path) -> None:
     """Two workers in one group split the partitions and together produce replay's final states;
     GET /runs/{id} is answered for any run by either worker (routed to the owner)."""
     config = unique_config(kafka.bootstrap, partitions=6)
-    a = make_worker(config, tmp_path, "a", clock="event").start()
-    b = make_worker(config, tmp_path, "b", clock="event").start()
+    token = "a-token-both-workers-share-0123"  # routed reads between them are signed with a key derived from it
+    a = make_worker(config, tmp_path, "a", clock="event", token=token).start()
+    b = make_worker(config, tmp_path, "b", clock="event", token=token).start()
     try:
         for w in (a, b):
             w.wait_ready()
@@ -174,14 +175,14 @@ def test_two_workers_split_partitions_and_agree(kafka, tmp_path: Path) -> None:
         run(tick(a.config, last + ADVANCE_MS))
         assert final_states(wait_final(a.config, expected, timeout_s=180)) == expected
 
-        parts = [set(json.loads(w.get("/readyz")[1])["partitions"]) for w in (a, b)]
+        parts = [set(json.loads(w.get("/readyz", token)[1])["partitions"]) for w in (a, b)]
         assert parts[0] and parts[1] and not parts[0] & parts[1] and parts[0] | parts[1] == set(range(6))
-        stuck = [json.loads(w.get("/runs?state=STUCK")[1])["runs"] for w in (a, b)]
+        stuck = [json.loads(w.get("/runs?state=STUCK", token)[1])["runs"] for w in (a, b)]
         want_stuck = {r for r, s in expected.items() if s == "STUCK"}
         assert {r["run_id"] for rs in stuck for r in rs} == want_stuck
         for run_id in list(expected)[:40]:
             for w in (a, b):
-                status, body = w.get(f"/runs/{run_id}")
+                status, body = w.get(f"/runs/{run_id}", token)
                 assert status == 200, body
                 doc = json.loads(body)
                 assert doc["state"] == expected[run_id]

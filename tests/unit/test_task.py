@@ -250,3 +250,34 @@ def test_a_dropped_run_leaves_a_tomb_in_the_changelog_and_its_seq_goes_on_after_
     again.rebuild()
     out = again.fold(recs(timed(started(), step(0), start=late + 1000), 10))
     assert [(t.seq, t.from_state, t.to_state) for t in out.transitions] == [(4, None, "RUNNING")]
+
+
+def test_an_event_or_tick_from_the_far_future_is_dead_lettered_and_moves_no_clock() -> None:
+    """ts = 2^53 - 1 once moved a partition's event clock to the end of time: every running run went STUCK.
+    (Ticks are not bounded: moving the clock is what they are for; who may write them is an ACL matter.)"""
+    from loopwarden.codecs import encode
+
+    wall = LAST_TS + 1000
+    task = PartitionTask(0, MemoryPartition(), ROLES, settings=Settings(), clock="event", wall_ms=lambda: wall,
+                         max_future_ms=300_000)
+    task.rebuild()
+    good = LOG[0][:40]
+    out = task.fold(good)
+    clock = task.clock
+    running = task.state_counts["RUNNING"] + sum(1 for t in out.transitions if t.to_state == "RUNNING")
+    assert running > 0
+    task.committed(out)
+    poison = decode_input(LOG[0][0].value)
+    far = encode(type(poison)(**{**{f: getattr(poison, f) for f in poison.__struct_fields__}, "ts": 2**53 - 1}))
+    near = encode(type(poison)(**{**{f: getattr(poison, f) for f in poison.__struct_fields__}, "ts": wall + 299_000}))
+    receipt_rec = next(r for r in LOG[0] if r.topic == "agent.outcomes")
+    receipt_ev = decode_input(receipt_rec.value)
+    far_receipt = encode(type(receipt_ev)(**{**{f: getattr(receipt_ev, f) for f in receipt_ev.__struct_fields__},
+                                              "ts": 2**53 - 1}))
+    bad = [Rec("agent.steps", 0, 9_000, LOG[0][0].key, far), Rec("agent.outcomes", 0, 9_000, receipt_rec.key, far_receipt)]
+    out = task.fold(bad + [Rec("agent.steps", 0, 9_001, LOG[0][0].key, near)])
+    assert [(d.reason, d.record.topic) for d in out.deadletters] == [("ts_in_future", "agent.steps"),
+                                                                   ("ts_in_future", "agent.outcomes")]
+    assert "ahead of this worker's wall clock" in out.deadletters[0].error
+    assert clock <= task.clock <= wall + 299_000  # the 299 s one is within the bound; nothing went further
+    assert not [t for t in out.transitions if t.to_state == "STUCK"]
