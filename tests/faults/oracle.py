@@ -10,7 +10,16 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from tests.integration.harness import final_states
+from tests.integration.harness import final_states, read_topic, run, transitions
+
+
+def wait_runs(config, expected: dict[str, str], timeout_s: float = 180) -> list[dict]:
+    """agent.health (read_committed) once every run of ``expected`` is in its state (other runs may be there too)."""
+    def done(records) -> bool:
+        got = final_states(transitions(records))
+        return all(got.get(r) == s for r, s in expected.items())
+
+    return transitions(run(read_topic(config, config.health_topic, done, timeout_s)))
 
 
 def figures(test: str, faults: str, ts: list[dict], expected: dict[str, str],
@@ -18,12 +27,15 @@ def figures(test: str, faults: str, ts: list[dict], expected: dict[str, str],
     """The figures of one fault test; asserts nothing (see :func:`check`)."""
     seen: dict[tuple[str, int], tuple] = {}
     duplicates = conflicting = 0
+    examples: list = []
     for t in ts:
         key = (t["run_id"], t["seq"])
         content = (t["from_state"], t["to_state"], t["reason"], t["ts"])
         if key in seen:
             duplicates += 1
             conflicting += seen[key] != content
+            if len(examples) < 3:
+                examples.append({"run_seq": key, "first": seen[key], "again": content})
         else:
             seen[key] = content
     got = final_states(ts)
@@ -38,6 +50,9 @@ def figures(test: str, faults: str, ts: list[dict], expected: dict[str, str],
         "seq_holes": holes, "duplicates": duplicates, "conflicting_duplicates": conflicting,
         "dead_letters": deadletters, "bad_messages": bad_sent, **extra,
     }
+    wrong = [(r, got.get(r), s) for r, s in expected.items() if got.get(r) != s][:3]
+    if examples or wrong:
+        out["examples"] = {"duplicates": examples, "wrong (run, got, expected)": wrong}
     print("\nFAULT-FIGURES " + json.dumps(out))
     return out
 
