@@ -19,6 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from loopwarden.simulate import fleet
+from tests.faults.oracle import check, figures
 from tests.integration.harness import (
     final_states,
     make_worker,
@@ -47,27 +48,47 @@ def assert_exactly_once(ts: list[dict], expected: dict[str, str]) -> None:
     assert not wrong, f"{len(wrong)} runs not in replay's final state, e.g. {list(wrong.items())[:3]}"
 
 
-def test_sigkill_mid_batch_repeatedly_commits_each_transition_exactly_once(kafka, tmp_path: Path) -> None:
-    """A worker SIGKILLed again and again while it drains a backlog, restarted each time: agent.health
-    (read_committed) holds every (run_id, seq) exactly once and every run ends as replay says."""
+def test_sigkill_every_few_seconds_while_a_fleet_is_published(kafka, tmp_path: Path) -> None:
+    """A worker SIGKILLed every 1.5-3 s while a fleet is being published, restarted each time (>= 6 kills):
+    agent.health (read_committed) holds every (run_id, seq) exactly once and every run ends as replay says."""
+    import threading
+
     config = unique_config(kafka.bootstrap)
-    messages = fleet(3000, seed=17, bad_every=0)
+    messages = fleet(4000, seed=17, bad_every=0)
     expected, last = replay_final(messages)
-    run(publish(config, [(m.topic, m.key, m.value) for m in messages]))
+    done = threading.Event()
+    errors: list = []
+
+    def publisher() -> None:
+        try:
+            chunk = 500
+            for i in range(0, len(messages), chunk):
+                run(publish(config, [(m.topic, m.key, m.value) for m in messages[i:i + chunk]]))
+                time.sleep(0.4)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=publisher, daemon=True)
     kills = 0
-    for i in range(5):
-        worker = make_worker(config, tmp_path, f"k{i}", clock="event", batch_max_records=500).start()
-        time.sleep(0.4 + 0.3 * i)  # mid-backlog: batches in flight
+    worker = make_worker(config, tmp_path, "k0", clock="event", batch_max_records=500).start()
+    thread.start()
+    while kills < 6 or not done.is_set():
+        time.sleep(1.5 + (kills % 3) * 0.5)  # mid-batch: transactions in flight
         worker.stop(signal.SIGKILL)
         kills += 1
-    final = make_worker(config, tmp_path, "final", clock="event").start()
+        worker = make_worker(config, tmp_path, f"k{kills}", clock="event", batch_max_records=500).start()
+    thread.join(60)
+    assert not errors, errors
     try:
-        run(tick(final.config, last + ADVANCE_MS))
-        ts = wait_final(final.config, expected, timeout_s=240)
+        run(tick(worker.config, last + ADVANCE_MS))
+        ts = wait_final(worker.config, expected, timeout_s=240)
+        fig = figures("worker SIGKILL", f"{kills} SIGKILLs while publishing, restarted each time", ts, expected)
+        check(fig)
         assert_exactly_once(ts, expected)
-        print(f"\nkills={kills} runs={len(expected)} transitions={len(ts)} repeated=0 wrong=0")
     finally:
-        final.stop()
+        worker.stop()
 
 
 def test_a_zombie_worker_commits_nothing_for_partitions_it_lost(kafka, tmp_path: Path) -> None:
@@ -102,6 +123,7 @@ def test_a_zombie_worker_commits_nothing_for_partitions_it_lost(kafka, tmp_path:
         ts = wait_final(config, expected, timeout_s=180)
         time.sleep(3)  # let A rejoin: whatever it commits now must not repeat anything
         ts = transitions(run(read_topic(config, config.health_topic, lambda r: False, timeout_s=5)))
+        check(figures("pause", "worker SIGSTOPped past its session timeout, then SIGCONT", ts, expected))
         assert_exactly_once(ts, expected)
         parts = [set(json.loads(w.get("/readyz")[1])["partitions"]) for w in (a, b)]
         assert not parts[0] & parts[1]
