@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 LW     := $(VENV)/bin/loopwarden
 EMITTER := emitters/ai-sdk
 
-.PHONY: setup python kafka node test test-unit test-python test-node dev replay-seed schema golden bench clean
+.PHONY: setup python kafka node test test-unit test-python test-node dev replay-seed schema golden bench soak clean
 
 setup: python kafka node
 
@@ -53,6 +53,12 @@ $(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
 
 bench: setup $(VENV)/.bench-installed
 	$(PY) -m bench.run
+
+# The fault suite's long variants (the quick ones run in `make test`): brokers down 60 s, a million
+# hostile messages, then a 30-minute soak under steady load with bursts (tests/faults/soak.py).
+soak: setup
+	LOOPWARDEN_FAULT_DOWN_S=60 LOOPWARDEN_FUZZ_MESSAGES=1000000 $(PY) -m pytest -s tests/faults
+	$(PY) -m tests.faults.soak --minutes 30
 
 clean:
 	rm -rf $(VENV) dev/kafka/lib dev/kafka/target $(EMITTER)/node_modules $(EMITTER)/dist .kafka

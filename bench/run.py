@@ -17,12 +17,12 @@ from pathlib import Path
 from bench.common import Report, machine_note, progress
 
 FULL = dict(core_runs=20_000, core_repeats=3, state_runs=20_000, heap_runs=10_000,
-            kafka_runs=5_000, kafka_rounds=2, paced_runs=300, paced_s=8, pace_eps=5000.0, timer_sizes=(5_000, 50_000), timer_rounds=200,
+            kafka_runs=5_000, kafka_rounds=2, txn_count=200, paced_runs=300, paced_s=8, pace_eps=5000.0, timer_sizes=(5_000, 50_000), timer_rounds=200,
             ingest_events=200_000, ingest_rounds=3)
 QUICK = dict(core_runs=5_000, core_repeats=3, state_runs=5_000, heap_runs=5_000,
-             kafka_runs=1_000, kafka_rounds=1, paced_runs=150, paced_s=4, pace_eps=5000.0, timer_sizes=(5_000, 50_000), timer_rounds=100,
+             kafka_runs=1_000, kafka_rounds=1, txn_count=60, paced_runs=150, paced_s=4, pace_eps=5000.0, timer_sizes=(5_000, 50_000), timer_rounds=100,
              ingest_events=50_000, ingest_rounds=1)
-BENCHES = ("core", "state", "timers", "ingest", "kafka")
+BENCHES = ("core", "state", "timers", "txn", "ingest", "kafka")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench.timers import tick_cost
 
             tick_cost(report, size["timer_sizes"], few=10, many=5_000, rounds=size["timer_rounds"])
+        if "txn" in only:
+            from bench.txn import txn_floor
+
+            txn_floor(report, workdir, txns=size["txn_count"])
         max_eps = None
         if "ingest" in only:
             from bench.ingest import ingest
