@@ -28,6 +28,10 @@ from loopwarden.streams.topics import ensure_topics
 from tests.integration.harness import make_worker, unique_config
 
 EVENTS_PER_RUN = 6.5
+# Inactivity 5 s, receipt window 1 s: the simulator's approval deadlines are 100 windows (100 s), so
+# every run settles within ~2 min and, with retention and seq memory of 60 s, the runs held level off
+# after ~4 min (with the defaults of 300/600 s, WAITING runs pile up for 17 hours).
+TIMERS_S = (5.0, 1.0)
 
 
 def _metrics(worker) -> dict[str, float]:
@@ -58,7 +62,7 @@ async def _steady(config, runs_per_s: float, until: float, seed: int) -> int:
         while time.monotonic() < until:
             start = int(time.time() * 1000)
             t0 = time.monotonic()
-            batch = fleet(int(runs_per_s * 30), seed=seed, start_ms=start, rate=runs_per_s, timers_s=(20.0, 40.0))
+            batch = fleet(int(runs_per_s * 30), seed=seed, start_ms=start, rate=runs_per_s, timers_s=TIMERS_S)
             seed += 1
             for m in batch:
                 if m.ts - start > 30_000 or time.monotonic() >= until:
@@ -78,9 +82,9 @@ async def _burst(config, events: int, seed: int) -> int:
     """``events`` published as fast as possible, stamped so the last is now."""
     runs = int(events / EVENTS_PER_RUN)
     now = int(time.time() * 1000)
-    batch = fleet(runs, seed=seed, start_ms=now, timers_s=(20.0, 40.0))
+    batch = fleet(runs, seed=seed, start_ms=now, timers_s=TIMERS_S)
     shift = max(m.ts for m in batch) - now
-    batch = fleet(runs, seed=seed, start_ms=now - shift, timers_s=(20.0, 40.0))
+    batch = fleet(runs, seed=seed, start_ms=now - shift, timers_s=TIMERS_S)
     topics = {"steps": config.steps_topic, "outcomes": config.outcomes_topic}
     async with Publisher(config.bootstrap, config.steps_topic, config.outcomes_topic) as pub:
         for m in batch:
