@@ -120,11 +120,11 @@ def _events(events: int, seed: int) -> list:
         runs = int(runs * 1.3) + 50
 
 
-async def create_topics(bootstrap: str, names: list[str]) -> None:
+async def create_topics(bootstrap: str, names: list[str], partitions: int = PARTITIONS) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(name, PARTITIONS, 1) for name in names])
+        await admin.create_topics([NewTopic(name, partitions, 1) for name in names])
     finally:
         await admin.close()
 

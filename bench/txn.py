@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
 
 from bench.common import Report, duration, progress
+from bench.ingest import create_topics
 from dev.localkafka import LocalKafka
 
 
@@ -52,15 +52,7 @@ def txn_floor(report: Report, workdir: Path, txns: int = 150, producers: tuple[i
     progress("[f] transaction floor: starting a local Kafka broker (idle, nothing else running) ...")
     broker = LocalKafka(workdir / "txn-kafka", heap="512m").start(timeout_s=120)
     try:
-        async def setup() -> None:
-            admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
-            await admin.start()
-            try:
-                await admin.create_topics([NewTopic(t, max(producers), 1) for t in ("txn-in", "txn-out", "txn-changelog")])
-            finally:
-                await admin.close()
-
-        asyncio.run(setup())
+        asyncio.run(create_topics(broker.bootstrap, ["txn-in", "txn-out", "txn-changelog"], max(producers)))
         for n in producers:
             for gap_ms in (0, 6):
                 out: list[float] = []

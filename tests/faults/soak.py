@@ -21,6 +21,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.common import rss_kb
 from dev.localkafka import LocalKafka
 from loopwarden.publisher import Publisher
 from loopwarden.simulate import fleet
@@ -45,13 +46,6 @@ def _metrics(worker) -> dict[str, float]:
                           "loopwarden_events_total", "loopwarden_invalid_events_total"):
                 out[s.name] = out.get(s.name, 0.0) + s.value
     return out
-
-
-def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
 
 
 async def _steady(config, runs_per_s: float, until: float, seed: int) -> int:
@@ -129,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                 await asyncio.sleep(10)
                 now = time.monotonic()
                 m = await asyncio.to_thread(_metrics, worker)
-                sample = {"t_s": round(now - t0), "rss_kib": _rss_kib(pid), "runs": m.get("loopwarden_runs", 0),
+                sample = {"t_s": round(now - t0), "rss_kib": rss_kb(pid).get("VmRSS", 0), "runs": m.get("loopwarden_runs", 0),
                           "lag": m.get("loopwarden_consumer_lag", 0), "stalls": m.get("loopwarden_stalls_total", 0),
                           "events": m.get("loopwarden_events_total", 0)}
                 samples.append(sample)

@@ -19,11 +19,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from bench.common import rss_kb
 from loopwarden.codecs import MSGPACK, InvalidEvent, decode_outcome_event, decode_step_event
 from loopwarden.simulate import fleet
 from loopwarden.streams.assignment import partition_of
 from tests.faults.oracle import check, figures, reasons, wait_runs
-from tests.integration.harness import make_worker, read_topic, run, tick, unique_config
+from tests.integration.harness import make_worker, publish, read_topic, run, tick, unique_config
 from tests.integration.test_processor import ADVANCE_MS, replay_final
 
 pytestmark = pytest.mark.timeout(600)
@@ -139,19 +140,12 @@ def predicted_reason(role: str, key: bytes | None, value: bytes | None, headers,
     return None
 
 
-def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
 def test_hostile_input_at_volume_is_dead_lettered_once_and_stops_nothing(kafka, tmp_path: Path) -> None:
     config = unique_config(kafka.bootstrap, partitions=PARTITIONS)
     worker = make_worker(config, tmp_path, clock="event", max_future_skew_s=SKEW_MS / 1000).start()
     try:
         assert worker.proc is not None
-        rss_start = _rss_kib(worker.proc.pid)
+        rss_start = rss_kb(worker.proc.pid).get("VmRSS", 0)
         clean = [m for m in fleet(800, seed=31, bad_every=0) if partition_of(m.key, PARTITIONS) in CLEAN]
         expected, last = replay_final(clean)
         bad = hostile(VOLUME, seed=5)
@@ -161,7 +155,7 @@ def test_hostile_input_at_volume_is_dead_lettered_once_and_stops_nothing(kafka, 
             mixed.insert(rng.randrange(len(mixed) + 1), (role, key, value, headers))
         sent_at = int(time.time() * 1000)
         t0 = time.monotonic()
-        run(_publish_with_headers(worker.config, mixed))
+        run(publish(worker.config, mixed))
         published_s = time.monotonic() - t0
         want = Counter(r for role, key, value, headers, _ in bad
                        if (r := predicted_reason(role, key, value, headers, sent_at)) is not None)
@@ -181,7 +175,7 @@ def test_hostile_input_at_volume_is_dead_lettered_once_and_stops_nothing(kafka, 
         status, body = worker.get("/metrics")
         lag = [line for line in body.decode().splitlines() if line.startswith("loopwarden_consumer_lag{")]
         assert lag and all(line.endswith(" 0.0") for line in lag), lag
-        rss_end = _rss_kib(worker.proc.pid)
+        rss_end = rss_kb(worker.proc.pid).get("VmRSS", 0)
         assert rss_end < 600 * 1024, f"RSS {rss_end} KiB"
         fig = figures("hostile input", f"{len(bad):,} hostile messages ({len(kinds)} kinds)", ts, expected,
                       deadletters=len(dead), bad_sent=sum(want.values()), messages=len(mixed),
@@ -191,14 +185,3 @@ def test_hostile_input_at_volume_is_dead_lettered_once_and_stops_nothing(kafka, 
     finally:
         worker.stop()
 
-
-async def _publish_with_headers(config, messages) -> None:
-    from loopwarden.publisher import Publisher
-    from loopwarden.streams.topics import ensure_topics
-
-    await ensure_topics(config)
-    topics = {"steps": config.steps_topic, "outcomes": config.outcomes_topic}
-    async with Publisher(config.bootstrap, config.steps_topic, config.outcomes_topic) as pub:
-        for role, key, value, headers in messages:
-            await pub.publish_raw(topics[role], key, value, headers=headers)
-        await pub.flush()

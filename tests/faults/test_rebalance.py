@@ -5,7 +5,6 @@ tick is consumed by whoever owns each partition then); nothing is lost, repeated
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -16,7 +15,7 @@ from loopwarden.rules import TIMER_REASONS
 from loopwarden.simulate import fleet
 from loopwarden.streams.assignment import partition_of
 from tests.faults.oracle import check, figures, wait_runs
-from tests.integration.harness import make_worker, publish, run, tick, unique_config
+from tests.integration.harness import PublishInBackground, make_worker, run, tick, unique_config
 from tests.integration.test_processor import ADVANCE_MS, replay_final
 
 pytestmark = pytest.mark.timeout(500)
@@ -31,25 +30,13 @@ def test_join_kill_join_leave_while_publishing(kafka, tmp_path: Path) -> None:
     config = unique_config(kafka.bootstrap, partitions=PARTITIONS)
     messages = fleet(3000, seed=43, bad_every=0)
     expected, last = replay_final(messages)
-    chunks = [messages[i:i + 300] for i in range(0, len(messages), 300)]
-    errors: list = []
-    done = threading.Event()
-
-    def publisher() -> None:
-        try:
-            for chunk in chunks:
-                run(publish(config, [(m.topic, m.key, m.value) for m in chunk]))
-                time.sleep(0.5)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            done.set()
+    publisher = PublishInBackground(config, messages, chunk=300, pause_s=0.5)
 
     kw = dict(clock="event", session_timeout_s=4.0, batch_max_records=500)
     a = make_worker(config, tmp_path, "a", **kw).start()
     workers = [a]
     try:
-        threading.Thread(target=publisher, daemon=True).start()
+        publisher.start()
         time.sleep(1.5)
         b = make_worker(config, tmp_path, "b", **kw).start()   # joins: partitions move from a to b
         workers.append(b)
@@ -61,7 +48,7 @@ def test_join_kill_join_leave_while_publishing(kafka, tmp_path: Path) -> None:
         time.sleep(2)
         b.stop(signal.SIGTERM)                                  # leaves cleanly: everything moves to c
         assert b.proc is not None and b.proc.returncode == 0, b.log_tail()
-        assert done.wait(120) and not errors, errors
+        assert publisher.done.wait(120) and not publisher.errors, publisher.errors
         _ready(c)
         run(tick(c.config, last + ADVANCE_MS))
         ts = wait_runs(c.config, expected, timeout_s=240)

@@ -7,7 +7,6 @@ final state offline replay reaches on the same valid input.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import time
@@ -21,6 +20,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from loopwarden.simulate import fleet
 from tests.faults.oracle import check, figures
 from tests.integration.harness import (
+    PublishInBackground,
     final_states,
     make_worker,
     publish,
@@ -51,36 +51,20 @@ def assert_exactly_once(ts: list[dict], expected: dict[str, str]) -> None:
 def test_sigkill_every_few_seconds_while_a_fleet_is_published(kafka, tmp_path: Path) -> None:
     """A worker SIGKILLed every 1.5-3 s while a fleet is being published, restarted each time (>= 6 kills):
     agent.health (read_committed) holds every (run_id, seq) exactly once and every run ends as replay says."""
-    import threading
-
     config = unique_config(kafka.bootstrap)
     messages = fleet(4000, seed=17, bad_every=0)
     expected, last = replay_final(messages)
-    done = threading.Event()
-    errors: list = []
-
-    def publisher() -> None:
-        try:
-            chunk = 500
-            for i in range(0, len(messages), chunk):
-                run(publish(config, [(m.topic, m.key, m.value) for m in messages[i:i + chunk]]))
-                time.sleep(0.4)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            done.set()
-
-    thread = threading.Thread(target=publisher, daemon=True)
+    publisher = PublishInBackground(config, messages, chunk=500, pause_s=0.4)
     kills = 0
     worker = make_worker(config, tmp_path, "k0", clock="event", batch_max_records=500).start()
-    thread.start()
-    while kills < 6 or not done.is_set():
+    publisher.start()
+    while kills < 6 or not publisher.done.is_set():
         time.sleep(1.5 + (kills % 3) * 0.5)  # mid-batch: transactions in flight
         worker.stop(signal.SIGKILL)
         kills += 1
         worker = make_worker(config, tmp_path, f"k{kills}", clock="event", batch_max_records=500).start()
-    thread.join(60)
-    assert not errors, errors
+    publisher.join(60)
+    assert not publisher.errors, publisher.errors
     try:
         run(tick(worker.config, last + ADVANCE_MS))
         ts = wait_final(worker.config, expected, timeout_s=240)

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -113,16 +114,37 @@ def make_worker(config: Config, tmp: Path, name: str = "w", **overrides) -> Work
     return Worker(cfg, tmp / f"{name}.log")
 
 
-async def publish(config: Config, messages: list[tuple[str, bytes | None, bytes]] ) -> None:
-    """Publish (role, key, value) in order; role is steps|outcomes."""
+async def publish(config: Config, messages: list[tuple]) -> None:
+    """Publish (role, key, value) or (role, key, value, headers) in order; role is steps|outcomes."""
     from loopwarden.streams.topics import ensure_topics
 
     await ensure_topics(config)
     topics = {"steps": config.steps_topic, "outcomes": config.outcomes_topic}
     async with Publisher(config.bootstrap, config.steps_topic, config.outcomes_topic) as pub:
-        for role, key, value in messages:
-            await pub.publish_raw(topics[role], key, value)
+        for role, key, value, *headers in messages:
+            await pub.publish_raw(topics[role], key, value, headers=headers[0] if headers else None)
         await pub.flush()
+
+
+class PublishInBackground(threading.Thread):
+    """Publish ``messages`` (simulated fleet messages) in chunks with a pause between them, in a thread,
+    while the test kills or moves workers; ``join()`` then check ``errors``."""
+
+    def __init__(self, config: Config, messages: list, chunk: int, pause_s: float) -> None:
+        super().__init__(daemon=True)
+        self.config, self.messages, self.chunk, self.pause_s = config, messages, chunk, pause_s
+        self.errors: list[BaseException] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            for i in range(0, len(self.messages), self.chunk):
+                run(publish(self.config, [(m.topic, m.key, m.value) for m in self.messages[i:i + self.chunk]]))
+                time.sleep(self.pause_s)
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            self.errors.append(exc)
+        finally:
+            self.done.set()
 
 
 async def tick(config: Config, now_ms: int) -> None:
