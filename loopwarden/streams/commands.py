@@ -58,6 +58,9 @@ def add_commands(sub) -> None:
     p.add_argument("--seq-memory-s", dest="seq_memory_s", type=float,
                    help="keep a dropped run's last seq this long, so its seq never repeats "
                         "(LOOPWARDEN_SEQ_MEMORY_S; default 30 days)")
+    p.add_argument("--malloc-trim-s", dest="malloc_trim_s", type=float,
+                   help="hand the C heap's free pages back to the OS this often; 0: never "
+                        "(LOOPWARDEN_MALLOC_TRIM_S; default 30)")
     p.add_argument("--log-level", dest="log_level", help="info, warning, debug (LOOPWARDEN_LOG_LEVEL)")
     p.add_argument("--batch-max-records", dest="batch_max_records", type=int,
                    help="records per batch at most (LOOPWARDEN_BATCH_MAX_RECORDS; default 20000)")

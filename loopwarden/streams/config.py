@@ -59,6 +59,9 @@ class Config:
     max_future_skew_s: float = 300.0
     # A dropped run's last seq is kept this long (a tomb of ~70 B), so its run id's seq never repeats.
     seq_memory_s: float = 30 * 86400
+    # Every this many seconds the worker hands the C heap's free pages back to the OS (glibc's
+    # malloc_trim; see loopwarden.streams.memory); 0: never.
+    malloc_trim_s: float = 30.0
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -106,6 +109,8 @@ class Config:
             raise ConfigError(f"max_future_skew_s: {self.max_future_skew_s} must be between 1 and 10 years in seconds")
         if not 0 <= self.seq_memory_s <= 10 * 365 * 86400:
             raise ConfigError(f"seq_memory_s: {self.seq_memory_s} must be between 0 and 10 years in seconds")
+        if self.malloc_trim_s != 0 and not 1 <= self.malloc_trim_s <= 86400:
+            raise ConfigError(f"malloc_trim_s: {self.malloc_trim_s} must be 0 (never) or between 1 and 86400")
         if self.canonical_url is not None and not re.match(r"^https?://[^/\s]+$", self.canonical_url):
             raise ConfigError(f"canonical_url: {self.canonical_url!r} must be http(s)://host:port with no path")
         if self.token is not None and len(self.token) < 16:

@@ -47,6 +47,7 @@ from aiokafka.errors import KafkaError, ProducerFenced
 
 from loopwarden.codecs import encode
 from loopwarden.rules import TIMER_REASONS, Settings
+from loopwarden.streams import memory
 from loopwarden.streams.assignment import CoPartitionedAssignor, partition_of
 from loopwarden.streams.config import Config
 from loopwarden.streams.logs import quiet_repeats
@@ -97,6 +98,7 @@ class Worker:
         self.consumer: AIOKafkaConsumer | None = None
         self.restorer: AIOKafkaConsumer | None = None
         self._last_punctuate = 0.0
+        self._trimmed_at = time.monotonic()
         self.inflight: dict[int, asyncio.Task] = {}  # partition -> its pipeline (fold, then commit, while records wait)
         self.buffered: dict[int, list] = {}  # partition -> records consumed, not folded yet
         self.punctuate_pending: set[int] = set()  # partitions whose next fold fires due timers
@@ -560,6 +562,11 @@ class Worker:
             elif not stalled:
                 self.stalled.discard(p)
         m.stalled.set(len(self.stalled))
+        if self.config.malloc_trim_s and now - self._trimmed_at >= self.config.malloc_trim_s:
+            self._trimmed_at = now
+            took = memory.trim()
+            if took is not None:
+                m.malloc_trim.observe(took)
         for p, at in sorted(self.recover_at.items()):
             if now < at or self.stopping.is_set():
                 continue

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 from loopwarden.codecs import CAUSES, STATES, InvalidEvent
 
@@ -27,7 +27,10 @@ class Metrics:
     """All series are created up front so dashboards see zeros, not gaps."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
+        if registry is None:
+            registry = CollectorRegistry()
+            ProcessCollector(registry=registry)  # process_resident_memory_bytes, CPU seconds, open fds
+        self.registry = registry
         self._children: dict = {}
         r = self.registry
         self.events = Counter("loopwarden_events_total", "Input messages consumed, by topic role and event type.",
@@ -68,6 +71,12 @@ class Metrics:
             "loopwarden_transaction_seconds",
             "A batch transaction from begin to commit (its broker round trips): the floor under the latency.",
             buckets=(0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5, 10),
+            registry=r,
+        )
+        self.malloc_trim = Histogram(
+            "loopwarden_malloc_trim_seconds",
+            "Handing the C heap's free pages back to the OS (glibc malloc_trim, every malloc_trim_s).",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
             registry=r,
         )
         self.redelivered = Counter(

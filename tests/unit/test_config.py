@@ -35,6 +35,7 @@ def test_flags_override_environment_which_overrides_defaults() -> None:
     ({"LOOPWARDEN_STALL_TIMEOUT_S": "0"}, r"stall_timeout_s: 0.0 must be between 1 and 86400"),
     ({"LOOPWARDEN_MAX_MESSAGE_BYTES": "100"}, r"max_message_bytes: 100 must be between 10000 and 100000000"),
     ({"LOOPWARDEN_SESSION_TIMEOUT_S": "0.1"}, r"session_timeout_s: 0.1 must be between 1 and 300"),
+    ({"LOOPWARDEN_MALLOC_TRIM_S": "0.5"}, r"malloc_trim_s: 0.5 must be 0 \(never\) or between 1 and 86400"),
 ])
 def test_bad_values_are_named(env, message) -> None:
     """Each bad setting fails fast with a message naming the setting and the value."""
