@@ -5,9 +5,9 @@ PY     := $(VENV)/bin/python
 LW     := $(VENV)/bin/loopwarden
 EMITTER := emitters/ai-sdk
 
-.PHONY: setup python kafka node test test-unit test-python test-node dev replay-seed schema golden bench soak clean
+.PHONY: setup python kafka node promtool test test-unit test-python test-node dev replay-seed schema golden bench soak clean
 
-setup: python kafka node
+setup: python kafka node promtool
 
 python: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -19,6 +19,15 @@ $(VENV)/.installed: pyproject.toml
 # The real Apache Kafka broker, as jars from Maven Central (dev/kafka/pom.xml).
 kafka: python
 	$(PY) -m dev.localkafka fetch
+
+# promtool (Debian's prometheus package) checks and unit-tests deploy/prometheus/rules.yml.
+promtool:
+	@command -v promtool >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  else \
+	    echo "promtool not found: install Debian's prometheus package (sudo apt-get install prometheus) or put promtool on PATH"; exit 1; \
+	  fi; }
 
 node: $(EMITTER)/node_modules/.package-lock.json
 $(EMITTER)/node_modules/.package-lock.json: $(EMITTER)/package-lock.json $(EMITTER)/package.json

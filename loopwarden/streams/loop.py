@@ -472,6 +472,7 @@ class Worker:
         now_ms = wall_clock_ms()
         for t in out.transitions:
             m.child(m.transitions, t.from_state or "none", t.to_state).inc()
+            m.child(m.agent_transitions, m.agent_label(t.agent), t.to_state).inc()
             (m.timer_latency if t.reason in TIMER_REASONS else m.latency).observe(max(0.0, (now_ms - t.ts) / 1000))
         for d in out.deadletters:
             r = d.record

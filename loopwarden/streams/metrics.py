@@ -21,6 +21,10 @@ IGNORED = (
     "unmatched_approval", "duplicate_receipt", "untracked_step",
 )
 TIMER_KINDS = ("no_progress", "approval_expired", "receipt_window_expired", "retention")
+# Agent names become label values as they are first seen, up to this many per worker; later
+# names count as "other" (and a run without a name as "none"), so a producer cannot grow the
+# series without bound.
+AGENT_LABELS_MAX = 50
 
 
 class Metrics:
@@ -73,6 +77,11 @@ class Metrics:
             buckets=(0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5, 10),
             registry=r,
         )
+        self.agent_transitions = Counter(
+            "loopwarden_agent_transitions_total",
+            f"Health transitions by the run's agent (the first {AGENT_LABELS_MAX} names seen; then 'other') "
+            "and to state.", ["agent", "to_state"], registry=r)
+        self._agents: set[str] = set()
         self.malloc_trim = Histogram(
             "loopwarden_malloc_trim_seconds",
             "Handing the C heap's free pages back to the OS (glibc malloc_trim, every malloc_trim_s).",
@@ -129,6 +138,17 @@ class Metrics:
             self.timers.labels(k)
         for s in STATES + ("NEVER_STARTED",):
             self.evicted.labels(s)
+
+    def agent_label(self, agent: str | None) -> str:
+        """The label value for a run's agent: its name while fewer than AGENT_LABELS_MAX are known."""
+        if agent is None:
+            return "none"
+        if agent in self._agents:
+            return agent
+        if len(self._agents) < AGENT_LABELS_MAX and agent not in ("none", "other"):
+            self._agents.add(agent)
+            return agent
+        return "other"
 
     def child(self, metric, *labels: str):
         """``metric.labels(*labels)``, cached: the lookup is the costly part on the hot path."""

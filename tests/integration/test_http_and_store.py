@@ -56,6 +56,13 @@ def test_http_routes_metrics_and_token(kafka, tmp_path: Path) -> None:
         assert from_events + from_timers == transitions and from_events >= 40
         assert from_timers == sum(v for k, v in values.items() if k.startswith("loopwarden_timers_fired_total{"))
         assert values["loopwarden_transaction_seconds_count"] == values['loopwarden_transactions_total{result="committed"}']
+        # The same transitions by agent: one label per agent of the fleet (bounded, see AGENT_LABELS_MAX).
+        by_agent = {k: v for k, v in values.items() if k.startswith("loopwarden_agent_transitions_total{")}
+        assert sum(by_agent.values()) == transitions
+        agents = {json.loads(m.value)["agent"] for m in messages if b'"run_started"' in m.value}
+        # the fleet's no_run_started run has no agent name: "none"
+        assert {k.split('agent="')[1].split('"')[0] for k in by_agent} == agents | {"none"}
+        assert values["process_resident_memory_bytes"] > 10e6
         lag = [line for line in text.splitlines() if line.startswith("loopwarden_consumer_lag{")]
         assert {'topic="steps"', 'topic="outcomes"'} <= {part for line in lag for part in line[:line.index("}")].split(",")}
         assert all(line.endswith(" 0.0") for line in lag), lag  # everything consumed and committed

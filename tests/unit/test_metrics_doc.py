@@ -17,3 +17,16 @@ def test_the_readme_lists_every_loopwarden_metric() -> None:
     exported = {n + "_total" if f"`{n}_total`" in section else n for n in exported}
     assert documented == exported, (exported - documented, documented - exported)
     assert "process_resident_memory_bytes" in {s.name for f in Metrics().registry.collect() for s in f.samples}
+
+
+def test_agent_labels_are_bounded() -> None:
+    """The first AGENT_LABELS_MAX names are labels; later ones, and names that would collide with the
+    buckets, count as "other"; no name is "none"."""
+    from loopwarden.streams.metrics import AGENT_LABELS_MAX
+
+    m = Metrics()
+    labels = [m.agent_label(f"agent-{i}") for i in range(AGENT_LABELS_MAX + 10)]
+    assert labels[:AGENT_LABELS_MAX] == [f"agent-{i}" for i in range(AGENT_LABELS_MAX)]
+    assert set(labels[AGENT_LABELS_MAX:]) == {"other"}
+    assert m.agent_label("agent-3") == "agent-3"  # a known name stays itself
+    assert (m.agent_label(None), m.agent_label("other"), m.agent_label("none")) == ("none", "other", "other")
