@@ -174,6 +174,31 @@ async def read_topic(config: Config, topic: str, until, timeout_s: float = 60) -
         await consumer.stop()
 
 
+async def read_all(config: Config, topic: str, timeout_s: float = 120) -> list:
+    """Every committed record of ``topic`` as of now: read from the beginning until the position of each
+    partition reaches its end offset (the last stable offset, read_committed), however many there are."""
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=config.bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False, group_id=None, isolation_level="read_committed")
+    await consumer.start()
+    records: list = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        end = None
+        while True:
+            if end is None and consumer.assignment():
+                end = await consumer.end_offsets(list(consumer.assignment()))
+            if end is not None:
+                positions = {tp: await consumer.position(tp) for tp in end}
+                if all(positions[tp] >= end[tp] for tp in end):
+                    return records
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: read {len(records)} records in {timeout_s}s (ends {end})")
+            for recs in (await consumer.getmany(timeout_ms=500)).values():
+                records += recs
+    finally:
+        await consumer.stop()
+
+
 def transitions(records) -> list[dict]:
     return [json.loads(r.value) for r in records]
 
