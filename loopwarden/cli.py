@@ -81,11 +81,35 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
+KAFKA_COMMANDS = {
+    "worker": "run a stream-processor worker against Kafka (exactly-once)",
+    "simulate": "publish a realistic mixed fleet (every state, receipts, bad messages)",
+    "tail": "print transitions from agent.health",
+    "tick": "send one timer tick to every partition (with --clock event: advance the clock)",
+}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("loopwarden")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _needs_processor(args: argparse.Namespace) -> int:
+    raise SystemExit(f"loopwarden {args.command}: needs the Kafka processor, which is not installed: "
+                     "pip install 'loopwarden[processor]'")
+
+
+def build_parser(processor: bool | None = None) -> argparse.ArgumentParser:
+    """The CLI; ``processor``: whether the [processor] extra's commands exist (default: if aiokafka is installed)."""
     parser = argparse.ArgumentParser(
         prog="loopwarden",
         description="Per-run health of AI agent fleets: why each run stopped, and whether the work got done.",
     )
+    parser.add_argument("--version", action="version", version=f"loopwarden {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("replay", help="classify JSON-lines events offline (event-time clock)")
@@ -100,15 +124,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("schema", help="print the JSON Schema of every input and output event")
     p.set_defaults(func=cmd_schema)
 
-    if importlib.util.find_spec("aiokafka") is not None:  # the [processor] extra is installed
+    if processor is None:
+        processor = importlib.util.find_spec("aiokafka") is not None  # the [processor] extra is installed
+    if processor:
         from loopwarden.streams.commands import add_commands
 
         add_commands(sub)
+    else:  # listed anyway, so that asking for one says what to install instead of "invalid choice"
+        for name, text in KAFKA_COMMANDS.items():
+            p = sub.add_parser(name, help=f"{text} [needs loopwarden[processor]]", add_help=False)
+            p.set_defaults(func=_needs_processor)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, processor: bool | None = None) -> int:
+    parser = build_parser(processor)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.func is not _needs_processor:  # a command without the extra takes any flags: it only explains
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args.func(args)
 
 

@@ -27,18 +27,32 @@ def _config(args: argparse.Namespace) -> Config:
         raise SystemExit(f"loopwarden: {exc}") from None
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, *, topics: tuple[str, ...] = ("steps", "outcomes", "health", "deadletter", "ticks"),
+            partitions: bool = True) -> None:
+    """The connection flags, and the topic flags of the topics the command uses (no others: a flag a
+    command would ignore is refused)."""
     p.add_argument("--broker", help="Kafka bootstrap host:port[,host:port] (env LOOPWARDEN_BROKER; default 127.0.0.1:9092)")
-    p.add_argument("--steps-topic", dest="steps_topic", help="default agent.steps (LOOPWARDEN_STEPS_TOPIC)")
-    p.add_argument("--outcomes-topic", dest="outcomes_topic", help="default agent.outcomes (LOOPWARDEN_OUTCOMES_TOPIC)")
-    p.add_argument("--health-topic", dest="health_topic", help="default agent.health (LOOPWARDEN_HEALTH_TOPIC)")
-    p.add_argument("--deadletter-topic", dest="deadletter_topic", help="default agent.deadletter (LOOPWARDEN_DEADLETTER_TOPIC)")
-    p.add_argument("--ticks-topic", dest="ticks_topic", help="default loopwarden.ticks (LOOPWARDEN_TICKS_TOPIC)")
-    p.add_argument("--partitions", type=int, help="partitions of the topics it creates (LOOPWARDEN_PARTITIONS; default 8)")
+    defaults = {"steps": "agent.steps", "outcomes": "agent.outcomes", "health": "agent.health",
+                "deadletter": "agent.deadletter", "ticks": "loopwarden.ticks"}
+    for t in topics:
+        p.add_argument(f"--{t}-topic", dest=f"{t}_topic", help=f"default {defaults[t]} (LOOPWARDEN_{t.upper()}_TOPIC)")
+    if partitions:
+        p.add_argument("--partitions", type=int, help="partitions of the topics it creates (LOOPWARDEN_PARTITIONS; default 8)")
+
+
+def _env_epilog() -> str:
+    """Every setting's environment variable and default (the flags above override them)."""
+    lines = ["environment (a flag overrides its variable):"]
+    for f in fields(Config):
+        default = getattr(Config(), f.name)
+        shown = "unset" if default is None else default
+        lines.append(f"  LOOPWARDEN_{f.name.upper():<22} default {shown}")
+    return "\n".join(lines)
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("worker", help="run a stream-processor worker against Kafka (exactly-once)")
+    p = sub.add_parser("worker", help="run a stream-processor worker against Kafka (exactly-once)",
+                       epilog=_env_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
     p.add_argument("--app-id", dest="app_id", help="consumer group / table prefix (LOOPWARDEN_APP_ID; default loopwarden)")
     p.add_argument("--store", choices=STORES, help="table store (LOOPWARDEN_STORE; default memory)")
@@ -90,14 +104,14 @@ def add_commands(sub) -> None:
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("tail", help="print transitions from agent.health")
-    _common(p)
+    _common(p, topics=("health",), partitions=False)
     p.add_argument("--from-beginning", action="store_true")
     p.add_argument("--json", action="store_true", help="print the raw JSON lines")
     p.add_argument("--idle-exit-s", type=float, default=None, help="exit after this long without a message")
     p.set_defaults(func=cmd_tail)
 
     p = sub.add_parser("tick", help="send one timer tick to every partition (with --clock event: advance the clock)")
-    _common(p)
+    _common(p, topics=("ticks",), partitions=False)
     p.add_argument("--now-ms", type=int, required=True, help="the clock value the workers move to")
     p.set_defaults(func=cmd_tick)
 

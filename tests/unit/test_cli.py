@@ -1,0 +1,67 @@
+"""The CLI as a newcomer meets it: --version, every env var in `worker --help`, flags a command would
+ignore refused, and the Kafka commands without the [processor] extra naming what to install."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import fields
+
+import pytest
+
+from loopwarden.cli import KAFKA_COMMANDS, main
+from loopwarden.streams.config import Config
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "loopwarden.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_version() -> None:
+    from importlib.metadata import version
+
+    res = cli("--version")
+    assert res.returncode == 0 and res.stdout.strip() == f"loopwarden {version('loopwarden')}"
+
+
+def test_worker_help_names_every_environment_variable_with_its_default() -> None:
+    res = cli("worker", "--help")
+    assert res.returncode == 0
+    for f in fields(Config):
+        line = next((ln for ln in res.stdout.splitlines() if f"LOOPWARDEN_{f.name.upper()} " in ln), None)
+        assert line is not None, f.name
+        default = getattr(Config(), f.name)
+        assert line.split()[-1] == ("unset" if default is None else str(default)), line
+    assert "LOOPWARDEN_TOKEN" in res.stdout and "LOOPWARDEN_REPLICATION" in res.stdout
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["tail", "--steps-topic", "x"], "--steps-topic"),
+    (["tail", "--partitions", "3"], "--partitions"),
+    (["tick", "--now-ms", "1", "--health-topic", "h"], "--health-topic"),
+    (["tick", "--now-ms", "1", "--partitions", "3"], "--partitions"),
+    (["simulate", "--store", "rocksdb"], "--store"),
+])
+def test_a_flag_the_command_would_ignore_is_refused(args, flag) -> None:
+    res = cli(*args)
+    assert res.returncode == 2
+    assert f"unrecognized arguments: {flag}" in res.stderr
+
+
+def test_tail_and_tick_keep_the_flags_they_use() -> None:
+    for args, flag in ((["tail"], "--health-topic"), (["tick"], "--ticks-topic"), (["simulate"], "--partitions")):
+        res = cli(*args, "--help")
+        assert res.returncode == 0 and flag in res.stdout and "--broker" in res.stdout
+
+
+@pytest.mark.parametrize("command", sorted(KAFKA_COMMANDS))
+def test_without_the_processor_extra_a_kafka_command_names_the_extra(command, capsys) -> None:
+    """A core-only install (no aiokafka) still lists the Kafka commands; asking for one, with any
+    flags, exits with one line naming what to install."""
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--broker", "k:9092", "--anything"], processor=False)
+    assert str(exc.value) == (f"loopwarden {command}: needs the Kafka processor, which is not installed: "
+                              "pip install 'loopwarden[processor]'")
+    with pytest.raises(SystemExit):
+        main(["--help"], processor=False)
+    assert command in capsys.readouterr().out
