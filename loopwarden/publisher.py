@@ -46,7 +46,11 @@ class Publisher:
         self.failed = 0
 
     async def start(self) -> "Publisher":
-        await self._producer.start()
+        try:
+            await self._producer.start()
+        except BaseException:
+            await self._producer.stop()  # nothing left open (else: "Unclosed AIOKafkaProducer")
+            raise
         return self
 
     async def stop(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 import time
 from dataclasses import fields
@@ -16,6 +17,41 @@ COLORS = {
     "RUNNING": "36", "WAITING": "33", "WAITING_UNROUTED": "33;1", "STUCK": "35;1", "BOUNDED_STOP": "34",
     "FAILED": "31;1", "VERIFYING": "37", "VERIFIED_COMPLETE": "32;1", "FALSE_COMPLETE": "31", "UNCERTAIN": "35",
 }
+
+
+class _UntilConnected(logging.Filter):
+    """Holds back aiokafka's lines until the command's client has connected: a broker unreachable at
+    start is then said once, by the command, not by aiokafka too."""
+
+    connected = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.connected
+
+
+_STARTUP = _UntilConnected()
+
+
+def _connected() -> None:
+    _STARTUP.connected = True
+
+
+def _client(command: str, config: Config, coro_fn):
+    """Run a Kafka client command: aiokafka's repeated log lines rate-limited (after the start), and
+    an unreachable broker one line naming it (exit 1), not a traceback."""
+    from aiokafka.errors import KafkaConnectionError
+
+    from loopwarden.streams.logs import NOISY, quiet_repeats
+
+    logging.basicConfig(level=logging.WARNING, format=f"loopwarden {command}: %(name)s: %(message)s")
+    quiet_repeats()
+    for name in NOISY:
+        logging.getLogger(name).addFilter(_STARTUP)
+    try:
+        return asyncio.run(coro_fn())
+    except KafkaConnectionError as exc:
+        raise SystemExit(f"loopwarden {command}: cannot reach Kafka at {config.broker} "
+                         f"({type(exc).__name__}); is the broker up? (--broker / LOOPWARDEN_BROKER)") from None
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -130,7 +166,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     print(f"loopwarden worker: broker={config.broker} topics={config.steps_topic},{config.outcomes_topic} -> "
           f"{config.health_topic} partitions={config.partitions} store={config.store} clock={config.clock} "
           f"http://{config.web_host}:{config.web_port}", file=sys.stderr, flush=True)
-    return run_worker(config)
+    from aiokafka.errors import KafkaConnectionError
+
+    try:
+        return run_worker(config)
+    except KafkaConnectionError as exc:
+        raise SystemExit(f"loopwarden worker: cannot reach Kafka at {config.broker} ({type(exc).__name__}); "
+                         "is the broker up? (--broker / LOOPWARDEN_BROKER)") from None
 
 
 async def _simulate(config: Config, args: argparse.Namespace) -> int:
@@ -150,6 +192,7 @@ async def _simulate(config: Config, args: argparse.Namespace) -> int:
         messages = make(start)
     topics = {"steps": config.steps_topic, "outcomes": config.outcomes_topic}
     async with Publisher(config.bootstrap, config.steps_topic, config.outcomes_topic) as pub:
+        _connected()
         t0 = time.monotonic()
         for m in messages:
             if not args.fast:
@@ -175,8 +218,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 f.write(m.value + b"\n")
         print(f"loopwarden simulate: wrote {len(messages)} lines to {args.out}", file=sys.stderr)
         return 0
+    config = _config(args)
     try:
-        return asyncio.run(_simulate(_config(args), args))
+        return _client("simulate", config, lambda: _simulate(config, args))
     except KeyboardInterrupt:  # Ctrl-C (also reaches it as a child of `loopwarden dev`)
         print("loopwarden simulate: interrupted", file=sys.stderr)
         return 130
@@ -197,7 +241,12 @@ async def _tail(config: Config, args: argparse.Namespace) -> int:
     consumer = AIOKafkaConsumer(config.health_topic, bootstrap_servers=config.bootstrap,
                                 auto_offset_reset="earliest" if args.from_beginning else "latest",
                                 enable_auto_commit=False, group_id=None)
-    await consumer.start()
+    try:
+        await consumer.start()
+    except BaseException:
+        await consumer.stop()
+        raise
+    _connected()
     color = sys.stdout.isatty() and not args.json
     try:
         while True:
@@ -215,8 +264,9 @@ async def _tail(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
+    config = _config(args)
     try:
-        return asyncio.run(_tail(_config(args), args))
+        return _client("tail", config, lambda: _tail(config, args))
     except KeyboardInterrupt:
         return 0
 
@@ -226,6 +276,7 @@ async def _tick(config: Config, now_ms: int) -> int:
     from loopwarden.streams.task import Tick, encode_tick
 
     async with Publisher(config.bootstrap) as pub:
+        _connected()
         parts = await pub.partitions(config.ticks_topic)
         for p in sorted(parts):
             await pub.publish_raw(config.ticks_topic, None, encode_tick(Tick(now_ms=now_ms)), partition=p)
@@ -233,4 +284,5 @@ async def _tick(config: Config, now_ms: int) -> int:
 
 
 def cmd_tick(args: argparse.Namespace) -> int:
-    return asyncio.run(_tick(_config(args), args.now_ms))
+    config = _config(args)
+    return _client("tick", config, lambda: _tick(config, args.now_ms))

@@ -65,3 +65,19 @@ def test_without_the_processor_extra_a_kafka_command_names_the_extra(command, ca
     with pytest.raises(SystemExit):
         main(["--help"], processor=False)
     assert command in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args", [["tail"], ["simulate", "--runs", "1"], ["tick", "--now-ms", "1"],
+                                  ["worker", "--web-port", "0"]])
+def test_an_unreachable_broker_is_one_line_not_a_traceback(args) -> None:
+    from dev.localkafka import free_port
+
+    broker = f"127.0.0.1:{free_port()}"  # nothing listens there
+    res = cli(*args, "--broker", broker)
+    assert res.returncode == 1
+    assert "Traceback" not in res.stderr and "Unclosed" not in res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    assert last == (f"loopwarden {args[0]}: cannot reach Kafka at {broker} (KafkaConnectionError); "
+                    "is the broker up? (--broker / LOOPWARDEN_BROKER)")
+    if args[0] != "worker":  # the worker logs too (one aiokafka line); the client commands say it once
+        assert res.stderr.strip() == last
