@@ -1,4 +1,4 @@
-"""HTTP routes of a worker (aiohttp): /healthz, /readyz, /metrics, /runs/{run_id}, /runs?state=.
+"""HTTP routes of a worker (aiohttp): /healthz, /readyz, /metrics, /runs/{run_id}, /runs (paged, ?state=).
 
 The routes read a small :class:`ReadModel` (the worker implements it), never the
 loop's internals, so this module imports nothing of the loop. Bound to localhost
@@ -16,6 +16,8 @@ nor forge a run. Without a token the API is open and peers are trusted.
 """
 
 from __future__ import annotations
+
+import base64
 
 import hashlib
 import hmac
@@ -71,7 +73,26 @@ class ReadModel(Protocol):
     def partition_of(self, run_id: str) -> int: ...
     def owner_url(self, partition: int) -> str | None: ...
     def run_state(self, run_id: str) -> RunState | None: ...
-    def runs_in_state(self, state: str, limit: int = 1000) -> list[dict]: ...
+    def runs_page(self, state: str | None, cursor: tuple[int, str] | None, limit: int) -> tuple[list[dict], tuple | None]: ...
+
+
+RUNS_PAGE_DEFAULT = 1000
+RUNS_PAGE_MAX = 10_000
+
+
+def encode_cursor(cursor: tuple[int, str]) -> str:
+    """An opaque page cursor: (partition, last run id) as base64url JSON."""
+    return base64.urlsafe_b64encode(msgspec.json.encode(list(cursor))).decode().rstrip("=")
+
+
+def decode_cursor(text: str) -> tuple[int, str] | None:
+    try:
+        p, run_id = msgspec.json.decode(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    except (ValueError, TypeError, msgspec.DecodeError):
+        return None
+    if not isinstance(p, int) or isinstance(p, bool) or p < 0 or not isinstance(run_id, str):
+        return None
+    return p, run_id
 
 
 def _json(data, status: int = 200) -> web.Response:
@@ -147,10 +168,27 @@ def make_app(model: ReadModel) -> web.Application:
         return _json(run_document(state))
 
     async def runs(request: web.Request) -> web.Response:
-        wanted = request.query.get("state")
-        if wanted not in STATES:
-            return _json({"error": f"state={wanted!r}: give one of {', '.join(STATES)}"}, status=400)
-        return _json({"state": wanted, "partitions": model.owned(), "runs": model.runs_in_state(wanted)})
+        q = request.query
+        wanted = q.get("state")
+        if wanted is not None and wanted not in STATES:
+            return _json({"error": f"state={wanted!r}: give one of {', '.join(STATES)} (or none: every state)"},
+                         status=400)
+        raw_limit = q.get("limit", str(RUNS_PAGE_DEFAULT))
+        try:
+            limit = int(raw_limit)
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= RUNS_PAGE_MAX:
+            return _json({"error": f"limit={raw_limit!r}: give a whole number from 1 to {RUNS_PAGE_MAX}"}, status=400)
+        cursor = None
+        if "cursor" in q:
+            cursor = decode_cursor(q["cursor"])
+            if cursor is None:
+                return _json({"error": f"cursor={q['cursor'][:100]!r}: not a cursor this API gave (next_cursor)"},
+                             status=400)
+        found, after = model.runs_page(wanted, cursor, limit)
+        return _json({"state": wanted, "partitions": model.owned(), "runs": found,
+                      "next_cursor": encode_cursor(after) if after is not None else None})
 
     app = web.Application(middlewares=[auth])
     app.router.add_get("/healthz", healthz)

@@ -126,13 +126,19 @@ class Worker:
         """The assignment is recovered and no partition is stalled."""
         return self.ready and not self.stalled
 
-    def runs_in_state(self, state: str, limit: int = 1000) -> list[dict]:
+    def runs_page(self, state: str | None, cursor: tuple[int, str] | None, limit: int) -> tuple[list[dict], tuple | None]:
+        """A page of the runs this worker holds, ordered by (partition, run id), after ``cursor``;
+        returns the runs and the cursor of the next page (None: this was the last)."""
         found: list[dict] = []
         for p in self.owned():
-            found += self.tasks[p].runs_in_state(state, limit - len(found))
+            if cursor is not None and p < cursor[0]:
+                continue
+            after = cursor[1] if cursor is not None and p == cursor[0] else None
+            for r in self.tasks[p].runs_page(state, after, limit - len(found)):
+                found.append({**r, "partition": p})
             if len(found) >= limit:
-                break
-        return found
+                return found, (p, found[-1]["run_id"])
+        return found, None
 
     # -- lifecycle ----------------------------------------------------------------------
     async def run(self) -> None:

@@ -19,6 +19,7 @@ the same batch, so their transitions commit with everything else.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import logging
 import time
@@ -326,17 +327,22 @@ class PartitionTask:
         return None if raw is None else decode_state(raw)
 
     # -- read model (scan) ---------------------------------------------------------------
-    def runs_in_state(self, state: str, limit: int = 1000) -> list[dict]:
-        """Runs of this partition in ``state`` (a scan of committed states; for the read API)."""
+    def runs_page(self, state: str | None, after: str | None, limit: int) -> list[dict]:
+        """Up to ``limit`` runs held by this partition (committed; tombs are not runs), in run-id order
+        after ``after``, in ``state`` if given. A scan of the partition's store, for the read API."""
+        keys = sorted(k for k in self.store if not is_meta(k))  # bytes order = the run ids' UTF-8 order
+        start = bisect.bisect_right(keys, after.encode()) if after is not None else 0
         found = []
-        for key, raw in list(self.store.items()):
-            if is_meta(key):
+        for key in keys[start:]:
+            raw = self.store.get(key)
+            if raw is None:
                 continue
             s = decode_state(raw)
-            if s.health == state:
-                found.append({"run_id": s.run_id, "seq": s.seq, "agent": s.agent})
-                if len(found) >= limit:
-                    break
+            if s.tomb or s.health is None or (state is not None and s.health != state):
+                continue
+            found.append({"run_id": s.run_id, "state": s.health, "seq": s.seq, "agent": s.agent})
+            if len(found) >= limit:
+                break
         return found
 
 

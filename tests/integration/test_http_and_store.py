@@ -82,6 +82,25 @@ def test_http_routes_metrics_and_token(kafka, tmp_path: Path) -> None:
         assert worker.get("/runs/no-such-run", TOKEN)[0] == 404
         status, body = worker.get("/runs?state=NOPE", TOKEN)
         assert status == 400 and b"NOPE" in body
+
+        # GET /runs pages through every run the worker holds, each once, with its state.
+        seen, path = [], "/runs?limit=7"
+        while True:
+            status, body = worker.get(path, TOKEN)
+            assert status == 200
+            page = json.loads(body)
+            assert len(page["runs"]) <= 7
+            seen += page["runs"]
+            if page["next_cursor"] is None:
+                break
+            path = f"/runs?limit=7&cursor={page['next_cursor']}"
+        assert {r["run_id"]: r["state"] for r in seen} == expected and len(seen) == len(expected)
+        stuck = json.loads(worker.get("/runs?state=VERIFIED_COMPLETE&limit=10000", TOKEN)[1])["runs"]
+        assert sorted(r["run_id"] for r in stuck) == sorted(r for r, s in expected.items() if s == "VERIFIED_COMPLETE")
+        for bad, named in (("/runs?limit=0", b"limit='0'"), ("/runs?limit=ten", b"limit='ten'"),
+                           ("/runs?cursor=bm9wZQ", b"cursor='bm9wZQ'")):
+            status, body = worker.get(bad, TOKEN)
+            assert status == 400 and named in body, (bad, body)
     finally:
         worker.stop()
 

@@ -281,3 +281,25 @@ def test_an_event_or_tick_from_the_far_future_is_dead_lettered_and_moves_no_cloc
     assert "ahead of this worker's wall clock" in out.deadletters[0].error
     assert clock <= task.clock <= wall + 299_000  # the 299 s one is within the bound; nothing went further
     assert not [t for t in out.transitions if t.to_state == "STUCK"]
+
+
+def test_runs_page_walks_every_held_run_once_in_run_id_order_and_skips_tombs() -> None:
+    """The read API's scan: pages of any size after a run id cover each held run once, a state filter
+    keeps only that state, and a tomb (a dropped run) is not a run."""
+    from loopwarden.rules import RunState, decode_state, encode_state
+
+    part = run_all(batch_size=50)[0]
+    store = part.store
+    held = {decode_state(store[k]).run_id: decode_state(store[k]).health for k in store if not is_meta(k)}
+    assert len(held) > 20
+    store.write({b"zz-dropped": encode_state(RunState(run_id="zz-dropped", seq=4, last_seen_ts=1, tomb=True))}, None)
+    for size in (1, 7, 1000):
+        seen, after = [], None
+        while page := part.task.runs_page(None, after, size):
+            assert len(page) <= size
+            seen += page
+            after = page[-1]["run_id"]
+        assert [r["run_id"] for r in seen] == sorted(held)
+        assert {r["run_id"]: r["state"] for r in seen} == held
+    state = next(iter(held.values()))
+    assert [r["run_id"] for r in part.task.runs_page(state, None, 1000)] == sorted(r for r, s in held.items() if s == state)
