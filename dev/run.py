@@ -1,48 +1,144 @@
 """`make dev`: a local Apache Kafka, one loopwarden worker and a live simulated fleet; transitions shown until Ctrl-C.
 
-``python -m dev.run [--port 9092] [--dir .kafka] [--runs 300] [--rate 3] [--web-port 6066]``.
+``python -m dev.run [--port 9092] [--dir .kafka] [--clean] [--runs 300] [--rate 3] [--web-port 6066]``.
 Lives in dev/ with the broker helper: a checkout's demo, not part of the installed package.
+
+Each start publishes a fleet with run ids of its own (the seed is the start time), so a second
+start on the same broker data shows a live fleet: transitions of earlier starts are counted in one
+line, not shown again. Every port falls back to a free one when taken; if the worker exits, the demo
+stops with the worker's last log lines. A status line every ``--status-every-s`` seconds tells runs
+started of the fleet, runs held by state and dead letters.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import time
+import urllib.request
+from collections import Counter
 from pathlib import Path
 
 from dev.localkafka import LocalKafka, fetch, free_port, port_free
-from loopwarden.streams.commands import _tail as tail
-from loopwarden.streams.config import from_env
+from loopwarden.streams.commands import format_transition
+from loopwarden.streams.config import Config, from_env
+
+LEGEND = """\
+make dev: what you see
+  one line per health transition: time, run id, from -> to, reason (colours by state)
+  runs of this start are named run-{seed}-...; bad messages (one every 40 runs) go to agent.deadletter
+  try:  curl -s 'http://127.0.0.1:{web}/runs?state=STUCK'      curl -s http://127.0.0.1:{web}/metrics | grep ^loopwarden_runs
+        .venv/bin/loopwarden tail --broker {broker} --from-beginning     (all transitions, any start)
+"""
+
+
+def _metrics(web_port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/metrics", timeout=5) as r:
+        out: dict[str, float] = {}
+        for line in r.read().decode().splitlines():
+            if line.startswith("loopwarden_") and " " in line:
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+
+def status_line(metrics: dict[str, float], runs: int) -> str:
+    """``runs started x/N · held: STATE n, ... · dead letters n (agent.deadletter)`` from a worker's metrics."""
+    started = sum(v for k, v in metrics.items() if k.startswith("loopwarden_events_total{") and 'type="run_started"' in k)
+    held = Counter()
+    for k, v in metrics.items():
+        if k.startswith("loopwarden_runs{") and v:
+            held[k.split('state="')[1].split('"')[0]] += int(v)
+    dead = sum(v for k, v in metrics.items() if k.startswith("loopwarden_invalid_events_total{"))
+    shown = ", ".join(f"{s} {n}" for s, n in held.most_common()) or "none yet"
+    return f"make dev: runs started {int(started)}/{runs} · held: {shown} · dead letters {int(dead)} (agent.deadletter)"
+
+
+async def _show(config: Config, prefix: str, stop_at: float | None, worker: subprocess.Popen, args) -> int:
+    """Tail agent.health from the beginning: earlier starts' transitions counted, this start's shown."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(config.health_topic, bootstrap_servers=config.bootstrap,
+                                auto_offset_reset="earliest", enable_auto_commit=False, group_id=None)
+    await consumer.start()
+    color = sys.stdout.isatty()
+    earlier = 0
+    said_earlier = False
+    next_status = time.monotonic() + args.status_every_s
+    try:
+        while stop_at is None or time.monotonic() < stop_at:
+            if worker.poll() is not None:
+                print(f"make dev: the worker exited ({worker.returncode}); its log ends:", file=sys.stderr)
+                log = (Path(args.dir) / "worker.log").read_text(errors="replace").splitlines()[-15:]
+                print("\n".join("  " + line for line in log), file=sys.stderr, flush=True)
+                return 1
+            batch = await consumer.getmany(timeout_ms=500)
+            for records in batch.values():
+                for rec in records:
+                    t = json.loads(rec.value)
+                    if not t["run_id"].startswith(prefix):
+                        earlier += 1
+                        continue
+                    if not said_earlier:
+                        said_earlier = True
+                        if earlier:
+                            print(f"make dev: {earlier} transitions of earlier starts on this broker's data not shown "
+                                  f"(--clean starts empty)", file=sys.stderr, flush=True)
+                    print(format_transition(t, color), flush=True)
+            if time.monotonic() >= next_status:
+                next_status = time.monotonic() + args.status_every_s
+                try:
+                    print(status_line(_metrics(args.web_port), args.runs), file=sys.stderr, flush=True)
+                except OSError:
+                    pass  # the worker is still starting
+        return 0
+    finally:
+        await consumer.stop()
 
 
 def run(args: argparse.Namespace) -> int:
     """Start a local Kafka, one worker and a live simulated fleet; tail transitions until Ctrl-C."""
     fetch(quiet=False)
+    if args.clean and Path(args.dir).exists():
+        shutil.rmtree(args.dir)
+        print(f"make dev: --clean: removed {args.dir}", file=sys.stderr)
     port = args.port if port_free(args.port) else free_port()
+    if port != args.port:
+        print(f"make dev: port {args.port} is taken; the broker uses {port}", file=sys.stderr)
+    if not port_free(args.web_port):
+        taken, args.web_port = args.web_port, free_port(exclude=(port,))
+        print(f"make dev: port {taken} is taken; the worker's HTTP port is {args.web_port}", file=sys.stderr)
     kafka = LocalKafka(Path(args.dir), port=port)
     print(f"make dev: starting Apache Kafka on 127.0.0.1:{port} (data in {args.dir}) ...", file=sys.stderr, flush=True)
     kafka.start(timeout_s=120)
     env = {**os.environ, "LOOPWARDEN_BROKER": kafka.bootstrap, "LOOPWARDEN_PARTITIONS": "4"}
+    seed = int(time.time() * 1000) % 10**9  # run ids of this start: run-<seed>-...
     procs: list[subprocess.Popen] = []
     lw = [sys.executable, "-m", "loopwarden.cli"]
     try:
         worker_log = open(Path(args.dir) / "worker.log", "ab")
-        procs.append(subprocess.Popen([*lw, "worker", "--web-port", str(args.web_port)], env=env,
-                                      stdout=worker_log, stderr=subprocess.STDOUT))
-        print(f"make dev: worker started (log {args.dir}/worker.log; metrics http://127.0.0.1:{args.web_port}/metrics)",
+        worker = subprocess.Popen([*lw, "worker", "--web-port", str(args.web_port)], env=env,
+                                  stdout=worker_log, stderr=subprocess.STDOUT)
+        procs.append(worker)
+        print(f"make dev: worker started (log {args.dir}/worker.log; http://127.0.0.1:{args.web_port}/metrics)",
               file=sys.stderr, flush=True)
         procs.append(subprocess.Popen([*lw, "simulate", "--runs", str(args.runs), "--rate", str(args.rate),
-                                       "--inactivity-s", "20", "--window-s", "30", "--bad-every", "40"], env=env))
-        print("make dev: simulated fleet publishing; transitions below (Ctrl-C to stop)\n", file=sys.stderr, flush=True)
-        ns = argparse.Namespace(from_beginning=True, json=False, idle_exit_s=None)
+                                       "--seed", str(seed), "--inactivity-s", "20", "--window-s", "30",
+                                       "--bad-every", "40"], env=env))
+        print(LEGEND.format(seed=seed, web=args.web_port, broker=kafka.bootstrap), file=sys.stderr, flush=True)
+        print(f"make dev: publishing {args.runs} runs (run-{seed}-...); transitions below (Ctrl-C to stop)\n",
+              file=sys.stderr, flush=True)
+        stop_at = time.monotonic() + args.duration_s if args.duration_s else None
         try:
-            asyncio.run(tail(from_env({"broker": kafka.bootstrap}), ns))
+            return asyncio.run(_show(from_env({"broker": kafka.bootstrap}), f"run-{seed}-", stop_at, worker, args))
         except KeyboardInterrupt:
-            pass
+            return 0
     finally:
         for p in procs:
             if p.poll() is None:
@@ -54,16 +150,18 @@ def run(args: argparse.Namespace) -> int:
                 p.kill()
         kafka.stop()
         print("make dev: stopped", file=sys.stderr)
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dev.run", description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, default=9092, help="broker port (a free one if taken)")
     p.add_argument("--dir", default=".kafka", help="broker working directory (default .kafka)")
+    p.add_argument("--clean", action="store_true", help="delete the broker's data first (start empty)")
     p.add_argument("--runs", type=int, default=300)
     p.add_argument("--rate", type=float, default=3.0)
-    p.add_argument("--web-port", dest="web_port", type=int, default=6066)
+    p.add_argument("--web-port", dest="web_port", type=int, default=6066, help="worker HTTP port (a free one if taken)")
+    p.add_argument("--status-every-s", dest="status_every_s", type=float, default=15.0)
+    p.add_argument("--duration-s", dest="duration_s", type=float, default=None, help="stop after this long (tests)")
     return run(p.parse_args(argv))
 
 

@@ -181,22 +181,29 @@ async def _simulate(config: Config, args: argparse.Namespace) -> int:
     from loopwarden.streams.topics import ensure_topics
 
     await ensure_topics(config)  # before the broker auto-creates them with the wrong partition count
-    start = int(time.time() * 1000)
+
     def make(start_ms: int) -> list:
         return fleet(args.runs, seed=args.seed, start_ms=start_ms, rate=args.rate,
                      timers_s=(args.inactivity_s, args.window_s), bad_every=args.bad_every)
 
-    messages = make(start)
-    if args.fast:  # sent at once: stamped so the last event is now (a worker refuses ts far in its future)
-        start -= max(m.ts for m in messages) - start
-        messages = make(start)
     topics = {"steps": config.steps_topic, "outcomes": config.outcomes_topic}
     async with Publisher(config.bootstrap, config.steps_topic, config.outcomes_topic) as pub:
         _connected()
-        t0 = time.monotonic()
+        if args.fast:  # sent at once: stamped so the last event is now (a worker refuses ts far in its future)
+            start = int(time.time() * 1000)
+            messages = make(start)
+            start -= max(m.ts for m in messages) - start
+            messages = make(start)
+        else:
+            # Each event is sent at its ts, so the worker's latency histogram measures the worker: the fleet
+            # starts once the producer is connected and the fleet is built (twice the time to build it ahead).
+            t = time.monotonic()
+            make(int(time.time() * 1000))
+            start = int(time.time() * 1000) + int(2000 * (time.monotonic() - t)) + 20
+            messages = make(start)
         for m in messages:
             if not args.fast:
-                delay = (m.ts - start) / 1000 - (time.monotonic() - t0)
+                delay = m.ts / 1000 - time.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
             await pub.publish_raw(topics[m.topic], m.key, m.value)

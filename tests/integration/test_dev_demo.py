@@ -1,0 +1,62 @@
+"""`make dev` as a newcomer meets it (python -m dev.run, its own broker): a live fleet on every start,
+earlier starts summed up in one line, every port falling back, progress lines, and the worker's error
+shown when it exits."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dev.localkafka import free_port
+from tests.conftest import REPO
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
+
+
+def demo(work: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "dev.run", "--dir", str(work / "kafka"), "--port", str(free_port()),
+           "--runs", "12", "--rate", "6", "--status-every-s", "5", *args]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**(env or {k: v for k, v in os.environ.items() if not k.startswith("LOOPWARDEN_")})})
+
+
+def shown_runs(out: str) -> set[str]:
+    return set(re.findall(r"\b(run-\d+-\d{6}-\w+)", out))
+
+
+def test_demo_twice_on_the_same_data_then_a_worker_that_exits(tmp_path: Path) -> None:
+    with socket.socket() as taken:  # the web port is in use: the demo must move, not die
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        web = taken.getsockname()[1]
+        first = demo(tmp_path, "--web-port", str(web), "--duration-s", "30")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert f"port {web} is taken; the worker's HTTP port is" in first.stderr
+    seed1 = re.search(r"publishing 12 runs \(run-(\d+)-", first.stderr).group(1)
+    runs1 = shown_runs(first.stdout)
+    assert runs1 and all(r.startswith(f"run-{seed1}-") for r in runs1)
+    assert "VERIFIED_COMPLETE" in first.stdout and "try:  curl" in first.stderr
+    assert re.search(r"runs started \d+/12 · held: .* · dead letters \d+", first.stderr), first.stderr[-1500:]
+    assert "earlier starts" not in first.stderr
+
+    second = demo(tmp_path, "--web-port", str(free_port()), "--duration-s", "25")
+    assert second.returncode == 0, second.stderr[-2000:]
+    seed2 = re.search(r"publishing 12 runs \(run-(\d+)-", second.stderr).group(1)
+    assert seed2 != seed1
+    runs2 = shown_runs(second.stdout)
+    assert runs2 and all(r.startswith(f"run-{seed2}-") for r in runs2)  # live, not the first start's again
+    earlier = int(re.search(r"make dev: (\d+) transitions of earlier starts", second.stderr).group(1))
+    assert earlier >= len(runs1)
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWARDEN_")}
+    broken = demo(tmp_path, "--web-port", str(free_port()), "--duration-s", "60",
+                  env={**env, "LOOPWARDEN_STORE": "rocksdb", "LOOPWARDEN_DATA_DIR": str(tmp_path / "missing" / "data")})
+    assert broken.returncode == 1, broken.stderr[-2000:]
+    assert "make dev: the worker exited" in broken.stderr
+    assert "does not exist or is not a directory" in broken.stderr  # the worker's own error, from its log
