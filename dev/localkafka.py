@@ -353,8 +353,11 @@ class LocalKafka:
         clean: bool = False,
         die_with_parent: bool | None = None,
         jvm_args: list[str] | None = None,
+        format_args: list[str] | None = None,
     ) -> None:
         self.workdir = Path(workdir).expanduser().resolve()
+        # extra arguments of `kafka-storage format` at the first start (e.g. --add-scram for SASL/SCRAM users)
+        self.format_args = list(format_args or [])
         self.heap = heap
         self.overrides = {k: str(v) for k, v in (overrides or {}).items()}
         self.clean = clean
@@ -456,7 +459,7 @@ class LocalKafka:
         cmd = [
             java, "-Xmx256m", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
             "-cp", self._classpath(lib), "kafka.tools.StorageTool",
-            "format", "--standalone", "-t", self.cluster_id, "-c", str(self.props_path),
+            "format", "--standalone", "-t", self.cluster_id, "-c", str(self.props_path), *self.format_args,
         ]
         flog = self.workdir / "format.log"
         with open(flog, "w") as out:

@@ -34,13 +34,16 @@ class Publisher:
         outcomes_topic: str = "agent.outcomes",
         content_type: str = JSON,
         linger_ms: int = 5,
+        options: dict | None = None,
     ) -> None:
+        """``options``: aiokafka client settings (TLS, SASL: ``loopwarden.streams.security.client_options``);
+        they name the brokers too when given."""
         if content_type not in (JSON, MSGPACK):
             raise ValueError(f"content_type: {content_type!r} must be {JSON!r} or {MSGPACK!r}")
         self.steps_topic, self.outcomes_topic, self.content_type = steps_topic, outcomes_topic, content_type
         # Idempotence: a retried send is not written twice.
-        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-                                          linger_ms=linger_ms)
+        connect = options if options is not None else {"bootstrap_servers": bootstrap}
+        self._producer = AIOKafkaProducer(**connect, acks="all", enable_idempotence=True, linger_ms=linger_ms)
         self.sent = 0
         self._pending: set = set()
         self.failed = 0

@@ -12,6 +12,7 @@ from dataclasses import fields
 
 from loopwarden.streams.config import CLOCKS, STORES, Config, from_env
 from loopwarden.streams.exceptions import ConfigError
+from loopwarden.streams.security import MECHANISMS, PROTOCOLS, client_options
 
 COLORS = {
     "RUNNING": "36", "WAITING": "33", "WAITING_UNROUTED": "33;1", "STUCK": "35;1", "BOUNDED_STOP": "34",
@@ -20,13 +21,20 @@ COLORS = {
 
 
 class _UntilConnected(logging.Filter):
-    """Holds back aiokafka's lines until the command's client has connected: a broker unreachable at
-    start is then said once, by the command, not by aiokafka too."""
+    """Holds back aiokafka's lines until the command's client has connected (``passthrough`` lets them
+    through, for the worker's log) and keeps the last connection error: a broker that cannot be
+    reached at start is then said once, by the command, with aiokafka's reason."""
 
     connected = False
+    passthrough = False
+    last_error: str | None = None
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return self.connected
+        if not self.connected:
+            text = record.getMessage()
+            if text.startswith("Unable connect to "):
+                self.last_error = text.split(": ", 1)[-1]
+        return self.connected or self.passthrough
 
 
 _STARTUP = _UntilConnected()
@@ -36,22 +44,43 @@ def _connected() -> None:
     _STARTUP.connected = True
 
 
+def _watch_startup(passthrough: bool) -> None:
+    from loopwarden.streams.logs import NOISY
+
+    _STARTUP.passthrough = passthrough
+    for name in NOISY:
+        logging.getLogger(name).addFilter(_STARTUP)
+
+
+def cannot_connect(command: str, config: Config, exc: BaseException) -> str:
+    """One line: where, aiokafka's reason, and which settings to check."""
+    reason = _STARTUP.last_error or f"{type(exc).__name__}: {exc}"
+    if "SaslAuthentication" in reason or "SASL" in reason:
+        hint = "check LOOPWARDEN_SASL_USERNAME, LOOPWARDEN_SASL_PASSWORD and LOOPWARDEN_SASL_MECHANISM"
+    elif "CERTIFICATE_VERIFY_FAILED" in reason or "SSL" in reason:
+        hint = "check LOOPWARDEN_SSL_CAFILE (the CA that signed the brokers' certificates) and LOOPWARDEN_SECURITY_PROTOCOL"
+    elif "closed" in reason:
+        hint = (f"the broker closed the connection: does LOOPWARDEN_SECURITY_PROTOCOL ({config.security_protocol}) "
+                "match its listener?")
+    else:
+        hint = "is the broker up? (--broker / LOOPWARDEN_BROKER)"
+    return f"loopwarden {command}: cannot connect to Kafka at {config.broker}: {reason}; {hint}"
+
+
 def _client(command: str, config: Config, coro_fn):
     """Run a Kafka client command: aiokafka's repeated log lines rate-limited (after the start), and
-    an unreachable broker one line naming it (exit 1), not a traceback."""
+    a broker that cannot be reached or refuses the credentials one line saying why (exit 1)."""
     from aiokafka.errors import KafkaConnectionError
 
-    from loopwarden.streams.logs import NOISY, quiet_repeats
+    from loopwarden.streams.logs import quiet_repeats
 
     logging.basicConfig(level=logging.WARNING, format=f"loopwarden {command}: %(name)s: %(message)s")
     quiet_repeats()
-    for name in NOISY:
-        logging.getLogger(name).addFilter(_STARTUP)
+    _watch_startup(passthrough=False)
     try:
         return asyncio.run(coro_fn())
     except KafkaConnectionError as exc:
-        raise SystemExit(f"loopwarden {command}: cannot reach Kafka at {config.broker} "
-                         f"({type(exc).__name__}); is the broker up? (--broker / LOOPWARDEN_BROKER)") from None
+        raise SystemExit(cannot_connect(command, config, exc)) from None
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -74,6 +103,16 @@ def _common(p: argparse.ArgumentParser, *, topics: tuple[str, ...] = ("steps", "
         p.add_argument(f"--{t}-topic", dest=f"{t}_topic", help=f"default {defaults[t]} (LOOPWARDEN_{t.upper()}_TOPIC)")
     if partitions:
         p.add_argument("--partitions", type=int, help="partitions of the topics it creates (LOOPWARDEN_PARTITIONS; default 8)")
+    g = p.add_argument_group("TLS and SASL (every connection; the password only as LOOPWARDEN_SASL_PASSWORD)")
+    g.add_argument("--security-protocol", dest="security_protocol", choices=PROTOCOLS,
+                   help="LOOPWARDEN_SECURITY_PROTOCOL; default PLAINTEXT")
+    g.add_argument("--sasl-mechanism", dest="sasl_mechanism", choices=MECHANISMS, help="LOOPWARDEN_SASL_MECHANISM")
+    g.add_argument("--sasl-username", dest="sasl_username", help="LOOPWARDEN_SASL_USERNAME")
+    g.add_argument("--ssl-cafile", dest="ssl_cafile", help="CA bundle (PEM) to verify the brokers; default the system's (LOOPWARDEN_SSL_CAFILE)")
+    g.add_argument("--ssl-certfile", dest="ssl_certfile", help="client certificate (PEM) for mutual TLS (LOOPWARDEN_SSL_CERTFILE)")
+    g.add_argument("--ssl-keyfile", dest="ssl_keyfile", help="its private key (PEM) (LOOPWARDEN_SSL_KEYFILE)")
+    g.add_argument("--no-ssl-check-hostname", dest="ssl_check_hostname", action="store_const", const=False, default=None,
+                   help="do not check the broker's certificate names its host (LOOPWARDEN_SSL_CHECK_HOSTNAME=false)")
 
 
 def _env_epilog() -> str:
@@ -168,11 +207,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
           f"http://{config.web_host}:{config.web_port}", file=sys.stderr, flush=True)
     from aiokafka.errors import KafkaConnectionError
 
+    _watch_startup(passthrough=True)  # the worker logs aiokafka's lines; the last error is kept for the exit line
     try:
         return run_worker(config)
     except KafkaConnectionError as exc:
-        raise SystemExit(f"loopwarden worker: cannot reach Kafka at {config.broker} ({type(exc).__name__}); "
-                         "is the broker up? (--broker / LOOPWARDEN_BROKER)") from None
+        raise SystemExit(cannot_connect("worker", config, exc)) from None
 
 
 async def _simulate(config: Config, args: argparse.Namespace) -> int:
@@ -187,7 +226,8 @@ async def _simulate(config: Config, args: argparse.Namespace) -> int:
                      timers_s=(args.inactivity_s, args.window_s), bad_every=args.bad_every)
 
     topics = {"steps": config.steps_topic, "outcomes": config.outcomes_topic}
-    async with Publisher(config.bootstrap, config.steps_topic, config.outcomes_topic) as pub:
+    async with Publisher(config.bootstrap, config.steps_topic, config.outcomes_topic,
+                         options=client_options(config)) as pub:
         _connected()
         if args.fast:  # sent at once: stamped so the last event is now (a worker refuses ts far in its future)
             start = int(time.time() * 1000)
@@ -245,7 +285,7 @@ def format_transition(t: dict, color: bool) -> str:
 async def _tail(config: Config, args: argparse.Namespace) -> int:
     from aiokafka import AIOKafkaConsumer
 
-    consumer = AIOKafkaConsumer(config.health_topic, bootstrap_servers=config.bootstrap,
+    consumer = AIOKafkaConsumer(config.health_topic, **client_options(config),
                                 auto_offset_reset="earliest" if args.from_beginning else "latest",
                                 enable_auto_commit=False, group_id=None)
     try:
@@ -282,7 +322,7 @@ async def _tick(config: Config, now_ms: int) -> int:
     from loopwarden.publisher import Publisher
     from loopwarden.streams.task import Tick, encode_tick
 
-    async with Publisher(config.bootstrap) as pub:
+    async with Publisher(config.bootstrap, options=client_options(config)) as pub:
         _connected()
         parts = await pub.partitions(config.ticks_topic)
         for p in sorted(parts):

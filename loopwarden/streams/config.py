@@ -63,6 +63,15 @@ class Config:
     # malloc_trim; see loopwarden.streams.memory); 0: never.
     malloc_trim_s: float = 30.0
     log_level: str = "info"
+    # How every client connects (loopwarden.streams.security): PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL.
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None  # PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
+    sasl_username: str | None = None
+    sasl_password: str | None = field(default=None, repr=False)
+    ssl_cafile: str | None = None  # PEM CA bundle; default: the system's CAs
+    ssl_certfile: str | None = None  # client certificate (PEM), for mutual TLS
+    ssl_keyfile: str | None = None  # its private key, if not in the certificate file
+    ssl_check_hostname: bool = True
 
     def __post_init__(self) -> None:
         for name in ("steps_topic", "outcomes_topic", "health_topic", "deadletter_topic", "ticks_topic"):
@@ -74,7 +83,9 @@ class Config:
             raise ConfigError(f"topic names must differ, got {names}")
         for part in self.broker.split(","):
             if not _BROKER.match(part.strip()):
-                raise ConfigError(f"broker: {self.broker!r} is not host:port[,host:port...]")
+                hint = (" (the protocol is a setting of its own: LOOPWARDEN_SECURITY_PROTOCOL / --security-protocol)"
+                        if "://" in part else "")
+                raise ConfigError(f"broker: {self.broker!r} is not host:port[,host:port...]{hint}")
         if not re.match(r"^[A-Za-z0-9._-]{1,100}$", self.app_id):
             raise ConfigError(f"app_id: {self.app_id!r} must be 1-100 chars of [A-Za-z0-9._-]")
         if not 1 <= self.partitions <= 10_000:
@@ -115,6 +126,9 @@ class Config:
             raise ConfigError(f"canonical_url: {self.canonical_url!r} must be http(s)://host:port with no path")
         if self.token is not None and len(self.token) < 16:
             raise ConfigError("token: must be at least 16 characters (got a shorter one)")
+        from loopwarden.streams import security
+
+        security.check(self)
 
     @property
     def advertised_url(self) -> str:
@@ -148,7 +162,11 @@ def from_env(overrides: dict | None = None, environ: dict | None = None) -> Conf
             continue
         kind = f.type if isinstance(f.type, str) else f.type.__name__
         try:
-            if kind.startswith("int"):
+            if kind == "bool":
+                if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(raw)
+                values[f.name] = raw.lower() in ("true", "1", "yes")
+            elif kind.startswith("int"):
                 values[f.name] = int(raw)
             elif kind.startswith("float"):
                 values[f.name] = float(raw)

@@ -52,6 +52,7 @@ from loopwarden.streams.assignment import CoPartitionedAssignor, partition_of
 from loopwarden.streams.config import Config
 from loopwarden.streams.logs import quiet_repeats
 from loopwarden.streams.metrics import Metrics
+from loopwarden.streams.security import client_options
 from loopwarden.streams.store import PartitionStore, open_partition
 from loopwarden.streams.task import Batch, DeadLetter, PartitionTask, header, wall_clock_ms
 from loopwarden.streams.topics import ensure_topics
@@ -145,11 +146,11 @@ class Worker:
         """Create topics, join the group, process batches until :meth:`stop`."""
         c = self.config
         await ensure_topics(c)
-        self.restorer = AIOKafkaConsumer(bootstrap_servers=c.bootstrap, group_id=None, enable_auto_commit=False,
+        self.restorer = AIOKafkaConsumer(**client_options(c), group_id=None, enable_auto_commit=False,
                                          isolation_level="read_committed", auto_offset_reset="earliest")
         await self.restorer.start()
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=c.bootstrap, group_id=c.app_id, enable_auto_commit=False,
+            **client_options(c), group_id=c.app_id, enable_auto_commit=False,
             auto_offset_reset="earliest", isolation_level="read_committed",
             partition_assignment_strategy=(self.assignor,),
             session_timeout_ms=int(c.session_timeout_s * 1000),
@@ -227,7 +228,7 @@ class Worker:
             return
         c = self.config
         producers = {p: AIOKafkaProducer(
-            bootstrap_servers=c.bootstrap, transactional_id=f"{c.app_id}-{p}", enable_idempotence=True,
+            **client_options(c), transactional_id=f"{c.app_id}-{p}", enable_idempotence=True,
             acks="all", max_request_size=c.max_message_bytes + _DEADLETTER_OVERHEAD * 2, linger_ms=0,
             max_batch_size=256 * 1024, request_timeout_ms=30_000,
             # A transaction begun right after the last one commits meets CONCURRENT_TRANSACTIONS

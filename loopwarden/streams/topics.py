@@ -7,6 +7,7 @@ from aiokafka.errors import KafkaError
 
 from loopwarden.streams.config import Config
 from loopwarden.streams.exceptions import TopicLayoutError
+from loopwarden.streams.security import client_options
 
 
 # The changelog keeps each run's last state: compaction drops older ones, tombstones go after a day.
@@ -19,7 +20,7 @@ async def ensure_topics(config: Config, timeout_s: float = 30) -> None:
     The input topics, the ticks topic and the changelog must have the same partition
     count: partition i of each belongs to the worker that owns partition i.
     """
-    admin = AIOKafkaAdminClient(bootstrap_servers=config.bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    admin = AIOKafkaAdminClient(**client_options(config), request_timeout_ms=int(timeout_s * 1000))
     await admin.start()
     try:
         wanted = [config.steps_topic, config.outcomes_topic, config.ticks_topic, config.health_topic,

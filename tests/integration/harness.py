@@ -40,8 +40,12 @@ def env_for(config: Config) -> dict[str, str]:
                  "shutdown_timeout_s", "stall_timeout_s", "session_timeout_s", "max_message_bytes", "batch_max_records",
                  "max_future_skew_s", "seq_memory_s", "retention_s"):
         env["LOOPWARDEN_" + name.upper()] = str(getattr(config, name))
-    if config.token:
-        env["LOOPWARDEN_TOKEN"] = config.token
+    for name in ("token", "security_protocol", "sasl_mechanism", "sasl_username", "sasl_password", "ssl_cafile",
+                 "ssl_certfile", "ssl_keyfile"):
+        if getattr(config, name) is not None:
+            env["LOOPWARDEN_" + name.upper()] = str(getattr(config, name))
+    if not config.ssl_check_hostname:
+        env["LOOPWARDEN_SSL_CHECK_HOSTNAME"] = "false"
     return env
 
 

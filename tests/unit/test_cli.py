@@ -77,8 +77,8 @@ def test_an_unreachable_broker_is_one_line_not_a_traceback(args) -> None:
     assert res.returncode == 1
     assert "Traceback" not in res.stderr and "Unclosed" not in res.stderr
     last = res.stderr.strip().splitlines()[-1]
-    assert last == (f"loopwarden {args[0]}: cannot reach Kafka at {broker} (KafkaConnectionError); "
-                    "is the broker up? (--broker / LOOPWARDEN_BROKER)")
+    assert last.startswith(f"loopwarden {args[0]}: cannot connect to Kafka at {broker}: ")
+    assert "Connect call failed" in last and last.endswith("; is the broker up? (--broker / LOOPWARDEN_BROKER)")
     if args[0] != "worker":  # the worker logs too (one aiokafka line); the client commands say it once
         assert res.stderr.strip() == last
 

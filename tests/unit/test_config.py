@@ -35,6 +35,15 @@ def test_flags_override_environment_which_overrides_defaults() -> None:
     ({"LOOPWARDEN_STALL_TIMEOUT_S": "0"}, r"stall_timeout_s: 0.0 must be between 1 and 86400"),
     ({"LOOPWARDEN_MAX_MESSAGE_BYTES": "100"}, r"max_message_bytes: 100 must be between 10000 and 100000000"),
     ({"LOOPWARDEN_SESSION_TIMEOUT_S": "0.1"}, r"session_timeout_s: 0.1 must be between 1 and 300"),
+    ({"LOOPWARDEN_SECURITY_PROTOCOL": "TLS"}, r"security_protocol: 'TLS' must be one of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL"),
+    ({"LOOPWARDEN_SECURITY_PROTOCOL": "SASL_SSL"}, r"sasl_mechanism: None must be one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"),
+    ({"LOOPWARDEN_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "LOOPWARDEN_SASL_MECHANISM": "PLAIN",
+      "LOOPWARDEN_SASL_USERNAME": "u"}, r"security_protocol=SASL_PLAINTEXT needs sasl_username and sasl_password"),
+    ({"LOOPWARDEN_SASL_USERNAME": "u"}, r"sasl_username is set but security_protocol=PLAINTEXT does not use SASL"),
+    ({"LOOPWARDEN_SSL_CAFILE": "/ca.pem"}, r"ssl_cafile is set but security_protocol=PLAINTEXT does not use TLS"),
+    ({"LOOPWARDEN_SECURITY_PROTOCOL": "SSL", "LOOPWARDEN_SSL_KEYFILE": "/k.pem"}, r"ssl_keyfile is set without ssl_certfile"),
+    ({"LOOPWARDEN_SSL_CHECK_HOSTNAME": "maybe"}, r"LOOPWARDEN_SSL_CHECK_HOSTNAME: 'maybe' is not a valid bool"),
+    ({"LOOPWARDEN_BROKER": "SASL_SSL://k:9093"}, r"the protocol is a setting of its own: LOOPWARDEN_SECURITY_PROTOCOL"),
     ({"LOOPWARDEN_MALLOC_TRIM_S": "0.5"}, r"malloc_trim_s: 0.5 must be 0 \(never\) or between 1 and 86400"),
 ])
 def test_bad_values_are_named(env, message) -> None:
@@ -55,8 +64,10 @@ def test_advertised_url() -> None:
 
 
 def test_token_is_not_in_the_repr() -> None:
-    """The token never shows up when the config is logged."""
+    """The token and the SASL password never show up when the config is logged."""
     assert "abcdefghijklmnopqrstuvwxyz" not in repr(Config(token="abcdefghijklmnopqrstuvwxyz"))
+    cfg = Config(security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN", sasl_username="u", sasl_password="hunter2-pw")
+    assert "hunter2-pw" not in repr(cfg) and "sasl_username='u'" in repr(cfg)
 
 
 def test_the_readme_lists_every_setting_with_its_default_and_flag(capsys) -> None:
