@@ -34,9 +34,14 @@ promtool:
 	    echo "promtool not found: install Debian's prometheus package (sudo apt-get install prometheus) or put promtool on PATH"; exit 1; \
 	  fi; }
 
-node: node-runtime $(EMITTER)/node_modules/.package-lock.json
+node: node-runtime $(EMITTER)/node_modules/.package-lock.json k8s/validate/node_modules/.package-lock.json
 $(EMITTER)/node_modules/.package-lock.json: $(EMITTER)/package-lock.json $(EMITTER)/package.json
 	cd $(EMITTER) && npm ci --no-audit --no-fund
+	touch $@
+
+# The CRDs' schemas (kubernetes-models) that k8s/monitoring's custom resources are validated against.
+k8s/validate/node_modules/.package-lock.json: k8s/validate/package-lock.json k8s/validate/package.json
+	cd k8s/validate && npm ci --no-audit --no-fund
 	touch $@
 
 node-runtime:
@@ -84,4 +89,4 @@ soak: setup
 	$(PY) -m tests.faults.soak --minutes 30
 
 clean:
-	rm -rf $(VENV) dev/kafka/lib dev/kafka/target $(EMITTER)/node_modules $(EMITTER)/dist .kafka .tools
+	rm -rf $(VENV) dev/kafka/lib dev/kafka/target $(EMITTER)/node_modules $(EMITTER)/dist k8s/validate/node_modules .kafka .tools

@@ -152,9 +152,34 @@ def test_servicemonitor_selects_one_service() -> None:
     assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in services[0]["spec"]["ports"]}
 
 
-# Custom resources: kubernetes-validate knows the built-in kinds only; the CRDs' schemas are not in a
-# package this project can install (see the README, Deployment), so these are checked by the tests above.
+# Custom resources: kubernetes-validate knows the built-in kinds only; these are validated against their
+# CRDs' schemas by k8s/validate/validate.mjs (the kubernetes-models packages).
 CUSTOM_KINDS = {"PrometheusRule", "ServiceMonitor", "ScaledObject"}
+VALIDATE = ROOT / "k8s" / "validate"
+
+
+def validate_custom(*files: Path) -> tuple[int, list[dict]]:
+    node = shutil.which("node")
+    assert node, "node is not on PATH: `make node`"
+    assert (VALIDATE / "node_modules" / "@kubernetes-models").is_dir(), "run `make node` (npm ci in k8s/validate)"
+    res = subprocess.run([node, str(VALIDATE / "validate.mjs"), *map(str, files)], capture_output=True, text=True,
+                         timeout=120)
+    return res.returncode, [json.loads(line) for line in res.stdout.splitlines()]
+
+
+def test_custom_resources_validate_against_their_crd_schemas() -> None:
+    code, results = validate_custom(*sorted(K8S.glob("*.yaml")))
+    checked = {r["kind"]: r for r in results if "skipped" not in r}
+    assert set(checked) == CUSTOM_KINDS and all(r["ok"] for r in checked.values()), results
+    assert code == 0
+
+
+def test_the_crd_validation_sees_an_error(tmp_path) -> None:
+    monitor = yaml.safe_load((K8S / "servicemonitor.yaml").read_text())
+    monitor["spec"]["endpoints"][0]["port"] = 6066  # a port *name* is a string
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(monitor))
+    code, results = validate_custom(tmp_path / "bad.yaml")
+    assert code == 1 and not results[0]["ok"] and "port must be string" in results[0]["error"]
 
 
 def k8s_objects() -> list[tuple[str, dict]]:
