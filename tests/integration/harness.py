@@ -159,11 +159,17 @@ async def tick(config: Config, now_ms: int) -> None:
             await pub.publish_raw(config.ticks_topic, None, encode_tick(Tick(now_ms=now_ms)), partition=p, wait=True)
 
 
-async def read_topic(config: Config, topic: str, until, timeout_s: float = 60) -> list:
-    """Read ``topic`` (committed records only) from the beginning until ``until(records)``; returns the records."""
+async def _committed_reader(config: Config, topic: str) -> AIOKafkaConsumer:
+    """A started consumer of ``topic`` from its beginning, committed records only, no group."""
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=config.bootstrap, auto_offset_reset="earliest",
                                 enable_auto_commit=False, group_id=None, isolation_level="read_committed")
     await consumer.start()
+    return consumer
+
+
+async def read_topic(config: Config, topic: str, until, timeout_s: float = 60) -> list:
+    """Read ``topic`` (committed records only) from the beginning until ``until(records)``; returns the records."""
+    consumer = await _committed_reader(config, topic)
     records: list = []
     try:
         deadline = time.monotonic() + timeout_s
@@ -181,9 +187,7 @@ async def read_topic(config: Config, topic: str, until, timeout_s: float = 60) -
 async def read_all(config: Config, topic: str, timeout_s: float = 120) -> list:
     """Every committed record of ``topic`` as of now: read from the beginning until the position of each
     partition reaches its end offset (the last stable offset, read_committed), however many there are."""
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=config.bootstrap, auto_offset_reset="earliest",
-                                enable_auto_commit=False, group_id=None, isolation_level="read_committed")
-    await consumer.start()
+    consumer = await _committed_reader(config, topic)
     records: list = []
     try:
         deadline = time.monotonic() + timeout_s
