@@ -37,12 +37,14 @@ def _numbered(paths: list[str]) -> Iterator[tuple[str, int, bytes]]:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from loopwarden import gctune
     from loopwarden.codecs import encode
     from loopwarden.replay import Replay, replay_lines, summary_table
     from loopwarden.rules import Settings
 
     if args.advance_s < 0:
         raise SystemExit(f"loopwarden replay: --advance-s must be >= 0, got {args.advance_s}")
+    gctune.for_streaming()
     out = sys.stdout.buffer
     replay = Replay(Settings(retention_s=args.retention_s))
 

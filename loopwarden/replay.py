@@ -38,11 +38,15 @@ class Replay:
         self.notes: Counter[tuple[str, str]] = Counter()
         self.clock: int | None = None
         self._timers = TimerQueue()
+        self._heap = self._timers.heap
+        self._queued = self._timers.queued
 
     def _take(self, res: Result, run_id: str) -> list[HealthTransition]:
         notes = res.notes
         if notes:
-            self.notes.update(notes)
+            counted = self.notes
+            for note in notes:
+                counted[note] = counted.get(note, 0) + 1
         state = res.state
         if state is None:
             self.states.pop(run_id, None)
@@ -78,25 +82,35 @@ class Replay:
         clock = self.clock
         if clock is None or ts > clock:
             self.clock = clock = ts
-        out = self.advance_to(clock) if self._timers.due(clock) else None
+        heap = self._heap  # TimerQueue.due, inline (the hot path)
+        out = self.advance_to(clock) if heap and heap[0] <= clock else None
         run_id = event.run_id
         states = self.states
         state = states.get(run_id)
         res = apply(state, event, clock)
-        # _take, inline (the hot path): one event, one run
-        if res.notes:
-            self.notes.update(res.notes)
+        # _take, inline: one event, one run
+        notes = res.notes
+        if notes:
+            counted = self.notes
+            for note in notes:
+                counted[note] = counted.get(note, 0) + 1
         if res.state is not state:  # a new run, or one back from its tomb
             state = states[run_id] = res.state  # type: ignore[assignment]
+        # From here on the run id is the state's own string, the very object the dicts below hold
+        # as their key: a lookup compares identities, not the characters of a string decoded anew.
+        run_id = state.run_id  # type: ignore[union-attr]
         deadline = next_deadline(state, self.settings)  # type: ignore[arg-type]
-        if deadline is not None:
-            self._timers.schedule(run_id, deadline)
         transitions = res.transitions
-        if transitions:
+        if transitions:  # its health changed: another timer, queued as it is now
+            self._timers.reschedule(run_id, deadline)
             self.final[run_id] = transitions[-1]
             if out:
                 out += transitions
                 return out
+        elif deadline is not None:  # the same timer, maybe moved: queued again only if earlier
+            queued = self._queued.get(run_id)  # TimerQueue.schedule's early return, inline
+            if queued is None or deadline < queued:
+                self._timers.schedule(run_id, deadline)
         return out or transitions
 
     def finish(self, advance_s: float = 0.0) -> list[HealthTransition]:

@@ -23,6 +23,7 @@ from loopwarden.codecs.events import (
     StepCount,
     StepFinished,
     TokenBudget,
+    ToolCall,
     ToolCallCondition,
 )
 
@@ -74,13 +75,19 @@ class CompiledPolicy:
 
     def evaluate(self, steps_in_segment: int, segment_tokens: int, last_tool_names: Iterable[str]) -> tuple[str, ...]:
         """As :func:`evaluate` on this policy's conditions."""
+        return self.evaluate_calls(steps_in_segment, segment_tokens, last_tool_names, None)
+
+    def evaluate_calls(
+        self, steps_in_segment: int, segment_tokens: int, names: Iterable[str] | None, calls: Iterable[ToolCall] | None
+    ) -> tuple[str, ...]:
+        """As :meth:`evaluate`, the last step's tool names given as ``names`` or as ``calls`` (ToolCalls)."""
         fired = None
         cid = self.step_ids.get(steps_in_segment)
         if cid is not None:
             fired = {cid}
         tool_ids = self.tool_ids
         if tool_ids:
-            for name in last_tool_names:
+            for name in names if names is not None else [tc.name for tc in calls or ()]:
                 cid = tool_ids.get(name)
                 if cid is not None:
                     if fired is None:
@@ -95,6 +102,8 @@ class CompiledPolicy:
                     fired.add(cid)
         if fired is None:
             return ()
+        if len(fired) == 1:
+            return (fired.pop(),)
         return tuple(sorted(fired))
 
 
@@ -233,6 +242,10 @@ def derive_cause(
         return "unexecuted_tool", ()  # an explicit done signal
     if custom_declared is None:
         custom_declared = {cid for cid in declared_ids(conditions) if cid.startswith("custom:")}
+    if not (reported_fired and custom_declared) and len(fired_at_last) <= 1:  # nothing to merge or sort
+        if fired_at_last:
+            return "stop_condition", tuple(fired_at_last)
+        return "unknown", ()
     fired = set(fired_at_last)
     fired.update(cid for cid in reported_fired if cid in custom_declared)
     if fired:

@@ -32,7 +32,14 @@ from loopwarden.codecs.events import (
     RunStarted,
     StepFinished,
 )
-from loopwarden.rules.conditions import _BY_ID, SETTLED_STATUSES, compile_policy, derive_cause, intern_policy
+from loopwarden.rules.conditions import (
+    _BY_ID,
+    SETTLED_STATUSES,
+    CompiledPolicy,
+    compile_policy,
+    derive_cause,
+    intern_policy,
+)
 from loopwarden.rules.precedence import (
     FALSE_COMPLETE,
     VERIFIED_COMPLETE,
@@ -125,10 +132,10 @@ class RunState(Struct, gc=False):
     tomb: bool = False
 
 
-class Result(Struct):
+class Result(Struct, gc=False):  # never in a reference cycle: one event's output, dropped by the shell
     state: RunState | None
-    transitions: list[HealthTransition] = field(default_factory=list)
-    notes: list[Note] = field(default_factory=list)
+    transitions: list[HealthTransition] = []  # msgspec copies an empty default per instance
+    notes: list[Note] = []
 
 
 # -- helpers ------------------------------------------------------------------
@@ -143,18 +150,18 @@ def evidence_of(state: RunState) -> Evidence:
         step_count, finish_reason = seg.steps_seen, seg.finish_reason
     else:
         step_count, finish_reason = state.ended_step_count, state.ended_finish_reason
-    return Evidence(
-        reported_cause=state.reported_cause,
-        derived_cause=state.derived_cause,
-        fired=state.fired,
-        step_count=step_count,
-        segments=len(state.open) + len(state.ended),
-        tool_errors=state.tool_errors,
-        finish_reason=finish_reason,
-        disagreements=state.disagreements,
-        receipt_ids=tuple(state.receipt_ids) if state.receipt_ids else (),
-        approval=state.approval,
-        ignored=dict(state.ignored) if state.ignored else {},
+    return Evidence(  # positional (faster than keywords): the order of Evidence's fields
+        state.reported_cause,
+        state.derived_cause,
+        state.fired,
+        step_count,
+        len(state.open) + len(state.ended),
+        state.tool_errors,
+        finish_reason,
+        state.disagreements,
+        tuple(state.receipt_ids) if state.receipt_ids else (),
+        state.approval,
+        dict(state.ignored) if state.ignored else {},
     )
 
 
@@ -162,24 +169,25 @@ def _move(state: RunState, res: Result, to: str, reason: str, ts: int, now_ms: i
     """Emit a transition unless the run is already in ``to``."""
     if state.health == to:
         return
-    state.seq += 1
+    seq = state.seq = state.seq + 1
+    policy = state.policy
     res.transitions.append(
-        HealthTransition(
-            run_id=state.run_id,
-            seq=state.seq,
-            ts=ts,
-            emitted_ts=now_ms,
-            agent=state.agent,
-            policy_version=state.policy.version if state.policy is not None else None,
-            from_state=state.health,
-            to_state=to,
-            reason=reason,
-            evidence=evidence_of(state),
+        HealthTransition(  # positional (faster than keywords): the order of HealthTransition's fields
+            state.run_id,
+            seq,
+            ts,
+            now_ms,
+            state.agent,
+            policy.version if policy is not None else None,
+            state.health,
+            to,
+            reason,
+            evidence_of(state),
         )
     )
     state.health = to
     history = state.history
-    history.append((state.seq, ts, to, reason))
+    history.append((seq, ts, to, reason))
     if len(history) > MAX_HISTORY:
         del history[:-MAX_HISTORY]
 
@@ -200,10 +208,14 @@ def _activity(state: RunState, res: Result, ts: int, now_ms: int) -> None:
 
 
 def _receipts_verdict(state: RunState) -> str | None:
-    if not state.verified_kinds and not state.negative_kinds:
+    verified, negative = state.verified_kinds, state.negative_kinds
+    if not verified and not negative:
         return None  # what receipt_verdict says with no receipts, whatever is required
-    required = state.policy.required_outcomes if state.policy is not None else ()
-    return receipt_verdict(state.verified_kinds, state.negative_kinds, required)
+    policy = state.policy
+    required = policy.required_outcomes if policy is not None else ()
+    if not required:  # receipt_verdict's rule without required kinds, inline
+        return VERIFIED_COMPLETE if verified else FALSE_COMPLETE
+    return receipt_verdict(verified, negative, required)
 
 
 # -- event handlers -----------------------------------------------------------
@@ -244,7 +256,7 @@ def _add_gap(seg: Segment, lo: int, hi: int) -> None:
         del gaps[:-MAX_GAPS]
 
 
-def _on_step(state: RunState, ev: StepFinished, now_ms: int, res: Result) -> None:
+def _on_step(state: RunState, ev: StepFinished, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
     ts = ev.ts
     last = state.last_activity_ts  # _activity, inline: this is the hot path
     if last is None or ts > last:
@@ -285,30 +297,31 @@ def _on_step(state: RunState, ev: StepFinished, now_ms: int, res: Result) -> Non
     fired: tuple[str, ...] = ()
     calls = ev.tool_calls
     if calls:
-        errors = 0
-        settled = True
-        for tc in calls:
-            status = tc.status
-            if status == "error":
-                errors += 1
-            elif status not in SETTLED_STATUSES:
-                settled = False
+        if len(calls) == 1:  # the common case: one call, no loop
+            status = calls[0].status
+            statuses: tuple[str, ...] = (status,)
+            errors = 1 if status == "error" else 0
+            settled = status in SETTLED_STATUSES
+        else:
+            statuses = tuple([tc.status for tc in calls])
+            errors = statuses.count("error")
+            settled = True
+            for status in statuses:
+                if status not in SETTLED_STATUSES:
+                    settled = False
+                    break
         if errors:
             seg.tool_errors += errors
             state.tool_errors += errors
         if settled and ev.finish_reason != "interrupted":  # is_evaluated(ev)
-            policy = state.policy
-            fired = (_BY_ID.get(id(policy)) or compile_policy(policy)).evaluate(
-                step + 1,  # the SDK's steps.length at this step
-                seg.tokens,
-                [tc.name for tc in calls],
-            )
+            # the SDK's steps.length at this step is step + 1
+            fired = compiled.evaluate_calls(step + 1, seg.tokens, None, calls)
             if fired and (seg.stop_step is None or step < seg.stop_step):
                 seg.stop_step = step
         if step > max_step:
             seg.max_step = step
             seg.finish_reason = ev.finish_reason
-            seg.statuses = tuple([tc.status for tc in calls])
+            seg.statuses = statuses
             seg.fired = fired
     elif step > max_step:
         seg.max_step = step
@@ -377,15 +390,16 @@ def _on_run_ended(state: RunState, ev: RunEnded, now_ms: int, res: Result) -> No
         state.approval_pending = False
 
     to, reason = verdict(
-        Facts(
-            cause=ev.cause,
-            derived_cause=derived,
-            fired=derived_fired,
-            roles=compiled.roles,
-            disagreements=disagreements,
-            last_tool_error="error" in seg.statuses,
-            approval=ev.approval,
-            receipt_state=_receipts_verdict(state),
+        Facts(  # positional (faster than keywords): cause, derived_cause, fired, roles, disagreements,
+            # last_tool_error, approval, receipt_state
+            ev.cause,
+            derived,
+            derived_fired,
+            compiled.roles,
+            disagreements,
+            "error" in seg.statuses,
+            ev.approval,
+            _receipts_verdict(state),
         )
     )
     if to == "VERIFYING":
@@ -464,7 +478,6 @@ def _on_receipt(state: RunState, ev: OutcomeReceipt, now_ms: int, res: Result) -
 
 _HANDLERS = {
     RunStarted: _on_run_started,
-    StepFinished: _on_step,
     RunEnded: _on_run_ended,
     ApprovalRouted: _on_approval_routed,
     ApprovalResolved: _on_approval_resolved,
@@ -495,12 +508,12 @@ def apply(state: RunState | None, event: InputEvent, now_ms: int) -> Result:
     elif state.tomb:  # the run id comes back after retention dropped it: its seq goes on
         state = RunState(run_id=event.run_id, seq=state.seq)
     res = Result(state)
+    policy = state.policy
+    compiled = _BY_ID.get(id(policy)) or compile_policy(policy)
     health = state.health
     if health == "RUNNING":  # the common case, inline: is the inactivity timer due by the event's ts?
         last = state.last_activity_ts
         if last is not None:
-            policy = state.policy
-            compiled = _BY_ID.get(id(policy)) or compile_policy(policy)
             deadline = last + compiled.inactivity_ms
             if deadline <= event.ts:
                 _fire(state, deadline, "no_progress", now_ms, res)  # to STUCK: no timer of its own
@@ -511,7 +524,11 @@ def apply(state: RunState | None, event: InputEvent, now_ms: int) -> Result:
             if deadline is None or deadline > ts:
                 break
             _fire(state, deadline, _RUN_TIMER_KINDS[state.health], now_ms, res)
-    _HANDLERS[type(event)](state, event, now_ms, res)
+    kind = type(event)
+    if kind is StepFinished:
+        _on_step(state, event, now_ms, res, compiled)  # type: ignore[arg-type]
+    else:
+        _HANDLERS[kind](state, event, now_ms, res)
     return res
 
 
@@ -571,10 +588,16 @@ def _timer(state: RunState, settings: Settings) -> tuple[int, str] | None:
 def next_deadline(state: RunState, settings: Settings = DEFAULT_SETTINGS) -> int | None:
     """The earliest deadline (ms) of the run's timers, or None when it has none."""
     health = state.health
+    if health == "RUNNING":  # _run_deadline's common case, inline
+        last = state.last_activity_ts
+        if last is None:
+            return None
+        policy = state.policy
+        return last + (_BY_ID.get(id(policy)) or compile_policy(policy)).inactivity_ms
     if health in _TIMERLESS:
         if state.tomb:
             return state.last_seen_ts + _ms_of(settings.seq_memory_s)
-        return state.last_seen_ts + _retention_ms(settings)
+        return state.last_seen_ts + _ms_of(settings.retention_s)
     return _run_deadline(state)
 
 

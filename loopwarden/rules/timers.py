@@ -1,4 +1,4 @@
-"""A due-timer index: at most one heap entry per run, so memory follows runs, not events."""
+"""A due-timer index: few entries per run, so memory follows runs, not events."""
 
 from __future__ import annotations
 
@@ -12,40 +12,88 @@ class TimerQueue:
     ``schedule`` is called after every change of a run; it adds an entry only when
     the run's deadline moved earlier than the one already queued. An entry whose
     deadline turns out stale when popped is handed back anyway: the caller checks
-    the run's real next deadline and schedules it again if it moved later.
+    the run's real next deadline and schedules it again if it moved later. After a
+    change of health (a different timer, often a later one) ``reschedule`` queues the
+    new deadline at once, so the run is not looked at again when the old one passes.
     Per change O(log n) at most; per tick O(due entries).
+
+    Layout: ``heap`` holds each distinct deadline once, as a plain int (a heap of ints
+    compares much faster than one of ``(deadline, run_id)`` tuples), and ``buckets`` maps
+    a deadline to the run ids queued at it. ``heap`` and ``queued`` (run id -> the deadline
+    queued for it, the run's one live entry) are public for read only, so a shell's hot
+    path can skip a call: ``heap and heap[0] <= now`` is ``due(now)``;
+    ``queued.get(run_id, inf) <= deadline`` means ``schedule`` would do nothing.
     """
 
+    __slots__ = ("heap", "buckets", "queued", "_entries")
+
     def __init__(self) -> None:
-        self._heap: list[tuple[int, str]] = []
-        self._queued: dict[str, int] = {}
+        self.heap: list[int] = []
+        self.buckets: dict[int, list[str]] = {}
+        self.queued: dict[str, int] = {}
+        self._entries = 0  # run ids held in buckets, live or superseded
+
+    def _add(self, run_id: str, deadline: int) -> None:
+        self.queued[run_id] = deadline
+        bucket = self.buckets.get(deadline)
+        if bucket is None:
+            self.buckets[deadline] = [run_id]
+            heapq.heappush(self.heap, deadline)
+        else:
+            bucket.append(run_id)
+        self._entries += 1
 
     def schedule(self, run_id: str, deadline: int | None) -> None:
         if deadline is None:
             return  # a queued entry, if any, is found stale when popped
-        queued = self._queued.get(run_id)
+        queued = self.queued.get(run_id)
         if queued is not None and queued <= deadline:
             return
-        self._queued[run_id] = deadline
-        heapq.heappush(self._heap, (deadline, run_id))
+        self._add(run_id, deadline)
+
+    def reschedule(self, run_id: str, deadline: int | None) -> None:
+        """Queue exactly ``deadline`` for the run, earlier or later than the one queued.
+
+        For a change that moved the run's deadline for good (its health changed: a
+        different timer now). The entry queued before stays in its bucket but is no
+        longer the run's: ``pop_due`` drops it when its time comes, and nobody has to
+        look at the run to find it stale. So a run holds one live entry and at most one
+        superseded entry per health change whose deadline is still ahead.
+        """
+        if deadline is None:
+            self.queued.pop(run_id, None)
+            return
+        if self.queued.get(run_id) != deadline:
+            self._add(run_id, deadline)
 
     def due(self, now_ms: int) -> bool:
         """Whether an entry (perhaps stale) has deadline <= now_ms: ``pop_due`` would yield or drop something."""
-        heap = self._heap
-        return bool(heap) and heap[0][0] <= now_ms
+        heap = self.heap
+        return bool(heap) and heap[0] <= now_ms
 
     def pop_due(self, now_ms: int) -> Iterator[tuple[int, str]]:
-        """Entries with deadline <= now_ms, earliest first; may yield entries the caller finds stale."""
-        heap = self._heap
-        while heap and heap[0][0] <= now_ms:
-            deadline, run_id = heapq.heappop(heap)
-            if self._queued.get(run_id) == deadline:
-                del self._queued[run_id]
-                yield deadline, run_id
+        """Entries with deadline <= now_ms, earliest first; may yield entries the caller finds stale.
+
+        The caller may schedule while iterating: a deadline already due is popped in turn.
+        """
+        heap, buckets, queued = self.heap, self.buckets, self.queued
+        while heap and heap[0] <= now_ms:
+            deadline = heapq.heappop(heap)
+            run_ids = buckets.pop(deadline)
+            self._entries -= len(run_ids)
+            if len(run_ids) > 1:
+                run_ids.sort()
+            for run_id in run_ids:
+                if queued.get(run_id) == deadline:  # the run's live entry (not superseded, not yielded)
+                    del queued[run_id]
+                    yield deadline, run_id
 
     def clear(self) -> None:
-        self._heap.clear()
-        self._queued.clear()
+        self.heap.clear()
+        self.buckets.clear()
+        self.queued.clear()
+        self._entries = 0
 
     def __len__(self) -> int:
-        return len(self._heap)
+        """Entries held, live or superseded (not yet dropped)."""
+        return self._entries

@@ -45,6 +45,7 @@ from collections import Counter
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError, ProducerFenced
 
+from loopwarden import gctune
 from loopwarden.codecs import encode
 from loopwarden.rules import TIMER_REASONS, Settings
 from loopwarden.streams import memory
@@ -646,7 +647,7 @@ def run_worker(config: Config) -> int:
     for name in ("aiokafka", "aiohttp.access"):  # their INFO lines (joins, coordinators) say nothing a user needs
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(config.log_level.upper())))
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    gc.set_threshold(50_000, 20, 100)  # fewer young-generation passes: a batch allocates many short-lived objects
+    gctune.for_streaming()  # fewer collector passes: a batch allocates many short-lived objects
 
     async def main() -> None:
         worker = Worker(config)

@@ -1,0 +1,147 @@
+"""The core's fast paths against the plain definitions they stand for.
+
+``Replay.feed`` inlines the timer queue's checks, queues a run's new deadline at once
+when its health changes (``TimerQueue.reschedule``) and builds transitions and facts
+positionally. Here a reference replay written the slow, obvious way — before each
+event, fire every due timer of every run, earliest deadline first, ties by run id,
+by scanning all states — must produce exactly the same transitions, in the same
+order, on generated fleets and on a simulated one.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from loopwarden.codecs import Evidence, HealthTransition
+from loopwarden.replay import Replay
+from loopwarden.rules import DEFAULT_SETTINGS, apply, fire_next, next_deadline
+from loopwarden.rules.precedence import Facts
+from loopwarden.rules.timers import TimerQueue
+from loopwarden.simulate import fleet
+from tests import strategies as S
+
+
+class ReferenceReplay:
+    """Replay's contract with no index: O(runs) per event, obviously right."""
+
+    def __init__(self) -> None:
+        self.states: dict = {}
+        self.clock: int | None = None
+
+    def _fire_due(self) -> list[HealthTransition]:
+        out: list[HealthTransition] = []
+        while True:
+            due = sorted(
+                (d, run_id) for run_id, s in self.states.items()
+                if (d := next_deadline(s, DEFAULT_SETTINGS)) is not None and d <= self.clock
+            )
+            if not due:
+                return out
+            _, run_id = due[0]
+            res = fire_next(self.states[run_id], self.clock, DEFAULT_SETTINGS)
+            if res.state is None:
+                del self.states[run_id]
+            else:
+                self.states[run_id] = res.state
+            out += res.transitions
+
+    def feed(self, event) -> list[HealthTransition]:
+        if self.clock is None or event.ts > self.clock:
+            self.clock = event.ts
+        out = self._fire_due()
+        res = apply(self.states.get(event.run_id), event, self.clock)
+        self.states[event.run_id] = res.state
+        return out + res.transitions
+
+    def finish(self, advance_s: float) -> list[HealthTransition]:
+        if self.clock is None:
+            return []
+        self.clock += int(round(advance_s * 1000))
+        return self._fire_due()
+
+
+def _both(events, advance_s: float) -> tuple[list, list]:
+    fast, ref = Replay(), ReferenceReplay()
+    a: list = []
+    b: list = []
+    for e in events:
+        a += fast.feed(e)
+        b += ref.feed(e)
+    a += fast.finish(advance_s)
+    b += ref.finish(advance_s)
+    return a, b
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(S.fleet(), st.sampled_from([0.0, 30.0, 400.0, 1800.0, 8 * 86400.0, 40 * 86400.0]))
+def test_replay_equals_the_reference_on_generated_fleets(events, advance_s) -> None:
+    fast, ref = _both(events, advance_s)
+    assert fast == ref
+
+
+def test_replay_equals_the_reference_on_a_simulated_fleet() -> None:
+    """300 simulated runs (every cause, receipts late and early, approvals): same transitions, same order."""
+    from loopwarden.codecs import decode_input
+
+    events = [decode_input(m.value) for m in fleet(300, seed=11) if m.valid]
+    fast, ref = _both(events, 1800.0)
+    assert len(fast) > 600
+    assert fast == ref
+    states = {t.to_state for t in fast}
+    assert {"VERIFIED_COMPLETE", "FALSE_COMPLETE", "BOUNDED_STOP", "STUCK"} <= states
+
+
+def test_reschedule_supersedes_the_queued_entry_without_handing_it_back() -> None:
+    q = TimerQueue()
+    q.schedule("r", 100)
+    q.reschedule("r", 500)  # a later timer after a change of health
+    assert len(q) == 2  # the superseded entry waits in its bucket until its time
+    assert list(q.pop_due(200)) == []  # ... and is dropped then, not handed back
+    assert len(q) == 1
+    q.reschedule("r", 300)  # earlier works too
+    assert list(q.pop_due(1000)) == [(300, "r")]
+    assert len(q) == 0
+    q.schedule("s", 50)
+    q.reschedule("s", None)  # no timer any more
+    assert list(q.pop_due(1000)) == []
+
+
+def test_an_entry_scheduled_while_popping_that_is_due_comes_out_in_the_same_pass() -> None:
+    q = TimerQueue()
+    q.schedule("a", 10)
+    out = []
+    for deadline, run_id in q.pop_due(100):
+        out.append((deadline, run_id))
+        if run_id == "a":
+            q.schedule("b", 10)  # the same, already popped, deadline
+            q.schedule("c", 50)
+    assert out == [(10, "a"), (10, "b"), (50, "c")]
+
+
+def test_positional_construction_follows_the_field_order() -> None:
+    """machine.py builds these positionally (faster than keywords): a reordered field must fail here."""
+    assert HealthTransition.__struct_fields__ == (
+        "run_id", "seq", "ts", "emitted_ts", "agent", "policy_version", "from_state", "to_state", "reason",
+        "evidence")
+    assert Evidence.__struct_fields__ == (
+        "reported_cause", "derived_cause", "fired", "step_count", "segments", "tool_errors", "finish_reason",
+        "disagreements", "receipt_ids", "approval", "ignored")
+    assert Facts.__struct_fields__ == (
+        "cause", "derived_cause", "fired", "roles", "disagreements", "last_tool_error", "approval",
+        "receipt_state")
+    # and a real transition carries each value under its own name
+    from loopwarden.codecs import Policy, RunStarted, RunEnded, StepFinished, ToolCall
+
+    r = Replay()
+    r.feed(RunStarted(run_id="x", ts=1, agent="ag", policy=Policy(version="pv")))
+    r.feed(StepFinished(run_id="x", ts=2, step=0, finish_reason="tool-calls",
+                        tool_calls=(ToolCall(id="t", name="n", status="error"),)))
+    out = r.feed(RunEnded(run_id="x", ts=3, cause="tool_error", step_count=1, approval=None, error_name=None))
+    t = msgspec.to_builtins(out[-1])
+    assert (t["run_id"], t["seq"], t["ts"], t["emitted_ts"], t["agent"], t["policy_version"]) == ("x", 2, 3, 3, "ag", "pv")
+    assert (t["from_state"], t["to_state"], t["reason"]) == ("RUNNING", "FAILED", "tool_error")
+    ev = t["evidence"]
+    assert (ev["reported_cause"], ev["step_count"], ev["segments"], ev["tool_errors"], ev["finish_reason"]) == (
+        "tool_error", 1, 1, 1, "tool-calls")
