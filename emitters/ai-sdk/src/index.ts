@@ -28,7 +28,7 @@ export {
   stepTokens,
   type AnyStopCondition,
 } from './conditions.js';
-export { MemorySink, KafkaSink, type Sink, type SinkRecord, type KafkaSinkOptions } from './sinks.js';
+export { MemorySink, KafkaSink, RateLimitedLog, kafkaLogLine, type Sink, type SinkRecord, type KafkaSinkOptions, type SinkLogger } from './sinks.js';
 export { Publisher, type PublisherOptions, type PublisherStats } from './publisher.js';
 export { summarizeStep, deriveBoundaryCause, sdkEvaluatesAfter, clipId, type StepSummary, type CallOutcome, type BoundaryVerdict } from './steps.js';
 export { LoopwardenConfigError } from './errors.js';

@@ -154,14 +154,18 @@ export class Publisher {
   }
 
   /**
-   * Flush (up to `timeoutMs`), then close the sink. Records still undelivered then are counted as
-   * dropped. Later `enqueue` calls are dropped. Never rejects.
+   * Flush, then close the sink, all within `timeoutMs` (default 10 000): the flush may take the
+   * budget less a reserve (a quarter, at most 1 s) and the sink's close gets what is left. Records
+   * still undelivered then are counted as dropped. Later `enqueue` calls are dropped. Never
+   * rejects, and returns by the deadline whatever the sink does.
    */
   async close(timeoutMs = 10_000): Promise<PublisherStats> {
     if (!this.closed) {
+      const deadline = Date.now() + Math.max(0, timeoutMs);
+      const reserve = Math.min(1_000, Math.max(0, timeoutMs) / 4);
       this.closing = 'flushing';
       this.closed = true;
-      const drained = await this.flush(timeoutMs);
+      const drained = await this.flush(Math.max(0, timeoutMs - reserve));
       if (!drained) {
         this.closing = 'abandon';
         // Queued and in-flight records count as dropped (an in-flight batch that still lands is
@@ -171,10 +175,19 @@ export class Publisher {
         if (this.retryTimer) clearTimeout(this.retryTimer);
         this.wakeRetry?.();
       }
+      const left = Math.max(0, deadline - Date.now());
+      let timer: ReturnType<typeof setTimeout> | undefined;
       try {
-        await this.sink.close();
-      } catch {
-        // closing is best effort
+        await Promise.race([
+          Promise.resolve()
+            .then(() => this.sink.close(left))
+            .catch(() => undefined), // closing is best effort
+          new Promise<void>((resolve) => {
+            timer = setTimeout(resolve, left);
+          }),
+        ]);
+      } finally {
+        clearTimeout(timer);
       }
     }
     return this.stats();

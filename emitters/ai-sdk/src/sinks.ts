@@ -16,8 +16,11 @@ export interface SinkRecord {
 export interface Sink {
   /** Deliver the records in order; reject to have the publisher retry the same batch later. */
   send(records: readonly SinkRecord[]): Promise<void>;
-  /** Release connections. Called once, after the final flush. */
-  close(): Promise<void>;
+  /**
+   * Release connections. Called once, after the final flush, with the time left of the
+   * publisher's close budget; should settle within it (the publisher stops waiting then anyway).
+   */
+  close(timeoutMs?: number): Promise<void>;
 }
 
 /** Keeps every record in memory, in delivery order. `down = true` makes `send` fail (Kafka down). */
@@ -51,6 +54,16 @@ type KafkaJs = typeof import('kafkajs');
 type Producer = import('kafkajs').Producer;
 type KafkaConfig = import('kafkajs').KafkaConfig;
 type ProducerConfig = import('kafkajs').ProducerConfig;
+type LogEntry = import('kafkajs').LogEntry;
+type ISocketFactory = import('kafkajs').ISocketFactory;
+
+/** Where the Kafka client's log lines go: `console`, pino, winston and the like fit. */
+export interface SinkLogger {
+  error(message: string): void;
+  warn(message: string): void;
+  info?(message: string): void;
+  debug?(message: string): void;
+}
 
 export interface KafkaSinkOptions {
   /** `host:port` list; ignored when `kafka` (a ready kafkajs client config) is given. */
@@ -61,7 +74,70 @@ export interface KafkaSinkOptions {
   producer?: ProducerConfig;
   /** kafkajs log level (0 NOTHING .. 5 DEBUG); default 1 (ERROR). */
   logLevel?: number;
+  /**
+   * Receives the Kafka client's log lines, one line each, no stack traces, at most `logBurst`
+   * lines per `logIntervalMs` (the rest are counted and reported with the next line let through).
+   * Default: `console` (stderr for errors and warnings).
+   */
+  logger?: SinkLogger;
+  /** Lines let through per interval (default 5) and the interval (default 60 000 ms). */
+  logBurst?: number;
+  logIntervalMs?: number;
 }
+
+/**
+ * A logger that lets at most `burst` lines through per `intervalMs` and counts the rest, so a
+ * broker that stays down writes a few lines a minute, not dozens a second.
+ */
+export class RateLimitedLog {
+  private windowStart = -Infinity;
+  private inWindow = 0;
+  private suppressed = 0;
+
+  constructor(
+    private readonly logger: SinkLogger,
+    private readonly burst = 5,
+    private readonly intervalMs = 60_000,
+    private readonly now: () => number = Date.now,
+  ) {}
+
+  write(level: 'error' | 'warn' | 'info' | 'debug', line: string): void {
+    const t = this.now();
+    if (t - this.windowStart >= this.intervalMs) {
+      this.windowStart = t;
+      this.inWindow = 0;
+    }
+    if (this.inWindow >= this.burst) {
+      this.suppressed += 1;
+      return;
+    }
+    this.inWindow += 1;
+    if (this.suppressed > 0) {
+      line += ` (${this.suppressed} more Kafka client line${this.suppressed === 1 ? '' : 's'} suppressed before this one)`;
+      this.suppressed = 0;
+    }
+    try {
+      const write = this.logger[level] ?? this.logger.warn;
+      write.call(this.logger, line);
+    } catch {
+      // a failing logger must not reach the Kafka client
+    }
+  }
+
+  /** How many lines were held back and not yet reported. */
+  get pendingSuppressed(): number {
+    return this.suppressed;
+  }
+}
+
+/** One line for a kafkajs log entry: level, namespace, message, broker; never the stack. */
+export function kafkaLogLine(entry: LogEntry): string {
+  const { message, broker } = entry.log;
+  const where = typeof broker === 'string' ? ` (broker ${broker})` : '';
+  return `loopwarden KafkaSink: kafkajs ${entry.label} [${entry.namespace}] ${String(message)}${where}`;
+}
+
+const LEVELS: Record<number, 'error' | 'warn' | 'info' | 'debug'> = { 1: 'error', 2: 'warn', 4: 'info', 5: 'debug' };
 
 /**
  * Publishes to Kafka with kafkajs, keyed by run id, header `content-type: application/json`.
@@ -70,34 +146,76 @@ export interface KafkaSinkOptions {
  * as the Java client and aiokafka, so a run lands in the same partition number on `agent.steps`
  * and `agent.outcomes` (spec.md: co-partitioned by run_id). kafkajs' own retries are kept short:
  * the publisher retries a failed batch with backoff and counts drops.
+ *
+ * `close(ms)` returns within `ms` whatever the broker does: it asks kafkajs to disconnect and
+ * then destroys every socket the client opened (through kafkajs' public `socketFactory` hook), so
+ * a broker that accepts connections and never answers cannot hold the process open.
  */
 export class KafkaSink implements Sink {
   private producer: Producer | undefined;
+  private created: Producer | undefined;
   private connecting: Promise<Producer> | undefined;
+  private closed = false;
+  private readonly sockets = new Set<import('node:net').Socket>();
+  readonly log: RateLimitedLog;
 
   constructor(private readonly options: KafkaSinkOptions) {
     if (!options.kafka && (!options.brokers || options.brokers.length === 0)) {
       throw new Error('KafkaSink needs brokers (host:port list) or a kafkajs config');
     }
+    this.log = new RateLimitedLog(options.logger ?? console, options.logBurst ?? 5, options.logIntervalMs ?? 60_000);
+  }
+
+  /** kafkajs' default socket factory (or the user's), with every socket remembered until it closes. */
+  private async socketFactory(): Promise<ISocketFactory> {
+    const user = this.options.kafka?.socketFactory;
+    const net = await import('node:net');
+    const tls = await import('node:tls');
+    const base: ISocketFactory =
+      user ??
+      (({ host, port, ssl, onConnect }) => {
+        // as kafkajs' own default factory (src/network/socketFactory.js)
+        const socket = ssl
+          ? tls.connect(Object.assign({ host, port }, !net.isIP(host) ? { servername: host } : {}, ssl), onConnect)
+          : net.connect({ host, port }, onConnect);
+        socket.setKeepAlive(true, 60_000);
+        return socket;
+      });
+    return (args) => {
+      const socket = base(args);
+      if (this.closed) {
+        socket.destroy(new Error('KafkaSink closed')); // closing: no new connections (fails at once)
+        return socket;
+      }
+      this.sockets.add(socket);
+      socket.once('close', () => this.sockets.delete(socket));
+      return socket;
+    };
   }
 
   private async connect(): Promise<Producer> {
     if (this.producer) return this.producer;
     this.connecting ??= (async () => {
       const kafkajs: KafkaJs = await import('kafkajs');
+      const socketFactory = await this.socketFactory();
+      if (this.closed) throw new Error('KafkaSink is closed');
       const kafka = new kafkajs.Kafka({
         clientId: this.options.clientId ?? 'loopwarden-ai-sdk',
         brokers: this.options.brokers ?? [],
         logLevel: this.options.logLevel ?? kafkajs.logLevel.ERROR,
         retry: { retries: 2, initialRetryTime: 100, maxRetryTime: 1000 },
+        logCreator: () => (entry: LogEntry) => this.log.write(LEVELS[entry.level] ?? 'info', kafkaLogLine(entry)),
         ...this.options.kafka,
+        socketFactory,
       });
       const producer = kafka.producer({
         createPartitioner: kafkajs.Partitioners.DefaultPartitioner,
         allowAutoTopicCreation: true,
         ...this.options.producer,
       });
+      this.created = producer;
       await producer.connect();
+      if (this.closed) throw new Error('KafkaSink is closed');
       this.producer = producer;
       return producer;
     })().finally(() => {
@@ -107,6 +225,7 @@ export class KafkaSink implements Sink {
   }
 
   async send(records: readonly SinkRecord[]): Promise<void> {
+    if (this.closed) throw new Error('KafkaSink is closed');
     const producer = await this.connect();
     const byTopic = new Map<string, SinkRecord[]>();
     for (const record of records) {
@@ -122,9 +241,32 @@ export class KafkaSink implements Sink {
     });
   }
 
-  async close(): Promise<void> {
-    const producer = this.producer ?? (this.connecting ? await this.connecting.catch(() => undefined) : undefined);
+  /** Sockets open now (for tests and diagnostics). */
+  openSockets(): number {
+    return this.sockets.size;
+  }
+
+  /**
+   * Disconnect, waiting at most `timeoutMs` (default 5 000) for kafkajs to do it politely, then
+   * destroy what is still open. Never rejects; nothing of the client keeps the event loop alive.
+   */
+  async close(timeoutMs = 5_000): Promise<void> {
+    this.closed = true;
+    const producer = this.producer ?? this.created;
     this.producer = undefined;
-    await producer?.disconnect();
+    if (producer) {
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      await Promise.race([
+        producer.disconnect().catch(() => undefined),
+        new Promise<void>((resolve) => {
+          timer = setTimeout(resolve, Math.max(0, timeoutMs));
+        }),
+      ]);
+      clearTimeout(timer);
+    }
+    // With an error: kafkajs listens for 'error' (not 'close') to fail its requests in flight and stop
+    // its request-timeout interval; a plain destroy() would leave that running for requestTimeout.
+    for (const socket of this.sockets) socket.destroy(new Error('KafkaSink closed'));
+    this.sockets.clear();
   }
 }

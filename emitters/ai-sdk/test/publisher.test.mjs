@@ -94,3 +94,76 @@ test('KafkaSink with no broker listening: agent runs are unaffected, events are 
   assert.deepEqual([stats.enqueued, stats.published, stats.dropped, stats.pending], [5, 0, 9, 0]);
   assert.ok(errors.length >= 1 && stats.sinkErrors >= 1);
 });
+
+// Runs test/helpers/kafka-trouble.mjs; resolves with its JSON line, stderr and how long after
+// printing it the process took to exit on its own.
+async function trouble(mode, arg) {
+  const { spawn } = await import('node:child_process');
+  const child = spawn(process.execPath, [new URL('./helpers/kafka-trouble.mjs', import.meta.url).pathname, mode, String(arg)]);
+  let stdout = '';
+  let stderr = '';
+  let printedAt;
+  child.stdout.on('data', (d) => {
+    stdout += d;
+    printedAt ??= Date.now();
+  });
+  child.stderr.on('data', (d) => (stderr += d));
+  const killer = setTimeout(() => child.kill('SIGKILL'), 60_000);
+  const code = await new Promise((resolve) => child.on('exit', resolve));
+  clearTimeout(killer);
+  return { code, out: stdout ? JSON.parse(stdout) : undefined, stderr, exitAfterMs: Date.now() - (printedAt ?? Date.now()) };
+}
+
+test('a broker that accepts TCP and never answers: close(2000) returns within its budget and the process can exit', async () => {
+  // Before: close(2000) took 22-27 s (it awaited kafkajs' pending connect) and the process stayed
+  // alive >= 90 s (a socket and kafkajs' request-timeout interval held the event loop).
+  const { code, out, exitAfterMs } = await trouble('hung', 2000);
+  assert.equal(code, 0);
+  assert.ok(out.closeMs <= 2500, `close(2000) took ${out.closeMs} ms`);
+  assert.ok(exitAfterMs < 5000, `the process exited ${exitAfterMs} ms after close returned`);
+  assert.ok(out.stats.enqueued >= 3, JSON.stringify(out.stats));
+  assert.equal(out.stats.published, 0);
+  assert.equal(out.stats.dropped, out.stats.enqueued, 'every undelivered event is counted as dropped');
+  assert.equal(out.stats.pending, 0);
+});
+
+test('Kafka down: the client logs a few single lines through the sink logger, never stack traces', async () => {
+  // Before: kafkajs wrote 48 ERROR lines with stack traces to stderr in 14 s.
+  const { code, out, stderr } = await trouble('down', 4000);
+  assert.equal(code, 0);
+  assert.ok(out.stats.sinkErrors >= 3, 'the sink kept failing');
+  const lines = stderr.split('\n').filter((l) => l.trim());
+  assert.ok(lines.length >= 1 && lines.length <= 5, `${lines.length} lines:\n${stderr}`);
+  for (const line of lines) {
+    assert.match(line, /^loopwarden KafkaSink: kafkajs ERROR \[\w+\] /);
+    assert.doesNotMatch(line, /stack|\n\s+at /);
+  }
+});
+
+test('RateLimitedLog lets a burst through per interval and reports what it held back', async () => {
+  const { RateLimitedLog } = await import('../dist/index.js');
+  const seen = [];
+  let now = 0;
+  const log = new RateLimitedLog({ error: (m) => seen.push(['error', m]), warn: (m) => seen.push(['warn', m]) }, 2, 1000, () => now);
+  for (let i = 0; i < 5; i += 1) log.write('error', `e${i}`);
+  assert.deepEqual(seen, [['error', 'e0'], ['error', 'e1']]);
+  assert.equal(log.pendingSuppressed, 3);
+  now = 1000;
+  log.write('info', 'i0'); // no info method: goes to warn
+  assert.deepEqual(seen.at(-1), ['warn', 'i0 (3 more Kafka client lines suppressed before this one)']);
+  assert.equal(log.pendingSuppressed, 0);
+  const throwing = new RateLimitedLog({ error: () => { throw new Error('x'); }, warn: () => {} });
+  assert.doesNotThrow(() => throwing.write('error', 'line'));
+});
+
+test('KafkaSink hands kafkajs lines to the logger it is given', async () => {
+  const { KafkaSink } = await import('../dist/index.js');
+  const lines = [];
+  const sink = new KafkaSink({ brokers: ['127.0.0.1:1'], logger: { error: (m) => lines.push(m), warn: (m) => lines.push(m) } });
+  await assert.rejects(sink.send([{ topic: 't', key: 'k', value: '{}' }]));
+  await sink.close(100);
+  assert.ok(lines.length >= 1 && lines.length <= 5, lines.join('\n'));
+  assert.ok(lines.every((l) => l.startsWith('loopwarden KafkaSink: kafkajs ERROR') && !l.includes('\n')));
+  assert.equal(sink.openSockets(), 0);
+  await assert.rejects(sink.send([{ topic: 't', key: 'k', value: '{}' }]), /closed/);
+});
