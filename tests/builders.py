@@ -24,9 +24,12 @@ def step(n: int, *calls: tuple[str, str], run: str = "r", ts: int = 0, seg: int 
 
 
 def ended(cause: str, steps: int, *fired: str, run: str = "r", ts: int = 0, seg: int = 0,
-          approval: dict | None = None, error_name: str | None = None) -> dict:
-    return {"type": "run_ended", "run_id": run, "ts": ts, "segment": seg, "cause": cause,
-            "fired": list(fired), "step_count": steps, "approval": approval, "error_name": error_name}
+          approval: dict | None = None, error_name: str | None = None, steered: bool | None = None) -> dict:
+    out = {"type": "run_ended", "run_id": run, "ts": ts, "segment": seg, "cause": cause,
+           "fired": list(fired), "step_count": steps, "approval": approval, "error_name": error_name}
+    if steered is not None:
+        out["steered"] = steered
+    return out
 
 
 def approval(aid: str = "ap1", routed: bool = True, deadline_ts: int = 10_000_000) -> dict:

@@ -204,6 +204,10 @@ class RunEnded(_Event, tag="run_ended"):
     error_name: ShortText | None
     segment: Count = 0
     fired: Annotated[tuple[Annotated[str, Meta(max_length=300)], ...], Meta(max_length=200)] = ()
+    # Beyond spec.md: the call ran with experimental steering and a steering message was waiting
+    # when its last step ended, so the SDK evaluated stopWhen after that step although it had no
+    # tool calls (ai >= 7.0.154). False (the default) for emitters that do not know.
+    steered: bool = False
 
     def __post_init__(self) -> None:
         if self.cause == "approval_required" and self.approval is None:

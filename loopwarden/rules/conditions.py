@@ -144,7 +144,7 @@ def compile_policy(policy: Policy | None) -> CompiledPolicy:
     return _memo(policy)[1]
 
 
-def is_evaluated(step: StepFinished) -> bool:
+def is_evaluated(step: StepFinished, steered: bool = False) -> bool:
     """Whether the SDK evaluates ``stopWhen`` after this step.
 
     As ``ai`` 7 does (``shouldStartNextStep``): the step has at least one client
@@ -152,12 +152,15 @@ def is_evaluated(step: StepFinished) -> bool:
     is not ``interrupted``. spec.md names only ``stop``/``tool-calls`` here; the SDK
     also evaluates after e.g. a ``content-filter`` step whose calls were all denied
     or failed (measured by the differential oracle), and loopwarden follows the SDK.
+    ``steered``: a steering message was waiting when the step ended (ai >= 7.0.154);
+    the SDK then evaluates after a step without tool calls too, unless it finished
+    with ``error`` (or ``interrupted``).
     """
-    return (
-        bool(step.tool_calls)
-        and step.finish_reason != "interrupted"
-        and all(tc.status in SETTLED_STATUSES for tc in step.tool_calls)
-    )
+    if step.finish_reason == "interrupted":
+        return False
+    if not step.tool_calls:
+        return steered and step.finish_reason != "error"
+    return all(tc.status in SETTLED_STATUSES for tc in step.tool_calls)
 
 
 def evaluate(
@@ -220,6 +223,7 @@ def derive_cause(
     reported_fired: Sequence[str],
     conditions: Sequence[Condition],
     custom_declared: Collection[str] | None = None,
+    steered: bool = False,
 ) -> tuple[str, tuple[str, ...]]:
     """Re-derive a segment's stop cause from its steps (spec.md section 5, with the SDK's rule).
 
@@ -228,18 +232,37 @@ def derive_cause(
     settled under another finish reason was still evaluated (see :func:`is_evaluated`).
     Returns the derived cause and the derived fired set (empty under rules 1-4).
     ``custom_declared``, if given, is the set of custom ids ``conditions`` declare
-    (see :class:`CompiledPolicy`), so it need not be worked out again.
+    (see :class:`CompiledPolicy`), so it need not be worked out again. ``steered``: a
+    steering message was waiting after the last step (``RunEnded.steered``), so the SDK
+    evaluated stopWhen after it even without tool calls (unless its finish was ``error``
+    or ``interrupted``); ``fired_at_last`` is then the policy's result at that step.
     """
     if steps_seen == 0:
         return "unknown", ()
     if "approval_requested" in last_statuses:
         return "approval_required", ()
-    if not last_statuses or last_finish_reason == "interrupted":
+    if last_finish_reason == "interrupted":
         return "natural_finish", ()
+    if not last_statuses:
+        if not steered or last_finish_reason == "error":
+            return "natural_finish", ()
+        # steered: the SDK evaluated stopWhen after this step without tool calls (see RunEnded.steered);
+        # `fired_at_last` must then be what the policy gives at it
+        return _fired_cause(fired_at_last, reported_fired, conditions, custom_declared)
     if any(status not in SETTLED_STATUSES for status in last_statuses):  # a call has no result
         if last_finish_reason not in CONTINUING_FINISH:
             return "natural_finish", ()  # the model's finish: tools were not run
         return "unexecuted_tool", ()  # an explicit done signal
+    return _fired_cause(fired_at_last, reported_fired, conditions, custom_declared)
+
+
+def _fired_cause(
+    fired_at_last: Sequence[str],
+    reported_fired: Sequence[str],
+    conditions: Sequence[Condition],
+    custom_declared: Collection[str] | None,
+) -> tuple[str, tuple[str, ...]]:
+    """Rule 5: stop_condition with what fired at the last evaluation (and reported customs), else unknown."""
     if custom_declared is None:
         custom_declared = {cid for cid in declared_ids(conditions) if cid.startswith("custom:")}
     if not (reported_fired and custom_declared) and len(fired_at_last) <= 1:  # nothing to merge or sort

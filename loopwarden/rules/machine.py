@@ -366,9 +366,14 @@ def _on_run_ended(state: RunState, ev: RunEnded, now_ms: int, res: Result) -> No
 
     policy = state.policy
     compiled = _BY_ID.get(id(policy)) or compile_policy(policy)
+    fired_at_last = seg.fired
+    if ev.steered and seg.steps_seen and not seg.statuses:
+        # The SDK evaluated stopWhen after this last step without tool calls (a steering message
+        # was waiting), which _on_step does not do on its own: evaluate the policy at it now.
+        fired_at_last = compiled.evaluate_calls(seg.max_step + 1, seg.tokens, (), None)
     derived, derived_fired = derive_cause(
-        seg.steps_seen, seg.statuses, seg.finish_reason, seg.fired, ev.fired, compiled.conditions,
-        compiled.custom_ids,
+        seg.steps_seen, seg.statuses, seg.finish_reason, fired_at_last, ev.fired, compiled.conditions,
+        compiled.custom_ids, ev.steered,
     )
     disagreements = _disagreements(state, ev, seg, derived, derived_fired)
     res.notes.append(("cause", derived))

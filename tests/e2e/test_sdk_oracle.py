@@ -36,7 +36,7 @@ def test_python_evaluation_equals_the_sdk(seed: int) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     assert len(lines) == CASES
-    checked = evaluated = fired_any = 0
+    checked = evaluated = fired_any = steered_text_only = 0
     mismatches = []
     for line in lines:
         case = json.loads(line)
@@ -47,7 +47,9 @@ def test_python_evaluation_equals_the_sdk(seed: int) -> None:
             step = msgspec.convert({**case["steps"][k], "type": "step_finished", "run_id": "o", "ts": 0, "step": k},
                                    StepFinished)
             tokens += step.usage.tokens
-            mine_evaluated = is_evaluated(step)
+            steered = case["steps"][k].get("steered", False)
+            steered_text_only += steered and not step.tool_calls and ev["evaluated"]
+            mine_evaluated = is_evaluated(step, steered)
             mine_fired = list(evaluate(conditions, k + 1, tokens, [tc.name for tc in step.tool_calls]))
             checked += 1
             evaluated += ev["evaluated"]
@@ -57,3 +59,13 @@ def test_python_evaluation_equals_the_sdk(seed: int) -> None:
     assert not mismatches, f"{len(mismatches)} of {checked} prefixes differ, first: {mismatches[:5]}"
     # the generator must exercise both sides of every question
     assert checked > CASES and 0 < evaluated < checked and 0 < fired_any < checked
+    if _sdk_has_steering():  # ai >= 7.0.154: steered steps without tool calls are evaluated too
+        assert steered_text_only > 0
+    print(f"oracle seed {seed}: {CASES} cases, {checked} prefixes, {evaluated} evaluated, "
+          f"{steered_text_only} of them steered without tool calls, 0 disagreements")
+
+
+def _sdk_has_steering() -> bool:
+    proc = subprocess.run([_node(), "-e", "import('ai').then(m => console.log(typeof m.experimental_createSteering))"],
+                          cwd=EMITTER, capture_output=True, text=True, timeout=60)
+    return proc.stdout.strip() == "function"

@@ -64,6 +64,8 @@ def vectors() -> list:
     out += [
         RunEnded(run_id="g-a1", ts=TS + 30, segment=2, cause="approval_required", step_count=2, approval=ROUTED, error_name=None),
         RunEnded(run_id="g-a2", ts=TS + 31, cause="approval_required", step_count=1, approval=UNROUTED, error_name=None),
+        RunEnded(run_id="g-s1", ts=TS + 31, cause="stop_condition", step_count=1, approval=None, error_name=None,
+                 fired=("step_count:1",), steered=True),
         ApprovalRouted(run_id="g-a2", ts=TS + 32, approval_id="ap-2", owner="ops", deadline_ts=TS + 99, resume_token="tok-2"),
         ApprovalRouted(run_id="g-a2", ts=TS + 33, approval_id="ap-2", owner=None, deadline_ts=None, resume_token=None),
         ApprovalResolved(run_id="g-a1", ts=TS + 34, approval_id="ap-1", approved=True),

@@ -120,6 +120,8 @@ export function goldenEvents() {
     }),
   );
   events.push({ type: 'run_ended', run_id: 'ts-e-unrouted', ts: at(), segment: 2, cause: 'approval_required', fired: [], step_count: 1, approval: unrouted, error_name: null });
+  // steered: stopWhen evaluated after a tool-less last step (experimental steering)
+  events.push({ type: 'run_ended', run_id: 'ts-e-steered', ts: at(), cause: 'stop_condition', fired: ['step_count:1'], step_count: 1, approval: null, error_name: null, steered: true });
 
   // approval_routed / approval_resolved
   events.push({ type: 'approval_routed', run_id: 'ts-e-unrouted', ts: at(), approval_id: 'ap-2', owner: 'ops', deadline_ts: T0 + 99, resume_token: 'tok-2' });

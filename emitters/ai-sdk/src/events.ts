@@ -131,6 +131,12 @@ export interface RunEnded {
   /** required (may be null); set when cause is approval_required */
   approval: Approval | null;
   error_name: string | null;
+  /**
+   * Beyond spec.md: the call ran with `experimental_steering` and a steering message was waiting
+   * when its last step ended, so the SDK evaluated stopWhen after that step although it had no
+   * tool calls (ai >= 7.0.154). Omitted (false) otherwise.
+   */
+  steered?: boolean;
 }
 
 export interface ApprovalRouted {
@@ -249,7 +255,7 @@ function pick(source: Obj, keys: readonly string[]): Obj {
 const KEYS = {
   run_started: ['type', 'run_id', 'ts', 'agent', 'policy'],
   step_finished: ['type', 'run_id', 'ts', 'segment', 'step', 'finish_reason', 'tool_calls', 'usage'],
-  run_ended: ['type', 'run_id', 'ts', 'segment', 'cause', 'fired', 'step_count', 'approval', 'error_name'],
+  run_ended: ['type', 'run_id', 'ts', 'segment', 'cause', 'fired', 'step_count', 'approval', 'error_name', 'steered'],
   approval_routed: ['type', 'run_id', 'ts', 'approval_id', 'owner', 'deadline_ts', 'resume_token'],
   approval_resolved: ['type', 'run_id', 'ts', 'approval_id', 'approved'],
   outcome_receipt: ['type', 'run_id', 'ts', 'receipt_id', 'kind', 'verifier', 'verified', 'evidence'],
@@ -582,6 +588,7 @@ export function decodeEvent(input: string | unknown): LoopwardenEvent {
       };
       if (r.has('segment')) event.segment = r.int('segment', { min: 0 });
       if (r.has('fired')) event.fired = r.strList('fired', { maxItems: L.firedItems, item: { max: L.firedId } });
+      if (r.has('steered')) event.steered = r.bool('steered');
       if (cause === 'approval_required' && event.approval === null) {
         throw new LoopwardenDecodeError('Expected an approval when cause is approval_required', '$.approval');
       }

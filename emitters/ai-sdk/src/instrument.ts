@@ -397,6 +397,8 @@ class SegmentTracker {
   private evaluatedLength = -1;
   private readonly evaluatedFired = new Set<string>();
   private ended = false;
+  /** the call passed `experimental_steering` */
+  private steering = false;
 
   constructor(
     readonly run: RunState,
@@ -492,6 +494,10 @@ class SegmentTracker {
         approval = approvalOf(request, routing);
         this.run.pendingApprovalId = request.approvalId;
       }
+      // Steering (ai >= 7.0.154): the SDK evaluates stopWhen after a step without tool calls only
+      // when a steering message is waiting; our wrapped conditions saw that evaluation happen.
+      const last = this.steps[this.steps.length - 1];
+      const steered = this.steering && evaluation.evaluatedAtLast && last !== undefined && last.tool_calls.length === 0;
       this.run.lw.emit({
         type: 'run_ended',
         run_id: this.run.runId,
@@ -502,6 +508,7 @@ class SegmentTracker {
         step_count: this.steps.length,
         approval,
         error_name: verdict.errorName,
+        ...(steered ? { steered: true } : {}),
       });
     });
   }
@@ -509,6 +516,7 @@ class SegmentTracker {
   /** Call parameters with our callbacks and conditions; the caller's own are called too. */
   callParams<P extends object>(params: P, opts: { hookEnd: boolean }): P {
     const original = params as Record<string, unknown>;
+    this.steering = original.experimental_steering != null;
     const { onStepFinish, onStepEnd, ...rest } = original;
     const userStep = (onStepEnd ?? onStepFinish) as Callback;
     const out: Record<string, unknown> = {

@@ -109,8 +109,20 @@ test('causes, fired ids and error names per case of the research note', () => {
   for (const [run, [cause, fired, errorName]] of Object.entries(want)) {
     const [end] = ended(run).slice(-1);
     assert.deepEqual([end.cause, end.fired, end.error_name], [cause, fired, errorName], run);
+    assert.equal(end.steered, undefined, `${run} ran without steering`);
   }
   assert.deepEqual(Object.keys(expected).sort(), [...byRun.keys()].sort());
+});
+
+test('steering: a stop evaluated after a text-only step is published as steered (ai >= 7.0.154)', async (t) => {
+  const [end] = ended('steered-step-cap').slice(-1);
+  if (typeof (await import('ai')).experimental_createSteering === 'function') {
+    assert.deepEqual([end.cause, end.fired, end.steered], ['stop_condition', ['step_count:1'], true]);
+  } else {
+    t.diagnostic('this ai has no experimental steering: the option is ignored and the run ends naturally');
+    assert.deepEqual([end.cause, end.fired, end.steered], ['natural_finish', [], undefined]);
+  }
+  assert.equal(expected['steered-step-cap'], end.steered ? 'BOUNDED_STOP' : 'FALSE_COMPLETE');
 });
 
 test('policies: described from stopWhen; a missing stopWhen is null (the 20-step default)', () => {

@@ -33,8 +33,9 @@ test('sdk-oracle prints one well-formed JSON line per case', () => {
     assert.ok(c.steps.length >= 1, line);
     assert.equal(c.evaluations.length, c.steps.length, line);
     c.steps.forEach((s, k) => {
-      assert.deepEqual(Object.keys(s), ['finish_reason', 'tool_calls', 'usage']);
+      assert.deepEqual(Object.keys(s), ['finish_reason', 'tool_calls', 'usage', 'steered']);
       assert.ok(FINISH_REASONS.includes(s.finish_reason), line);
+      assert.equal(typeof s.steered, 'boolean', line);
       for (const call of s.tool_calls) {
         assert.deepEqual(Object.keys(call), ['id', 'name', 'status']);
         assert.ok(TOOL_CALL_STATUSES.includes(call.status), line);
@@ -46,9 +47,12 @@ test('sdk-oracle prints one well-formed JSON line per case', () => {
       assert.equal(typeof e.evaluated, 'boolean');
       assert.deepEqual(e.fired, [...e.fired].sort(), 'fired is sorted');
       for (const id of e.fired) assert.ok(ids.has(id), `${id} is a condition of the policy: ${line}`);
-      // the SDK only evaluates after a step whose client tool calls all got an answer
+      // the SDK only evaluates after a step whose client tool calls all got an answer, or, with a
+      // steering message waiting, after a step without tool calls that did not end in an error
       if (e.evaluated) {
-        assert.ok(s.tool_calls.length > 0 && s.tool_calls.every((t) => ['result', 'error', 'denied'].includes(t.status)), line);
+        const answered = s.tool_calls.length > 0 && s.tool_calls.every((t) => ['result', 'error', 'denied'].includes(t.status));
+        const steeredTextOnly = s.steered && s.tool_calls.length === 0 && s.finish_reason !== 'error';
+        assert.ok(answered || steeredTextOnly, line);
         assert.notEqual(s.finish_reason, 'interrupted', line);
       }
       // the first evaluation at which something fired is where the SDK stopped

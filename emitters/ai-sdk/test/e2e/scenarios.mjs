@@ -7,6 +7,7 @@
 // replay `--advance-s 1800` (so every receipt window of 600 s has run out); the reasoning is in the
 // comment above each scenario. Every prompt, tool input, tool output and model text contains
 // LEAK_MARKER, so a test can prove that none of it reaches the wire.
+import * as ai from 'ai';
 import { ToolLoopAgent, jsonSchema, tool } from 'ai';
 import { MockLanguageModelV4 } from 'ai/test';
 import {
@@ -416,6 +417,27 @@ export const SCENARIOS = {
     await result.steps;
     receipt(lw, id, true);
     return 'VERIFIED_COMPLETE';
+  },
+
+  // Experimental steering (ai >= 7.0.154): a steering message arrives while the first, text-only
+  // step is generated. The SDK then evaluates stopWhen after that step (it would not without
+  // steering), isStepCount(1) fires and the run stops there: stop_condition, a bound →
+  // BOUNDED_STOP (the emitter marks run_ended `steered` so the evaluator knows; before, this came
+  // out UNCERTAIN: cause_mismatch, fired_mismatch). An `ai` without steering ignores the option:
+  // the step ends the run naturally and, with no receipt, FALSE_COMPLETE.
+  async 'steered-step-cap'(lw, id) {
+    const createSteering = ai.experimental_createSteering;
+    const steering = typeof createSteering === 'function' ? createSteering() : undefined;
+    const step = modelStep({ text: 'checking the invoice' });
+    const model = new MockLanguageModelV4({
+      doGenerate: async () => {
+        void steering?.steer(`also check the VAT number ${LEAK_MARKER}`);
+        return step;
+      },
+    });
+    const agent = new ToolLoopAgent({ model, tools: { search: tools.search() }, stopWhen: isStepCount(1) });
+    await lw.instrument(agent).run(id).generate({ prompt: `invoice ${LEAK_MARKER}`, experimental_steering: steering });
+    return steering ? 'BOUNDED_STOP' : 'FALSE_COMPLETE';
   },
 
   // Plain generateText (no agent) with hasToolCall('done'): its `done` executes → stop_condition

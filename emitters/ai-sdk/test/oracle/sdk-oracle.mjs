@@ -12,7 +12,7 @@
 // JSON line per case:
 //
 //   {"case": i, "stop_when": [Condition...], "steps": [{"finish_reason", "tool_calls": [{"id","name","status"}],
-//    "usage": {"input_tokens","output_tokens","total_tokens"}}],
+//    "usage": {"input_tokens","output_tokens","total_tokens"}, "steered": bool}],
 //    "evaluations": [{"step": k, "evaluated": bool, "fired": [condition ids, sorted]}]}
 //
 // - `steps` are the steps the SDK actually executed (the script is cut where the SDK stopped); the
@@ -27,14 +27,21 @@
 //   `fired`) sees the real step objects with `usage` replaced by the drawn usage (a prototype
 //   overlay); all other fields are the real ones. The printed usage is the drawn usage.
 //
+// - `steered` (step k): with an `ai` that has experimental steering, 30 % of the scripted steps send
+//   a steering message while they are generated, so one is waiting when the step ends; the SDK
+//   then evaluates stopWhen even after a step without tool calls.
+//
 // Seeded (mulberry32 per case: the same seed and case index give the same line, whatever N).
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
+import * as ai from 'ai';
 import { ToolLoopAgent, hasToolCall, isLoopFinished, isStepCount, jsonSchema, tool } from 'ai';
 import { MockLanguageModelV4 } from 'ai/test';
 import { summarizeStep, tokenBudget } from '../../dist/index.js';
 
 const FINISH = ['stop', 'length', 'content-filter', 'tool-calls', 'error', 'interrupted', 'other'];
+// Experimental steering (ai >= 7.0.154): absent from older versions, whose cases never steer.
+const createSteering = typeof ai.experimental_createSteering === 'function' ? ai.experimental_createSteering : null;
 const TOOLS = ['search', 'write', 'done', 'lookup'];
 const UNKNOWN_TOOL = 'ghost'; // not in the agent's tools: the SDK turns the call into a tool error
 
@@ -116,6 +123,10 @@ export function drawCase(seed, index) {
     } else if (kind === 'loop_finished') stopWhen.push({ kind });
     else stopWhen.push({ kind, max_tokens: int(rng, 1, 1500) });
   }
+  // Steering from a stream of its own, so the draws above are the same with and without it: a
+  // steered step sends a steering message while it is generated, so one is waiting when it ends.
+  const steerRng = rngFor(seed ^ 0x5eed, index);
+  for (const step of steps) step.steer = createSteering !== null && steerRng() < 0.3;
   return { executable, steps, stopWhen };
 }
 
@@ -193,8 +204,13 @@ export async function runCase(seed, index) {
     ]),
   );
   let next = 0;
+  const steering = drawn.steps.some((step) => step.steer) ? createSteering() : undefined;
   const model = new MockLanguageModelV4({
-    doGenerate: async () => modelResponse(script[next++] ?? TERMINAL),
+    doGenerate: async () => {
+      const step = script[next++] ?? TERMINAL;
+      if (step.steer) void steering.steer('steered');
+      return modelResponse(step);
+    },
   });
   const agent = new ToolLoopAgent({
     model,
@@ -212,7 +228,11 @@ export async function runCase(seed, index) {
   const seen = [];
   let error = null;
   try {
-    await agent.generate({ prompt: 'oracle', onStepFinish: (step) => void seen.push(step) });
+    await agent.generate({
+      prompt: 'oracle',
+      onStepFinish: (step) => void seen.push(step),
+      ...(steering ? { experimental_steering: steering } : {}),
+    });
   } catch (exc) {
     error = exc; // reported on stderr; the steps seen so far are still the SDK's
   }
@@ -225,6 +245,7 @@ export async function runCase(seed, index) {
       finish_reason: summary.finish_reason,
       tool_calls: summary.tool_calls,
       usage: { input_tokens: u.input ?? null, output_tokens: u.output ?? null, total_tokens: u.total ?? null },
+      steered: Boolean((script[i] ?? TERMINAL).steer),
     };
   });
   const evaluations = [];
