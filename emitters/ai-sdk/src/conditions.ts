@@ -17,6 +17,7 @@ import {
 } from 'ai';
 import { conditionIds, LIMITS, type Condition, type ConditionRole, CONDITION_ROLES } from './events.js';
 import { LoopwardenConfigError } from './errors.js';
+import { recogniseSdkClosure } from './sdk-internals.js';
 
 export type AnyStopCondition = StopCondition<any, any>;
 
@@ -109,30 +110,7 @@ export function namedCondition<TOOLS extends ToolSet = ToolSet>(
   return remember(named, { kind: 'custom', name, role });
 }
 
-// --- recognising plain SDK closures ----------------------------------------------------------
-
-// The source text of the installed SDK's closures: a closure whose text is identical was made by
-// that factory (or is a textually identical copy, which behaves the same). Its parameters are
-// then read back by probing with fake step lists, which those closures can only count or scan.
-const FINGERPRINT = {
-  stepCount: sdkIsStepCount(1).toString(),
-  toolCall: sdkHasToolCall('x').toString(),
-  loopFinished: sdkIsLoopFinished().toString(),
-};
-const MAX_PROBED_STEP_COUNT = 100_000;
-
-function probeStepCount(condition: AnyStopCondition): number | undefined {
-  for (let n = 0; n <= MAX_PROBED_STEP_COUNT; n += 1) {
-    if (condition({ steps: { length: n } as never }) === true) return n;
-  }
-  return undefined;
-}
-
-function probeToolCall(condition: AnyStopCondition, toolNames: readonly string[]): string[] {
-  return toolNames.filter(
-    (toolName) => condition({ steps: [{ toolCalls: [{ toolName }] }] as never }) === true,
-  );
-}
+// --- recognising plain SDK closures: see sdk-internals.ts (item 4) -------------------------------
 
 function rememberDescription(condition: AnyStopCondition, description: Condition): Condition {
   remember(condition, description);
@@ -161,15 +139,12 @@ export function describeCondition(condition: unknown, context: DescribeContext):
   }
   const known = described.get(condition);
   if (known) return known;
-  const source = Function.prototype.toString.call(condition);
   const fn = condition as AnyStopCondition;
-  if (source === FINGERPRINT.loopFinished) return rememberDescription(fn, { kind: 'loop_finished' });
-  if (source === FINGERPRINT.stepCount) {
-    const count = probeStepCount(fn);
-    if (count !== undefined) return rememberDescription(fn, { kind: 'step_count', count });
-  }
-  if (source === FINGERPRINT.toolCall) {
-    const tools = probeToolCall(fn, context.toolNames).filter((t) => t.length > 0 && [...t].length <= LIMITS.id);
+  const found = recogniseSdkClosure(fn, context.toolNames);
+  if (found?.kind === 'loop_finished') return rememberDescription(fn, { kind: 'loop_finished' });
+  if (found?.kind === 'step_count') return rememberDescription(fn, { kind: 'step_count', count: found.count });
+  if (found?.kind === 'tool_call') {
+    const tools = found.tools.filter((t) => t.length > 0 && [...t].length <= LIMITS.id);
     // Not remembered: another agent may have other tool names.
     if (tools.length > 0) return { kind: 'tool_call', tools };
   }

@@ -12,7 +12,7 @@
  * Everything it does is guarded: an internal failure is counted, the agent call proceeds as if
  * uninstrumented, and nothing waits for Kafka.
  */
-import { generateText, isStepCount as sdkIsStepCount, streamText, type ToolLoopAgent } from 'ai';
+import { generateText, streamText, type ToolLoopAgent } from 'ai';
 import { describeCondition, firedIds, type AnyStopCondition } from './conditions.js';
 import { LoopwardenConfigError } from './errors.js';
 import {
@@ -30,7 +30,15 @@ import {
 } from './events.js';
 import { Publisher, type PublisherOptions, type PublisherStats } from './publisher.js';
 import type { Sink } from './sinks.js';
-import { approvalOf, clipId, deriveBoundaryCause, sdkEvaluatesAfter, summarizeStep, type CallOutcome, type StepSummary } from './steps.js';
+import {
+  agentStopWhen,
+  DEFAULT_AGENT_STEP_CAP,
+  defaultCapFires,
+  sdkEvaluatesAfter,
+  streamStepsPromise,
+  textDefaultStopWhen,
+} from './sdk-internals.js';
+import { approvalOf, clipId, deriveBoundaryCause, summarizeStep, type CallOutcome, type StepSummary } from './steps.js';
 
 /** What the application is told when a segment stops for an approval. */
 export interface ApprovalRequestInfo {
@@ -100,7 +108,6 @@ export interface LoopwardenStats extends PublisherStats {
   internalErrors: number;
 }
 
-const DEFAULT_AGENT_STEP_CAP = 20;
 
 function checkRange(value: unknown, what: string, ok: (v: number) => boolean): void {
   if (value !== undefined && (typeof value !== 'number' || !ok(value))) {
@@ -245,8 +252,8 @@ export class Loopwarden {
    */
   instrument<AGENT extends ToolLoopAgent<any, any, any, any>>(agent: AGENT, options: PolicyOptions = {}): WatchedAgent<AGENT> {
     checkPolicyOptions(options);
-    const settings = (agent as unknown as { settings?: { stopWhen?: unknown } }).settings;
-    if (agent == null || typeof agent.generate !== 'function' || settings == null) {
+    const settings = agentStopWhen(agent); // no public accessor: see sdk-internals.ts (item 1)
+    if (agent == null || typeof agent.generate !== 'function' || !settings.found) {
       throw new LoopwardenConfigError('instrument(agent) needs a ToolLoopAgent (its settings were not readable)');
     }
     const toolNames = Object.keys((agent.tools ?? {}) as object);
@@ -466,7 +473,7 @@ class SegmentTracker {
       // The SDK's default cap ran unwrapped (so its warning still logs): infer the evaluation
       // from the SDK's rule; the cap fires exactly at the 20th step.
       const evaluatedAtLast = sdkEvaluatesAfter(this.steps[this.steps.length - 1]);
-      const fired = evaluatedAtLast && sdkIsStepCount(DEFAULT_AGENT_STEP_CAP)({ steps: this.steps as never }) === true;
+      const fired = evaluatedAtLast && defaultCapFires(this.steps);
       return { evaluatedAtLast, fired: fired ? [`step_count:${DEFAULT_AGENT_STEP_CAP}`] : [] };
     }
     if (this.steps.length === 0 || this.evaluatedLength !== this.steps.length) return { evaluatedAtLast: false, fired: [] };
@@ -543,9 +550,9 @@ class SegmentTracker {
   /** Follow a streaming result: its steps promise rejects on abort, timeout and error. */
   watchStream(result: unknown, abortSignal: AbortSignal | undefined): void {
     this.guard(() => {
-      // `result.steps` would start consuming the stream; the private delayed promise does not.
-      const delayed = (result as { _steps?: { promise?: Promise<unknown> } } | null)?._steps?.promise;
-      if (delayed && typeof delayed.then === 'function') {
+      // `result.steps` would start consuming the stream: see sdk-internals.ts (item 5).
+      const delayed = streamStepsPromise(result);
+      if (delayed) {
         delayed.then(
           () => undefined,
           (error: unknown) => this.end({ kind: 'rejected', error, signalAborted: abortSignal?.aborted === true }),
@@ -700,7 +707,7 @@ export class TextRun extends RunHandle {
       try {
         const toolNames = Object.keys((params.tools ?? {}) as object);
         // generateText/streamText stop after one step unless told otherwise.
-        const stopWhen = params.stopWhen ?? sdkIsStepCount(1);
+        const stopWhen = params.stopWhen ?? textDefaultStopWhen();
         const described = describeStopWhen(stopWhen, toolNames, 'stopWhen');
         return this.state.begin(lw.policyFor(described, this.options), described, params.messages);
       } catch (error) {

@@ -143,21 +143,8 @@ export interface BoundaryVerdict {
   approvalRequest: { approvalId: string; toolCallId: string; toolName: string } | null;
 }
 
-/**
- * Whether the SDK evaluates `stopWhen` after this step (ai 7, `shouldStartNextStep`): the finish
- * reason is not `interrupted`, the step has client tool calls and every one of them has a result,
- * an error or a denial. Unlike spec.md's rule, any other finish reason qualifies: a `length` step
- * whose calls were all denied (or invalid, hence errors) is evaluated and the loop may continue
- * (measured by test/oracle/sdk-oracle.mjs).
- */
-export function sdkEvaluatesAfter(step: StepSummary | undefined): boolean {
-  return (
-    step !== undefined &&
-    step.finish_reason !== 'interrupted' &&
-    step.tool_calls.length > 0 &&
-    step.tool_calls.every((c) => c.status === 'result' || c.status === 'error' || c.status === 'denied')
-  );
-}
+// sdkEvaluatesAfter (a copy of the SDK's rule) lives in sdk-internals.ts.
+export { sdkEvaluatesAfter } from './sdk-internals.js';
 
 /**
  * The cause of one segment, as derived at the boundary.
