@@ -42,7 +42,7 @@ import { summarizeStep, tokenBudget } from '../../dist/index.js';
 const FINISH = ['stop', 'length', 'content-filter', 'tool-calls', 'error', 'interrupted', 'other'];
 // Experimental steering (ai >= 7.0.154): absent from older versions, whose cases never steer.
 const createSteering = typeof ai.experimental_createSteering === 'function' ? ai.experimental_createSteering : null;
-const TOOLS = ['search', 'write', 'done', 'lookup'];
+export const TOOLS = ['search', 'write', 'done', 'lookup'];
 const UNKNOWN_TOOL = 'ghost'; // not in the agent's tools: the SDK turns the call into a tool error
 
 function mulberry32(seed) {
@@ -56,16 +56,16 @@ function mulberry32(seed) {
   };
 }
 
-function rngFor(seed, index) {
+export function rngFor(seed, index) {
   // Mix seed and case index so that each case has its own stream.
   return mulberry32((Math.imul(seed >>> 0, 0x9e3779b1) ^ Math.imul(index + 1, 0x85ebca6b)) >>> 0);
 }
 
-const pick = (rng, items) => items[Math.floor(rng() * items.length)];
-const int = (rng, lo, hi) => lo + Math.floor(rng() * (hi - lo + 1));
+export const pick = (rng, items) => items[Math.floor(rng() * items.length)];
+export const int = (rng, lo, hi) => lo + Math.floor(rng() * (hi - lo + 1));
 const maybe = (rng, p, value) => (rng() < p ? value() : undefined);
 
-function weighted(rng, table) {
+export function weighted(rng, table) {
   let r = rng() * table.reduce((sum, [, w]) => sum + w, 0);
   for (const [value, w] of table) {
     r -= w;
@@ -131,7 +131,7 @@ export function drawCase(seed, index) {
 }
 
 /** The real SDK condition(s) of one spec Condition, each with the ids it stands for. */
-function realConditions(condition) {
+export function realConditions(condition) {
   switch (condition.kind) {
     case 'step_count':
       return [{ ids: [`step_count:${condition.count}`], fn: isStepCount(condition.count) }];
@@ -154,14 +154,14 @@ function providerUsage({ input, output }) {
   };
 }
 
-function modelResponse(step) {
+export function modelResponse(step) {
   const content = [];
   if (step.text) content.push({ type: 'text', text: 'scripted' });
   for (const call of step.calls) content.push({ type: 'tool-call', toolCallId: call.id, toolName: call.name, input: '{}' });
   return { content, finishReason: { unified: step.finish, raw: step.finish }, usage: providerUsage(step.usage), warnings: [] };
 }
 
-const TERMINAL = { finish: 'stop', calls: [], text: true, usage: { input: 1, output: 1, total: 2 } };
+export const TERMINAL = { finish: 'stop', calls: [], text: true, usage: { input: 1, output: 1, total: 2 } };
 
 /** Run one case on the real SDK and return its output line (as an object). */
 export async function runCase(seed, index) {
