@@ -17,7 +17,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from operator import itemgetter
 
-from msgspec import Struct, field
+from msgspec import Struct
 
 from loopwarden.codecs.events import (
     Approval,
