@@ -19,7 +19,8 @@ class TimerQueue:
 
     Layout: ``heap`` holds each distinct deadline once, as a plain int (a heap of ints
     compares much faster than one of ``(deadline, run_id)`` tuples), and ``buckets`` maps
-    a deadline to the run ids queued at it. ``heap`` and ``queued`` (run id -> the deadline
+    a deadline to the run id queued at it (a list when several share it: ~100 B per entry,
+    as much as a heap of tuples). ``heap`` and ``queued`` (run id -> the deadline
     queued for it, the run's one live entry) are public for read only, so a shell's hot
     path can skip a call: ``heap and heap[0] <= now`` is ``due(now)``;
     ``queued.get(run_id, inf) <= deadline`` means ``schedule`` would do nothing.
@@ -29,18 +30,21 @@ class TimerQueue:
 
     def __init__(self) -> None:
         self.heap: list[int] = []
-        self.buckets: dict[int, list[str]] = {}
+        self.buckets: dict[int, str | list[str]] = {}  # one run id, or a list of them
         self.queued: dict[str, int] = {}
         self._entries = 0  # run ids held in buckets, live or superseded
 
     def _add(self, run_id: str, deadline: int) -> None:
         self.queued[run_id] = deadline
-        bucket = self.buckets.get(deadline)
-        if bucket is None:
-            self.buckets[deadline] = [run_id]
+        buckets = self.buckets
+        bucket = buckets.get(deadline)
+        if bucket is None:  # most deadlines are distinct (ms): the run id itself, no list
+            buckets[deadline] = run_id
             heapq.heappush(self.heap, deadline)
-        else:
+        elif bucket.__class__ is list:
             bucket.append(run_id)
+        else:
+            buckets[deadline] = [bucket, run_id]  # type: ignore[list-item]
         self._entries += 1
 
     def schedule(self, run_id: str, deadline: int | None) -> None:
@@ -79,10 +83,12 @@ class TimerQueue:
         heap, buckets, queued = self.heap, self.buckets, self.queued
         while heap and heap[0] <= now_ms:
             deadline = heapq.heappop(heap)
-            run_ids = buckets.pop(deadline)
+            bucket = buckets.pop(deadline)
+            if bucket.__class__ is list:
+                run_ids = sorted(bucket)  # type: ignore[arg-type]
+            else:
+                run_ids = (bucket,)  # type: ignore[assignment]
             self._entries -= len(run_ids)
-            if len(run_ids) > 1:
-                run_ids.sort()
             for run_id in run_ids:
                 if queued.get(run_id) == deadline:  # the run's live entry (not superseded, not yielded)
                     del queued[run_id]
