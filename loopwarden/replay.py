@@ -41,12 +41,14 @@ class Replay:
         self._heap = self._timers.heap
         self._queued = self._timers.queued
 
+    def _count(self, notes: list[tuple[str, str]]) -> None:
+        counted = self.notes  # not Counter.update: its generic path costs more than the notes
+        for note in notes:
+            counted[note] = counted.get(note, 0) + 1
+
     def _take(self, res: Result, run_id: str) -> list[HealthTransition]:
-        notes = res.notes
-        if notes:
-            counted = self.notes
-            for note in notes:
-                counted[note] = counted.get(note, 0) + 1
+        if res.notes:
+            self._count(res.notes)
         state = res.state
         if state is None:
             self.states.pop(run_id, None)
@@ -89,11 +91,8 @@ class Replay:
         state = states.get(run_id)
         res = apply(state, event, clock)
         # _take, inline: one event, one run
-        notes = res.notes
-        if notes:
-            counted = self.notes
-            for note in notes:
-                counted[note] = counted.get(note, 0) + 1
+        if res.notes:
+            self._count(res.notes)
         if res.state is not state:  # a new run, or one back from its tomb
             state = states[run_id] = res.state  # type: ignore[assignment]
         # From here on the run id is the state's own string, the very object the dicts below hold

@@ -73,22 +73,16 @@ class CompiledPolicy:
         self.roles = declared_ids(conditions)
         self.custom_ids = frozenset(cid for cid in self.roles if cid.startswith("custom:"))
 
-    def evaluate(self, steps_in_segment: int, segment_tokens: int, last_tool_names: Iterable[str]) -> tuple[str, ...]:
-        """As :func:`evaluate` on this policy's conditions."""
-        return self.evaluate_calls(steps_in_segment, segment_tokens, last_tool_names, None)
-
-    def evaluate_calls(
-        self, steps_in_segment: int, segment_tokens: int, names: Iterable[str] | None, calls: Iterable[ToolCall] | None
-    ) -> tuple[str, ...]:
-        """As :meth:`evaluate`, the last step's tool names given as ``names`` or as ``calls`` (ToolCalls)."""
+    def evaluate(self, steps_in_segment: int, segment_tokens: int, last_calls: Iterable[ToolCall]) -> tuple[str, ...]:
+        """As :func:`evaluate` on this policy's conditions, given the last step's tool calls."""
         fired = None
         cid = self.step_ids.get(steps_in_segment)
         if cid is not None:
             fired = {cid}
         tool_ids = self.tool_ids
         if tool_ids:
-            for name in names if names is not None else [tc.name for tc in calls or ()]:
-                cid = tool_ids.get(name)
+            for call in last_calls:
+                cid = tool_ids.get(call.name)
                 if cid is not None:
                     if fired is None:
                         fired = {cid}

@@ -219,7 +219,7 @@ def _receipts_verdict(state: RunState) -> str | None:
 
 
 # -- event handlers -----------------------------------------------------------
-def _on_run_started(state: RunState, ev: RunStarted, now_ms: int, res: Result) -> None:
+def _on_run_started(state: RunState, ev: RunStarted, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
     if state.policy is None:
         # A late run_started sets the policy from then on; it is never inferred.
         state.policy = intern_policy(ev.policy)
@@ -315,7 +315,7 @@ def _on_step(state: RunState, ev: StepFinished, now_ms: int, res: Result, compil
             state.tool_errors += errors
         if settled and ev.finish_reason != "interrupted":  # is_evaluated(ev)
             # the SDK's steps.length at this step is step + 1
-            fired = compiled.evaluate_calls(step + 1, seg.tokens, None, calls)
+            fired = compiled.evaluate(step + 1, seg.tokens, calls)
             if fired and (seg.stop_step is None or step < seg.stop_step):
                 seg.stop_step = step
         if step > max_step:
@@ -355,7 +355,7 @@ def _disagreements(state: RunState, ev: RunEnded, seg: Segment, derived: str, de
     return tuple(sorted(found)) if found else ()
 
 
-def _on_run_ended(state: RunState, ev: RunEnded, now_ms: int, res: Result) -> None:
+def _on_run_ended(state: RunState, ev: RunEnded, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
     _activity(state, res, ev.ts, now_ms)
     if ev.segment in state.ended:
         _ignore(state, res, "duplicate_run_ended")
@@ -364,13 +364,11 @@ def _on_run_ended(state: RunState, ev: RunEnded, now_ms: int, res: Result) -> No
     state.ended.append(ev.segment)
     state.current = max(state.current, ev.segment)
 
-    policy = state.policy
-    compiled = _BY_ID.get(id(policy)) or compile_policy(policy)
     fired_at_last = seg.fired
     if ev.steered and seg.steps_seen and not seg.statuses:
         # The SDK evaluated stopWhen after this last step without tool calls (a steering message
         # was waiting), which _on_step does not do on its own: evaluate the policy at it now.
-        fired_at_last = compiled.evaluate_calls(seg.max_step + 1, seg.tokens, (), None)
+        fired_at_last = compiled.evaluate(seg.max_step + 1, seg.tokens, ())
     derived, derived_fired = derive_cause(
         seg.steps_seen, seg.statuses, seg.finish_reason, fired_at_last, ev.fired, compiled.conditions,
         compiled.custom_ids, ev.steered,
@@ -421,7 +419,7 @@ def _pending_approval(state: RunState, ev: ApprovalRouted | ApprovalResolved, re
     return approval
 
 
-def _on_approval_routed(state: RunState, ev: ApprovalRouted, now_ms: int, res: Result) -> None:
+def _on_approval_routed(state: RunState, ev: ApprovalRouted, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
     _activity(state, res, ev.ts, now_ms)
     approval = _pending_approval(state, ev, res)
     if approval is None:
@@ -438,7 +436,7 @@ def _on_approval_routed(state: RunState, ev: ApprovalRouted, now_ms: int, res: R
         _move(state, res, "WAITING", "approval_routed", ev.ts, now_ms)
 
 
-def _on_approval_resolved(state: RunState, ev: ApprovalResolved, now_ms: int, res: Result) -> None:
+def _on_approval_resolved(state: RunState, ev: ApprovalResolved, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
     _activity(state, res, ev.ts, now_ms)
     if _pending_approval(state, ev, res) is None:
         return
@@ -447,7 +445,7 @@ def _on_approval_resolved(state: RunState, ev: ApprovalResolved, now_ms: int, re
     _move(state, res, "RUNNING", "approval_resolved", ev.ts, now_ms)
 
 
-def _on_receipt(state: RunState, ev: OutcomeReceipt, now_ms: int, res: Result) -> None:
+def _on_receipt(state: RunState, ev: OutcomeReceipt, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
     state.last_seen_ts = max(state.last_seen_ts, ev.ts)  # not activity: receipts never start a run
     if ev.receipt_id in state.receipt_ids:
         _ignore(state, res, "duplicate_receipt")
@@ -481,8 +479,11 @@ def _on_receipt(state: RunState, ev: OutcomeReceipt, now_ms: int, res: Result) -
     # After any other verdict (or before one) the receipt is kept for evidence and the next verdict.
 
 
+# Each handler gets the compiled policy in force when the event arrived (run_started, which
+# may set the policy, does not use it).
 _HANDLERS = {
     RunStarted: _on_run_started,
+    StepFinished: _on_step,
     RunEnded: _on_run_ended,
     ApprovalRouted: _on_approval_routed,
     ApprovalResolved: _on_approval_resolved,
@@ -529,11 +530,7 @@ def apply(state: RunState | None, event: InputEvent, now_ms: int) -> Result:
             if deadline is None or deadline > ts:
                 break
             _fire(state, deadline, _RUN_TIMER_KINDS[state.health], now_ms, res)
-    kind = type(event)
-    if kind is StepFinished:
-        _on_step(state, event, now_ms, res, compiled)  # type: ignore[arg-type]
-    else:
-        _HANDLERS[kind](state, event, now_ms, res)
+    _HANDLERS[type(event)](state, event, now_ms, res, compiled)  # type: ignore[operator]
     return res
 
 
