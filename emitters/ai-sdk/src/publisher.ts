@@ -8,6 +8,7 @@
  * each run (loopwarden then sees a step gap or a missing end, never reordered events).
  */
 import type { Sink, SinkRecord } from './sinks.js';
+import { settleWithin } from './timing.js';
 
 export interface PublisherOptions {
   /** Records held while the sink is slow or down (default 10 000). */
@@ -176,19 +177,7 @@ export class Publisher {
         this.wakeRetry?.();
       }
       const left = Math.max(0, deadline - Date.now());
-      let timer: ReturnType<typeof setTimeout> | undefined;
-      try {
-        await Promise.race([
-          Promise.resolve()
-            .then(() => this.sink.close(left))
-            .catch(() => undefined), // closing is best effort
-          new Promise<void>((resolve) => {
-            timer = setTimeout(resolve, left);
-          }),
-        ]);
-      } finally {
-        clearTimeout(timer);
-      }
+      await settleWithin(() => this.sink.close(left), left); // closing is best effort
     }
     return this.stats();
   }

@@ -5,6 +5,7 @@
  * slow or fail without ever touching the agent.
  */
 import { decodeEvent, type LoopwardenEvent } from './events.js';
+import { settleWithin } from './timing.js';
 
 /** One message: the topic, the key (the run id) and the JSON text of one event. */
 export interface SinkRecord {
@@ -254,16 +255,7 @@ export class KafkaSink implements Sink {
     this.closed = true;
     const producer = this.producer ?? this.created;
     this.producer = undefined;
-    if (producer) {
-      let timer: ReturnType<typeof setTimeout> | undefined;
-      await Promise.race([
-        producer.disconnect().catch(() => undefined),
-        new Promise<void>((resolve) => {
-          timer = setTimeout(resolve, Math.max(0, timeoutMs));
-        }),
-      ]);
-      clearTimeout(timer);
-    }
+    if (producer) await settleWithin(() => producer.disconnect(), timeoutMs);
     // With an error: kafkajs listens for 'error' (not 'close') to fail its requests in flight and stop
     // its request-timeout interval; a plain destroy() would leave that running for requestTimeout.
     for (const socket of this.sockets) socket.destroy(new Error('KafkaSink closed'));

@@ -143,8 +143,6 @@ export interface BoundaryVerdict {
   approvalRequest: { approvalId: string; toolCallId: string; toolName: string } | null;
 }
 
-// sdkEvaluatesAfter (a copy of the SDK's rule) lives in sdk-internals.ts.
-export { sdkEvaluatesAfter } from './sdk-internals.js';
 
 /**
  * The cause of one segment, as derived at the boundary.

@@ -48,6 +48,21 @@ export function modelStep({ text, calls = [], finish, input = 10, output = 5 }) 
 /** A model step that never answers: it waits for the call's abort signal (timeouts, aborts). */
 export const HANG = Symbol('hang');
 
+/** A model call that never answers: it rejects with the signal's reason once the call is aborted. */
+export function hangUntilAborted(signal) {
+  return new Promise((_, reject) => {
+    // A real provider's socket keeps the process alive while it waits; the SDK's own
+    // total timeout (AbortSignal.timeout) does not, so hold a ref'd timer meanwhile.
+    const keepAlive = setTimeout(() => reject(new Error('scripted model hung for 30 s')), 30_000);
+    const stop = () => {
+      clearTimeout(keepAlive);
+      reject(signal.reason);
+    };
+    if (signal?.aborted) stop();
+    signal?.addEventListener('abort', stop, { once: true });
+  });
+}
+
 /** MockLanguageModelV4 that plays `steps` in order, across calls (a resume continues the script). */
 export function scriptedModel(steps) {
   let next = 0;
@@ -55,20 +70,7 @@ export function scriptedModel(steps) {
     doGenerate: async (options) => {
       const step = steps[next];
       next += 1;
-      if (step === HANG || step === undefined) {
-        return await new Promise((_, reject) => {
-          // A real provider's socket keeps the process alive while it waits; the SDK's own
-          // total timeout (AbortSignal.timeout) does not, so hold a ref'd timer meanwhile.
-          const keepAlive = setTimeout(() => reject(new Error('scripted model hung for 30 s')), 30_000);
-          const signal = options.abortSignal;
-          const stop = () => {
-            clearTimeout(keepAlive);
-            reject(signal.reason);
-          };
-          if (signal?.aborted) stop();
-          signal?.addEventListener('abort', stop, { once: true });
-        });
-      }
+      if (step === HANG || step === undefined) return await hangUntilAborted(options.abortSignal);
       return step;
     },
   });

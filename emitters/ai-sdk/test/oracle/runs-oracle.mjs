@@ -24,7 +24,7 @@ import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 import * as ai from 'ai';
-import { ToolLoopAgent, jsonSchema, tool } from 'ai';
+import { ToolLoopAgent } from 'ai';
 import { MockLanguageModelV4 } from 'ai/test';
 import {
   MemorySink,
@@ -36,7 +36,18 @@ import {
   summarizeStep,
   tokenBudget,
 } from '../../dist/index.js';
-import { TERMINAL, TOOLS, drawCase, int, modelResponse, realConditions, rngFor, weighted } from './sdk-oracle.mjs';
+import {
+  TERMINAL,
+  drawCase,
+  int,
+  modelResponse,
+  realConditions,
+  rngFor,
+  scriptedApproval,
+  scriptedTools,
+  weighted,
+} from './sdk-oracle.mjs';
+import { hangUntilAborted } from '../e2e/scenarios.mjs';
 
 const createSteering = typeof ai.experimental_createSteering === 'function' ? ai.experimental_createSteering : null;
 const HANG = Symbol('hang');
@@ -105,18 +116,6 @@ function streamingResponse(step) {
   return { stream: new ReadableStream({ start(c) { parts.forEach((p) => c.enqueue(p)); c.close(); } }) };
 }
 
-function hang(options) {
-  return new Promise((_, reject) => {
-    const keepAlive = setTimeout(() => reject(new Error('hung for 30 s')), 30_000);
-    const stop = () => {
-      clearTimeout(keepAlive);
-      reject(options.abortSignal.reason);
-    };
-    if (options.abortSignal?.aborted) stop();
-    options.abortSignal?.addEventListener('abort', stop, { once: true });
-  });
-}
-
 /** Play one run; returns its facts. Events go to `lw`. */
 export async function playRun(lw, seed, index) {
   const run = drawRun(seed, index);
@@ -131,7 +130,7 @@ export async function playRun(lw, seed, index) {
   const model = new MockLanguageModelV4({
     doGenerate: async (options) => {
       const step = nextStep();
-      if (step === HANG) return hang(options);
+      if (step === HANG) return hangUntilAborted(options.abortSignal);
       if (step === FAIL) throw new Error('provider unavailable');
       if (step.steer) void steering?.steer('steered');
       return modelResponse(step);
@@ -152,33 +151,13 @@ export async function playRun(lw, seed, index) {
     run.stopWhen === null
       ? undefined
       : [recorder, ...run.stopWhen.map(packageCondition), ...run.custom.map((name) => namedCondition(name, CUSTOM[name].role, CUSTOM[name].fn))];
-  const tools = Object.fromEntries(
-    TOOLS.map((name) => [
-      name,
-      tool({
-        inputSchema: jsonSchema({ type: 'object' }),
-        ...(run.executable[name]
-          ? {
-              execute: async (_input, { toolCallId }) => {
-                if (desired.get(toolCallId) === 'error') throw new Error('scripted tool error');
-                return 'ok';
-              },
-            }
-          : {}),
-      }),
-    ]),
-  );
+  const tools = scriptedTools(run.executable, desired);
   const agent = new ToolLoopAgent({
     model,
     tools,
     maxRetries: 0,
     ...(stopWhen ? { stopWhen } : {}),
-    toolApproval: ({ toolCall }) => {
-      const status = desired.get(toolCall.toolCallId);
-      if (status === 'approval_requested') return 'user-approval';
-      if (status === 'denied') return 'denied';
-      return undefined;
-    },
+    toolApproval: scriptedApproval(desired),
   });
   const handle = lw.instrument(agent).run(runId);
 

@@ -161,6 +161,36 @@ export function modelResponse(step) {
   return { content, finishReason: { unified: step.finish, raw: step.finish }, usage: providerUsage(step.usage), warnings: [] };
 }
 
+/** The agent's tools: `executable[name]` ones run (and throw for calls scripted as `error`). */
+export function scriptedTools(executable, desired) {
+  return Object.fromEntries(
+    TOOLS.map((name) => [
+      name,
+      tool({
+        inputSchema: jsonSchema({ type: 'object' }),
+        ...(executable[name]
+          ? {
+              execute: async (_input, { toolCallId }) => {
+                if (desired.get(toolCallId) === 'error') throw new Error('scripted tool error');
+                return 'ok';
+              },
+            }
+          : {}),
+      }),
+    ]),
+  );
+}
+
+/** toolApproval answering each call as scripted: approval requested, denied, or neither. */
+export function scriptedApproval(desired) {
+  return ({ toolCall }) => {
+    const status = desired.get(toolCall.toolCallId);
+    if (status === 'approval_requested') return 'user-approval';
+    if (status === 'denied') return 'denied';
+    return undefined;
+  };
+}
+
 export const TERMINAL = { finish: 'stop', calls: [], text: true, usage: { input: 1, output: 1, total: 2 } };
 
 /** Run one case on the real SDK and return its output line (as an object). */
@@ -187,22 +217,7 @@ export async function runCase(seed, index) {
   const policy = drawn.stopWhen.flatMap(realConditions);
   const stopWhen = [recorder, ...policy.map(({ fn }) => ({ steps }) => fn({ steps: overlay(steps) }))];
 
-  const tools = Object.fromEntries(
-    TOOLS.map((name) => [
-      name,
-      tool({
-        inputSchema: jsonSchema({ type: 'object' }),
-        ...(drawn.executable[name]
-          ? {
-              execute: async (_input, { toolCallId }) => {
-                if (desired.get(toolCallId) === 'error') throw new Error('scripted tool error');
-                return 'ok';
-              },
-            }
-          : {}),
-      }),
-    ]),
-  );
+  const tools = scriptedTools(drawn.executable, desired);
   let next = 0;
   const steering = drawn.steps.some((step) => step.steer) ? createSteering() : undefined;
   const model = new MockLanguageModelV4({
@@ -217,12 +232,7 @@ export async function runCase(seed, index) {
     tools,
     maxRetries: 0,
     stopWhen,
-    toolApproval: ({ toolCall }) => {
-      const status = desired.get(toolCall.toolCallId);
-      if (status === 'approval_requested') return 'user-approval';
-      if (status === 'denied') return 'denied';
-      return undefined;
-    },
+    toolApproval: scriptedApproval(desired),
   });
 
   const seen = [];
