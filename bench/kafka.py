@@ -287,7 +287,7 @@ class Round:
         )
 
         # The same stamped bytes through offline replay: the expected states, and the replay rate.
-        replay = Replay()
+        replay = Replay(keep_final=True)
         t_r = time.perf_counter()
         replay_transitions = sum(len(replay.feed(decode_input(v))) for v in self.stamped)
         res["replay_s"] = time.perf_counter() - t_r

@@ -266,11 +266,11 @@ def _on_step(state: RunState, ev: StepFinished, now_ms: int, res: Result, compil
     if state.health is None:
         _move(state, res, "RUNNING", "started", ts, now_ms)
     segment = ev.segment
-    if segment in state.ended:
-        _ignore(state, res, "step_after_end")
-        return
     seg = state.open.get(segment)
-    if seg is None:
+    if seg is None:  # an open segment is never also ended: the ended list is read only here
+        if segment in state.ended:
+            _ignore(state, res, "step_after_end")
+            return
         seg = state.open[segment] = Segment()
         if segment > state.current:
             state.current = segment
@@ -533,6 +533,14 @@ def apply(state: RunState | None, event: InputEvent, now_ms: int) -> Result:
     _HANDLERS[type(event)](state, event, now_ms, res, compiled)  # type: ignore[operator]
     return res
 
+
+# Event types after which a run's next deadline is never earlier than before, unless the event
+# made a transition or a new state (a new run, or one back from its tomb): a step or a receipt
+# only moves last_activity_ts / last_seen_ts forward, and any change of health is a transition.
+# (run_started may set a shorter inactivity timeout, approval_routed an earlier deadline.) A
+# shell need not look at the run's queued timer after them; tests/unit/test_core_fast_paths.py
+# checks the claim on every such event of its fleets.
+DEADLINE_KEEPING = frozenset({StepFinished, OutcomeReceipt})
 
 # -- timers -------------------------------------------------------------------
 _RUN_TIMER_KINDS = {"RUNNING": "no_progress", "WAITING": "approval_expired", "VERIFYING": "receipt_window_expired"}

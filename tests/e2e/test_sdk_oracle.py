@@ -134,7 +134,7 @@ def test_whole_runs_end_where_the_sdk_ended_them(seed: int, tmp_path) -> None:
     facts = [json.loads(line) for line in (tmp_path / "facts.jsonl").read_text().splitlines()]
     assert len(facts) == RUNS
     events = [decode_input(line) for line in (tmp_path / "events.jsonl").read_bytes().splitlines()]
-    replay = Replay()
+    replay = Replay(keep_final=True)
     for e in events:
         replay.feed(e)
     replay.finish(1800)

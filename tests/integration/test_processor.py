@@ -28,7 +28,7 @@ ADVANCE_MS = 3_600_000
 
 
 def replay_final(messages) -> tuple[dict[str, str], int]:
-    replay = Replay()
+    replay = Replay(keep_final=True)
     last = 0
     for m in messages:
         if m.valid:

@@ -145,3 +145,65 @@ def test_positional_construction_follows_the_field_order() -> None:
     ev = t["evidence"]
     assert (ev["reported_cause"], ev["step_count"], ev["segments"], ev["tool_errors"], ev["finish_reason"]) == (
         "tool_error", 1, 1, 1, "tool-calls")
+
+
+def _deadline_keeping_holds(events) -> int:
+    """Apply ``events``; at every DEADLINE_KEEPING event that kept its state and made no transition,
+    the run's next deadline must not have moved earlier (nor appeared). Returns the events checked."""
+    from loopwarden.rules.machine import DEADLINE_KEEPING
+
+    states: dict = {}
+    clock = None
+    checked = 0
+    for e in events:
+        clock = e.ts if clock is None else max(clock, e.ts)
+        state = states.get(e.run_id)
+        before = None if state is None else next_deadline(state, DEFAULT_SETTINGS)
+        res = apply(state, e, clock)
+        states[e.run_id] = res.state
+        if type(e) in DEADLINE_KEEPING and res.state is state and not res.transitions:
+            after = next_deadline(state, DEFAULT_SETTINGS)
+            assert after is None or (before is not None and after >= before), (e, before, after)
+            checked += 1
+    return checked
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(S.fleet())
+def test_deadline_keeping_events_never_move_a_deadline_earlier(events) -> None:
+    """Replay.feed skips the timer queue after these events (machine.DEADLINE_KEEPING): the claim itself."""
+    _deadline_keeping_holds(events)
+
+
+def test_deadline_keeping_events_never_move_a_deadline_earlier_on_a_simulated_fleet() -> None:
+    from loopwarden.codecs import decode_input
+
+    events = [decode_input(m.value) for m in fleet(300, seed=5) if m.valid]
+    assert _deadline_keeping_holds(events) > 1000
+
+
+def test_the_events_left_out_of_deadline_keeping_can_move_a_deadline_earlier() -> None:
+    """Why run_started and approval_routed are not in DEADLINE_KEEPING (and that the check above can fail)."""
+    import pytest
+
+    from loopwarden.codecs import decode_input
+    from loopwarden.rules import machine
+    from tests.builders import approval, ended, routed, started, step, timed
+
+    def decoded(*events):
+        return [decode_input(msgspec.json.encode(e)) for e in timed(*events)]
+
+    # a late run_started sets a shorter inactivity timeout; a routed approval an earlier deadline
+    late_policy = decoded(step(0, ("lookup", "result")), started(inactivity_timeout_s=5))
+    earlier_approval = decoded(step(0, ("pay", "approval_requested")),
+                               ended("approval_required", 1, approval=approval(deadline_ts=9_000_000)),
+                               routed(deadline_ts=2_000_000))
+    for events in (late_policy, earlier_approval):
+        _deadline_keeping_holds(events)  # holds as DEADLINE_KEEPING is
+        wider = machine.DEADLINE_KEEPING | {type(events[-1])}
+        try:
+            machine.DEADLINE_KEEPING, saved = wider, machine.DEADLINE_KEEPING
+            with pytest.raises(AssertionError):
+                _deadline_keeping_holds(events)
+        finally:
+            machine.DEADLINE_KEEPING = saved

@@ -330,3 +330,32 @@ def test_a_receipt_holder_that_never_started_leaves_no_tomb() -> None:
     replay.feed(decode_input(msgspec.json.encode(receipt("a", ts=1000))))
     replay.finish(61)
     assert "r" not in replay.states
+
+
+def test_final_counts_hold_every_run_without_keeping_transitions() -> None:
+    """``final_counts`` (what ``--summary`` prints) counts runs by their last transition as ``final``
+    does, through retention: runs dropped to a tomb, forgotten, and a run id that comes back."""
+    from collections import Counter
+
+    from loopwarden.simulate import fleet
+
+    settings = Settings(retention_s=900, seq_memory_s=1800)
+    lean, full = Replay(settings), Replay(settings, keep_final=True)
+    events = [decode_input(m.value) for m in fleet(400, seed=3, rate=0.5) if m.valid]
+    back = timed(*natural, start=events[0].ts + 2 * 900_000)  # run "r" again, after run "r"'s retention
+    first = timed(*natural, start=events[0].ts)
+    events = sorted([*events, *(decode_input(msgspec.json.encode(e)) for e in (*first, *back))], key=lambda e: e.ts)
+    checked = 0
+    for i, ev in enumerate(events):
+        assert lean.feed(ev) == full.feed(ev)
+        if i % 97 == 0:
+            assert lean.final_counts() == Counter((t.to_state, t.reason) for t in full.final.values())
+            checked += 1
+    for advance in (600, 1800, 7200):
+        assert lean.finish(advance) == full.finish(advance)
+        assert lean.final_counts() == Counter((t.to_state, t.reason) for t in full.final.values())
+    assert lean.final == {} and len(full.final) == len({e.run_id for e in events})
+    assert checked > 10
+    # All but approvals still waiting for their owner were dropped, and their tombs forgotten.
+    assert {s.health for s in lean.states.values()} == {"WAITING"}
+    assert sum(lean.final_counts().values()) > 5 * len(lean.states)

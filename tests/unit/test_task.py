@@ -109,7 +109,7 @@ def run_all(batch_size: int) -> list[Partition]:
 
 
 def replay_final() -> dict[str, str]:
-    replay = Replay()
+    replay = Replay(keep_final=True)
     for m in MESSAGES:
         if m.valid:
             replay.feed(decode_input(m.value))
