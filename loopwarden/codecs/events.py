@@ -71,7 +71,7 @@ RECEIPT_KINDS: tuple[str, ...] = ReceiptKind.__args__  # type: ignore[attr-defin
 
 
 # -- stop conditions (tagged by `kind`) ---------------------------------------
-class _Condition(Struct, frozen=True, tag_field="kind"):
+class _Condition(Struct, frozen=True, gc=False, tag_field="kind"):
     pass
 
 
@@ -127,7 +127,7 @@ class Custom(_Condition, tag="custom"):
 Condition = Union[StepCount, ToolCallCondition, LoopFinished, TokenBudget, Custom]
 
 
-class Policy(Struct, frozen=True):
+class Policy(Struct, frozen=True, gc=False):
     """The stop policy a run was started with (spec.md section 3)."""
 
     version: ShortText
@@ -141,13 +141,13 @@ DEFAULT_POLICY_CONDITIONS: tuple[Condition, ...] = (StepCount(count=20),)
 
 
 # -- nested records -----------------------------------------------------------
-class ToolCall(Struct, frozen=True):
+class ToolCall(Struct, frozen=True, gc=False):
     id: Ident
     name: Name
     status: ToolStatus
 
 
-class Usage(Struct, frozen=True):
+class Usage(Struct, frozen=True, gc=False):
     input_tokens: Tokens | None = None
     output_tokens: Tokens | None = None
     total_tokens: Tokens | None = None
@@ -160,7 +160,7 @@ class Usage(Struct, frozen=True):
         return (self.input_tokens or 0) + (self.output_tokens or 0)
 
 
-class Approval(Struct, frozen=True):
+class Approval(Struct, frozen=True, gc=False):
     approval_id: Ident
     tool_call_id: Ident
     tool_name: Name
@@ -178,7 +178,7 @@ class Approval(Struct, frozen=True):
 
 
 # -- input events on agent.steps / agent.outcomes (tagged by `type`) -----------
-class _Event(Struct, frozen=True, tag_field="type"):
+class _Event(Struct, frozen=True, gc=False, tag_field="type"):
     run_id: RunId
     ts: TsMs
 
@@ -245,7 +245,7 @@ INPUT_EVENT_TYPES: tuple[type, ...] = STEP_EVENT_TYPES + (OutcomeReceipt,)
 
 
 # -- output on agent.health --------------------------------------------------
-class Evidence(Struct, frozen=True):
+class Evidence(Struct, frozen=True, gc=False):
     """Content-free evidence attached to every transition (spec.md section 6)."""
 
     reported_cause: str | None
@@ -263,7 +263,7 @@ class Evidence(Struct, frozen=True):
     ignored: dict[str, int] = {}
 
 
-class HealthTransition(Struct, frozen=True, tag_field="type", tag="health_transition"):
+class HealthTransition(Struct, frozen=True, gc=False, tag_field="type", tag="health_transition"):
     run_id: str
     seq: Annotated[int, Meta(ge=1)]
     ts: int

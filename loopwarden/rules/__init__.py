@@ -15,10 +15,10 @@ from loopwarden.rules.machine import (
     fire_next,
     next_deadline,
 )
-from loopwarden.rules.precedence import PRECEDENCE, Facts, receipt_verdict, verdict
+from loopwarden.rules.precedence import Facts, receipt_verdict, verdict
 
 __all__ = [
-    "DEFAULT_SETTINGS", "PRECEDENCE", "Facts", "Result", "RunState", "Settings", "TIMER_REASONS",
+    "DEFAULT_SETTINGS", "Facts", "Result", "RunState", "Settings", "TIMER_REASONS",
     "apply", "decode_state", "derive_cause", "encode_state", "evaluate", "fire_next", "is_evaluated",
     "next_deadline", "receipt_verdict", "verdict",
 ]

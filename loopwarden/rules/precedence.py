@@ -1,12 +1,13 @@
-"""The verdict at a ``run_ended``: spec.md section 5's precedence as an ordered table.
+"""The verdict at a ``run_ended``: spec.md section 5's precedence.
 
-Each rule looks at the segment's :class:`Facts` and returns ``(state, reason)``
-or ``None``; the first rule that answers wins.
+:func:`verdict` takes the segment's :class:`Facts` through the rules in their
+order (FAILED, WAITING, STUCK, UNCERTAIN, BOUNDED_STOP, completion by receipts);
+the first rule that answers wins.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from msgspec import Struct
 
@@ -50,64 +51,44 @@ def receipt_verdict(
     return None
 
 
-def _failed(f: Facts) -> Verdict | None:
-    if f.cause == "error":
+def verdict(f: Facts) -> Verdict:
+    """spec.md section 5's precedence, top to bottom: the first rule that answers wins.
+
+    One function, not a table of rule functions: a verdict is taken at every
+    ``run_ended``, and a call per rule cost a quarter of the handler's time."""
+    cause = f.cause
+    # 1. FAILED
+    if cause == "error":
         return "FAILED", "error"
-    if f.cause == "tool_error" or f.last_tool_error:
+    if cause == "tool_error" or f.last_tool_error:
         return "FAILED", "tool_error"
-    return None
-
-
-def _approval(f: Facts) -> Verdict | None:
-    if f.cause != "approval_required":
-        return None
-    routed = f.approval is not None and f.approval.routed
-    return ("WAITING" if routed else "WAITING_UNROUTED"), "approval_required"
-
-
-def _timeout(f: Facts) -> Verdict | None:
-    # A timeout is still a timeout when a bound would also have fired.
-    return ("STUCK", "timeout") if f.cause == "timeout" else None
-
-
-def _disagreement(f: Facts) -> Verdict | None:
-    return ("UNCERTAIN", f.disagreements[0]) if f.disagreements else None
-
-
-def _bounded(f: Facts) -> Verdict | None:
-    if f.cause == "aborted":
+    # 2. WAITING / WAITING_UNROUTED
+    if cause == "approval_required":
+        routed = f.approval is not None and f.approval.routed
+        return ("WAITING" if routed else "WAITING_UNROUTED"), "approval_required"
+    # 3. STUCK: a timeout is still a timeout when a bound would also have fired.
+    if cause == "timeout":
+        return "STUCK", "timeout"
+    # 4. UNCERTAIN: the steps do not bear out what was reported.
+    if f.disagreements:
+        return "UNCERTAIN", f.disagreements[0]
+    # 5. BOUNDED_STOP: aborted, or a bound fired.
+    if cause == "aborted":
         return "BOUNDED_STOP", "aborted"
-    if any(f.roles.get(cid) == "bound" for cid in f.fired):
-        return "BOUNDED_STOP", "stop_condition"
-    return None
-
-
-def _completion(f: Facts) -> Verdict | None:
-    if f.cause not in ("natural_finish", "unexecuted_tool", "stop_condition"):
-        return None
-    if f.cause == "stop_condition" and not all(f.roles.get(cid) == "completion" for cid in f.fired):
-        return None
-    # Receipts already held decide at once, with no pass through VERIFYING.
-    if f.receipt_state is not None:
-        return f.receipt_state, "receipt"
-    return "VERIFYING", f.cause
-
-
-PRECEDENCE: tuple[tuple[str, Callable[[Facts], Verdict | None]], ...] = (
-    ("FAILED", _failed),
-    ("WAITING / WAITING_UNROUTED", _approval),
-    ("STUCK", _timeout),
-    ("UNCERTAIN", _disagreement),
-    ("BOUNDED_STOP", _bounded),
-    ("completion: receipt verdict", _completion),
-)
-
-
-def verdict(facts: Facts) -> Verdict:
-    """Apply :data:`PRECEDENCE`; first match wins."""
-    for _name, rule in PRECEDENCE:
-        found = rule(facts)
-        if found is not None:
-            return found
+    roles = f.roles
+    all_completion = True
+    for cid in f.fired:
+        role = roles.get(cid)
+        if role == "bound":
+            return "BOUNDED_STOP", "stop_condition"
+        if role != "completion":
+            all_completion = False
+    # 6. Completion, decided by receipts: a natural finish, an unexecuted tool (an explicit
+    #    done signal), or a stop on completion conditions only.
+    if cause in ("natural_finish", "unexecuted_tool") or (cause == "stop_condition" and all_completion):
+        # Receipts already held decide at once, with no pass through VERIFYING.
+        if f.receipt_state is not None:
+            return f.receipt_state, "receipt"
+        return "VERIFYING", cause
     # Unreachable for valid input (every cause is covered above); never guess "complete".
     return "UNCERTAIN", "unclassified"
