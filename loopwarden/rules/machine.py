@@ -574,10 +574,6 @@ def _run_deadline(state: RunState) -> int | None:
     return None
 
 
-def _retention_ms(settings: Settings) -> int:
-    return _ms_of(settings.retention_s)
-
-
 def _ms_of(seconds: float) -> int:
     ms = _RETENTION_MS.get(seconds)
     if ms is None:
@@ -589,25 +585,18 @@ def _ms_of(seconds: float) -> int:
 
 def _timer(state: RunState, settings: Settings) -> tuple[int, str] | None:
     """The run's timer, ``(deadline ms, kind)``, or None when it has none."""
+    deadline = next_deadline(state, settings)
+    if deadline is None:
+        return None
     health = state.health
     if health in _TIMERLESS:
-        if state.tomb:
-            return state.last_seen_ts + _ms_of(settings.seq_memory_s), "forget"
-        return state.last_seen_ts + _retention_ms(settings), "retention"
-    deadline = _run_deadline(state)
-    return None if deadline is None else (deadline, _RUN_TIMER_KINDS[health])
+        return deadline, "forget" if state.tomb else "retention"
+    return deadline, _RUN_TIMER_KINDS[health]
 
 
 def next_deadline(state: RunState, settings: Settings = DEFAULT_SETTINGS) -> int | None:
     """The earliest deadline (ms) of the run's timers, or None when it has none."""
-    health = state.health
-    if health == "RUNNING":  # _run_deadline's common case, inline
-        last = state.last_activity_ts
-        if last is None:
-            return None
-        policy = state.policy
-        return last + (_BY_ID.get(id(policy)) or compile_policy(policy)).inactivity_ms
-    if health in _TIMERLESS:
+    if state.health in _TIMERLESS:
         if state.tomb:
             return state.last_seen_ts + _ms_of(settings.seq_memory_s)
         return state.last_seen_ts + _ms_of(settings.retention_s)
