@@ -513,7 +513,7 @@ def apply(state: RunState | None, event: InputEvent, now_ms: int) -> Result:
         the ``emitted_ts`` of any transition.
     """
     if state is None:
-        state = RunState(run_id=event.run_id)
+        state = RunState(event.run_id)
     elif state.tomb:  # the run id comes back after retention dropped it: its seq goes on
         state = RunState(run_id=event.run_id, seq=state.seq)
     res = Result(state)

@@ -34,26 +34,13 @@ class TimerQueue:
         self.queued: dict[str, int] = {}
         self._entries = 0  # run ids held in buckets, live or superseded
 
-    def _add(self, run_id: str, deadline: int) -> None:
-        self.queued[run_id] = deadline
-        buckets = self.buckets
-        bucket = buckets.get(deadline)
-        if bucket is None:  # most deadlines are distinct (ms): the run id itself, no list
-            buckets[deadline] = run_id
-            heapq.heappush(self.heap, deadline)
-        elif bucket.__class__ is list:
-            bucket.append(run_id)
-        else:
-            buckets[deadline] = [bucket, run_id]  # type: ignore[list-item]
-        self._entries += 1
-
     def schedule(self, run_id: str, deadline: int | None) -> None:
         if deadline is None:
             return  # a queued entry, if any, is found stale when popped
         queued = self.queued.get(run_id)
         if queued is not None and queued <= deadline:
             return
-        self._add(run_id, deadline)
+        self.reschedule(run_id, deadline)
 
     def reschedule(self, run_id: str, deadline: int | None) -> None:
         """Queue exactly ``deadline`` for the run, earlier or later than the one queued.
@@ -67,8 +54,19 @@ class TimerQueue:
         if deadline is None:
             self.queued.pop(run_id, None)
             return
-        if self.queued.get(run_id) != deadline:
-            self._add(run_id, deadline)
+        queued = self.queued
+        if queued.get(run_id) != deadline:
+            queued[run_id] = deadline
+            buckets = self.buckets
+            bucket = buckets.get(deadline)
+            if bucket is None:  # most deadlines are distinct (ms): the run id itself, no list
+                buckets[deadline] = run_id
+                heapq.heappush(self.heap, deadline)
+            elif bucket.__class__ is list:
+                bucket.append(run_id)
+            else:
+                buckets[deadline] = [bucket, run_id]  # type: ignore[list-item]
+            self._entries += 1
 
     def due(self, now_ms: int) -> bool:
         """Whether an entry (perhaps stale) has deadline <= now_ms: ``pop_due`` would yield or drop something."""
