@@ -165,11 +165,13 @@ class Collector:
         self.count = 0
         self.last_arrival = 0.0
         self.latest: dict[str, tuple[int, str]] = {}
+        self.paths: dict[str, list[tuple[int, str]]] = {}  # run id -> (seq, to_state) of each transition
         self._stop = False
 
     async def run(self) -> None:
         consumer = AIOKafkaConsumer(self.config.health_topic, bootstrap_servers=self.config.bootstrap,
-                                    auto_offset_reset="earliest", enable_auto_commit=False, group_id=None)
+                                    auto_offset_reset="earliest", enable_auto_commit=False, group_id=None,
+                                    isolation_level="read_committed")  # as agent.health's consumers read
         await consumer.start()
         try:
             while not self._stop:
@@ -181,6 +183,7 @@ class Collector:
                         old = self.latest.get(seen.run_id)
                         if old is None or seen.seq > old[0]:
                             self.latest[seen.run_id] = (seen.seq, seen.to_state)
+                        self.paths.setdefault(seen.run_id, []).append((seen.seq, seen.to_state))
                         self.count += 1
                         self.last_arrival = now
         finally:
@@ -188,6 +191,16 @@ class Collector:
 
     def stop(self) -> None:
         self._stop = True
+
+
+def _path_diffs(replayed: dict[str, list[str]], seen: dict[str, list[tuple[int, str]]]) -> list[tuple[str, list, list]]:
+    """Runs whose transitions on agent.health (by seq) are not replay's: (run id, worker's, replay's)."""
+    diffs = []
+    for run_id, want in replayed.items():
+        got = [state for _seq, state in sorted(seen.get(run_id, []))]
+        if got != want:
+            diffs.append((run_id, got, want))
+    return diffs
 
 
 async def _wait(pred, timeout_s: float, every_s: float = 0.2) -> bool:
@@ -289,10 +302,16 @@ class Round:
         # The same stamped bytes through offline replay: the expected states, and the replay rate.
         replay = Replay(keep_final=True)
         t_r = time.perf_counter()
-        replay_transitions = sum(len(replay.feed(decode_input(v))) for v in self.stamped)
+        replayed: list = []
+        for v in self.stamped:
+            replayed += replay.feed(decode_input(v))
         res["replay_s"] = time.perf_counter() - t_r
         res["valid"] = len(self.stamped)
-        res["replay_transitions"] = replay_transitions + len(replay.finish(ADVANCE_S))
+        replayed += replay.finish(ADVANCE_S)
+        res["replay_transitions"] = len(replayed)
+        replay_paths: dict[str, list[str]] = {}
+        for t in replayed:
+            replay_paths.setdefault(t.run_id, []).append(t.to_state)
         expected = {run_id: t.to_state for run_id, t in replay.final.items()}
 
         now_ms = self.last_ts + int(ADVANCE_S * 1000)
@@ -314,6 +333,9 @@ class Round:
         res.update(
             mismatched=sum(1 for r, s in expected.items() if latest.get(r, (0, None))[1] != s),
             transitions=self.collector.count, runs_total=len(expected),
+            # Final states equal, paths may not: the worker folds what each batch holds of the two
+            # input topics in ts order, replay the whole stream.
+            path_diffs=_path_diffs(replay_paths, self.collector.paths),
             rss_after=mem.get("VmRSS", 0) * 1024, hwm=mem.get("VmHWM", 0) * 1024,
         )
         return res
@@ -374,6 +396,13 @@ def processor_e2e(report: Report, workdir: Path, runs: int, rounds: int, partiti
                "not in the event latency above: bounded by the tick interval (1 s)")
     report.add(bench, "transitions on agent.health / replay", f"{r0['transitions']:,} / {r0['replay_transitions']:,}",
                f"runs not in replay's final state: {max(r['mismatched'] for r in results)} of {r0['runs_total']:,}")
+    diffs = [d for r in results for d in r["path_diffs"]]
+    example = ""
+    if diffs:
+        run_id, got, want = diffs[0]
+        example = f"; e.g. {run_id}: worker {' > '.join(got)}, replay {' > '.join(want)}"
+    report.add(bench, "runs whose path (not final state) differs from replay's", f"{len(diffs):,}",
+               f"over {len(results)} round(s){example}")
     report.add(bench, "worker RSS ready -> ingested -> end",
                f"{nbytes(med('rss_before'))} -> {nbytes(med('rss_ingest'))} -> {nbytes(med('rss_after'))}",
                f"peak {nbytes(med('hwm'))}; +{nbytes((med('rss_after') - med('rss_before')) / r0['runs_total'])}/run")
