@@ -13,9 +13,10 @@ class TimerQueue:
     the run's deadline moved earlier than the one already queued. An entry whose
     deadline turns out stale when popped is handed back anyway: the caller checks
     the run's real next deadline and schedules it again if it moved later. After a
-    change of health (a different timer, often a later one) ``reschedule`` queues the
+    change of health (a different timer, often a later one) ``reschedule`` records the
     new deadline at once, so the run is not looked at again when the old one passes.
-    Per change O(log n) at most; per tick O(due entries).
+    Invariant: every run in ``queued`` has an entry in the heap at or before its
+    deadline. Per change O(log n) at most; per tick O(due entries).
 
     Layout: ``heap`` holds each distinct deadline once, as a plain int (a heap of ints
     compares much faster than one of ``(deadline, run_id)`` tuples), and ``buckets`` maps
@@ -37,36 +38,47 @@ class TimerQueue:
     def schedule(self, run_id: str, deadline: int | None) -> None:
         if deadline is None:
             return  # a queued entry, if any, is found stale when popped
-        queued = self.queued.get(run_id)
-        if queued is not None and queued <= deadline:
+        queued = self.queued
+        was = queued.get(run_id)
+        if was is not None and was <= deadline:
             return
-        self.reschedule(run_id, deadline)
+        queued[run_id] = deadline
+        self._push(run_id, deadline)
 
     def reschedule(self, run_id: str, deadline: int | None) -> None:
-        """Queue exactly ``deadline`` for the run, earlier or later than the one queued.
+        """Make ``deadline`` the run's deadline, earlier or later than the one queued.
 
         For a change that moved the run's deadline for good (its health changed: a
-        different timer now). The entry queued before stays in its bucket but is no
-        longer the run's: ``pop_due`` drops it when its time comes, and nobody has to
-        look at the run to find it stale. So a run holds one live entry and at most one
-        superseded entry per health change whose deadline is still ahead.
+        different timer now), so the run is not looked at again when the old deadline
+        passes. Earlier: a new entry is pushed (the old one is dropped when its time
+        comes). Later: nothing is pushed; the entry already in the heap, which is
+        earlier, stands in for it, and ``pop_due`` pushes the run's real deadline when
+        that entry comes up. A run's receipt window then its retention, say, cost one
+        heap entry after the inactivity one instead of two more, and no stale pops.
         """
-        if deadline is None:
-            self.queued.pop(run_id, None)
-            return
         queued = self.queued
-        if queued.get(run_id) != deadline:
-            queued[run_id] = deadline
-            buckets = self.buckets
-            bucket = buckets.get(deadline)
-            if bucket is None:  # most deadlines are distinct (ms): the run id itself, no list
-                buckets[deadline] = run_id
-                heapq.heappush(self.heap, deadline)
-            elif bucket.__class__ is list:
-                bucket.append(run_id)
-            else:
-                buckets[deadline] = [bucket, run_id]  # type: ignore[list-item]
-            self._entries += 1
+        if deadline is None:
+            queued.pop(run_id, None)
+            return
+        was = queued.get(run_id)
+        if was == deadline:
+            return
+        queued[run_id] = deadline
+        if was is not None and was < deadline:
+            return  # an entry at or before `was` is in the heap: it stands in
+        self._push(run_id, deadline)
+
+    def _push(self, run_id: str, deadline: int) -> None:
+        buckets = self.buckets
+        bucket = buckets.get(deadline)
+        if bucket is None:  # most deadlines are distinct (ms): the run id itself, no list
+            buckets[deadline] = run_id
+            heapq.heappush(self.heap, deadline)
+        elif bucket.__class__ is list:
+            bucket.append(run_id)
+        else:
+            buckets[deadline] = [bucket, run_id]  # type: ignore[list-item]
+        self._entries += 1
 
     def due(self, now_ms: int) -> bool:
         """Whether an entry (perhaps stale) has deadline <= now_ms: ``pop_due`` would yield or drop something."""
@@ -88,9 +100,13 @@ class TimerQueue:
                 run_ids = (bucket,)  # type: ignore[assignment]
             self._entries -= len(run_ids)
             for run_id in run_ids:
-                if queued.get(run_id) == deadline:  # the run's live entry (not superseded, not yielded)
+                live = queued.get(run_id)
+                if live == deadline:  # the run's deadline (not superseded, not yielded)
                     del queued[run_id]
                     yield deadline, run_id
+                elif live is not None and live > deadline:  # it stood in for a later deadline: queue that
+                    self._push(run_id, live)
+                # otherwise superseded by an earlier entry, or the run has no deadline now: dropped
 
     def clear(self) -> None:
         self.heap.clear()

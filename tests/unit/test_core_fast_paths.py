@@ -97,15 +97,28 @@ def test_reschedule_supersedes_the_queued_entry_without_handing_it_back() -> Non
     q = TimerQueue()
     q.schedule("r", 100)
     q.reschedule("r", 500)  # a later timer after a change of health
-    assert len(q) == 2  # the superseded entry waits in its bucket until its time
-    assert list(q.pop_due(200)) == []  # ... and is dropped then, not handed back
-    assert len(q) == 1
-    q.reschedule("r", 300)  # earlier works too
+    assert len(q) == 1  # nothing pushed: the entry at 100 stands in for 500
+    assert list(q.pop_due(200)) == []  # ... and is not handed back: it queues 500 instead
+    assert len(q) == 1 and q.heap == [500]
+    q.reschedule("r", 300)  # earlier works too: pushed, the entry at 500 superseded
     assert list(q.pop_due(1000)) == [(300, "r")]
     assert len(q) == 0
     q.schedule("s", 50)
     q.reschedule("s", None)  # no timer any more
     assert list(q.pop_due(1000)) == []
+
+
+def test_a_standing_in_entry_queues_the_later_deadline_in_order() -> None:
+    """Later deadlines recorded while an earlier entry stands in fire in deadline order, once."""
+    q = TimerQueue()
+    q.schedule("a", 10)
+    q.reschedule("a", 40)
+    q.reschedule("a", 70)  # still the entry at 10 stands in
+    q.schedule("b", 50)
+    q.schedule("c", 80)
+    q.reschedule("b", 60)
+    assert list(q.pop_due(100)) == [(60, "b"), (70, "a"), (80, "c")]
+    assert len(q) == 0 and not q.queued
 
 
 def test_an_entry_scheduled_while_popping_that_is_due_comes_out_in_the_same_pass() -> None:
