@@ -48,6 +48,10 @@ class Config:
     # writes the commit markers meanwhile (one begun sooner meets CONCURRENT_TRANSACTIONS and
     # the client retries only after a fixed 20 ms).
     commit_gap_ms: int = 6
+    # Records of one input stamped later than all the other input has shown, while that one holds
+    # more on the broker than has been consumed, wait for it (so steps and receipts meet in event
+    # time across batches), this long at most; 0: no waiting.
+    align_max_ms: int = 1000
     # A partition with lag whose committed offset has not moved for this long is stalled (/readyz 503).
     stall_timeout_s: float = 60.0
     # Largest message produced (dead letters are truncated to fit); at most the broker's limit.
@@ -106,6 +110,8 @@ class Config:
             raise ConfigError(f"batch_max_records: {self.batch_max_records} must be between 1 and 1000000")
         if not 0 <= self.commit_gap_ms <= 1000:
             raise ConfigError(f"commit_gap_ms: {self.commit_gap_ms} must be between 0 and 1000")
+        if not 0 <= self.align_max_ms <= 60_000:
+            raise ConfigError(f"align_max_ms: {self.align_max_ms} must be between 0 and 60000")
         if not 0 <= self.batch_wait_ms <= 10_000:
             raise ConfigError(f"batch_wait_ms: {self.batch_wait_ms} must be between 0 and 10000")
         if not 1 <= self.stall_timeout_s <= 86400:

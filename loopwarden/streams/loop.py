@@ -103,6 +103,9 @@ class Worker:
         self._trimmed_at = time.monotonic()
         self.inflight: dict[int, asyncio.Task] = {}  # partition -> its pipeline (fold, then commit, while records wait)
         self.buffered: dict[int, list] = {}  # partition -> records consumed, not folded yet
+        # partition -> since when its task holds records back for the other input to catch up
+        # (PartitionTask.fold's ``lagging``): folded anyway after align_max_ms
+        self.held_since: dict[int, float] = {}
         self.punctuate_pending: set[int] = set()  # partitions whose next fold fires due timers
         self.committed_at: dict[int, float] = {}  # partition -> monotonic time of its last commit
         self.health_partitions = config.partitions
@@ -353,7 +356,8 @@ class Worker:
         if now - self._last_punctuate >= self.config.tick_interval_s:
             self._last_punctuate = now
             self.punctuate_pending.update(self.tasks)
-        for p in self.buffered.keys() | self.punctuate_pending:
+        overdue = {p for p, since in self.held_since.items() if now - since >= self.config.align_max_ms / 1000}
+        for p in self.buffered.keys() | self.punctuate_pending | overdue:
             running = self.inflight.get(p)
             if running is None or running.done():
                 if running is not None:
@@ -371,18 +375,25 @@ class Worker:
             wait = self.committed_at.get(p, 0.0) + gap - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
-            records = self.buffered.pop(p, [])
+            fresh = self.buffered.pop(p, [])
             punctuate = p in self.punctuate_pending
             self.punctuate_pending.discard(p)
             task = self.tasks.get(p)
             if task is None:  # dropped (its transaction failed, or fenced): consumed again once recovered
                 return
-            if not records and not punctuate:
+            since = self.held_since.get(p)
+            overdue = since is not None and time.monotonic() - since >= self.config.align_max_ms / 1000
+            if not fresh and not punctuate and not overdue:  # what the task holds waits for the other input
                 return
-            caught_up = await self._caught_up(p, records)
+            caught_up, lagging = await self._positions(p, fresh)
             if self.tasks.get(p) is not task:  # dropped meanwhile: its records are consumed again
                 return
-            out = task.fold(records, punctuate=punctuate, caught_up=caught_up)
+            align = self.config.align_max_ms > 0 and not overdue
+            out = task.fold(fresh, punctuate=punctuate, caught_up=caught_up, lagging=lagging if align else ())
+            if not task.holding:
+                self.held_since.pop(p, None)
+            elif since is None or overdue:
+                self.held_since[p] = time.monotonic()
             if out:
                 await self._commit(p, task, out)
             else:
@@ -395,12 +406,16 @@ class Worker:
                 running.result()
 
     def _forget_buffered(self, p: int | None = None) -> None:
-        """Records not folded yet are dropped: the partition resumes from its committed offsets when recovered."""
+        """Records not folded yet are dropped: the partition resumes from its committed offsets when recovered.
+
+        (Records a task holds go with the task, which is dropped after this.)"""
         if p is None:
             self.buffered.clear()
+            self.held_since.clear()
             self.punctuate_pending.clear()
         else:
             self.buffered.pop(p, None)
+            self.held_since.pop(p, None)
             self.punctuate_pending.discard(p)
 
     async def drain(self) -> None:
@@ -408,25 +423,29 @@ class Worker:
         while self.inflight:
             await asyncio.gather(*[self.inflight.pop(p) for p in list(self.inflight)])
 
-    async def _caught_up(self, p: int, records: list) -> bool:
-        """Consumed both inputs of ``p`` to their end (last stable offset) with this batch."""
+    async def _positions(self, p: int, records: list) -> tuple[bool, set[str]]:
+        """Whether both inputs of ``p`` are consumed to their end (last stable offset) with ``records``,
+        and the inputs (roles) known to hold more than that."""
         assert self.consumer is not None
         last: dict[str, int] = {}
         for r in records:
             last[r.topic] = r.offset + 1
+        known = True
+        lagging: set[str] = set()
         for topic in self.inputs[:2]:
             tp = TopicPartition(topic, p)
             end = self.consumer.last_stable_offset(tp)
             if end is None:
                 end = self.consumer.highwater(tp)
             if end is None:
-                return False
+                known = False
+                continue
             pos = last.get(topic)
             if pos is None:
                 pos = await self.consumer.position(tp)
             if pos < end:
-                return False
-        return True
+                lagging.add(self.roles[topic])
+        return known and not lagging, lagging
 
     def _health_partition(self, run_id: str, p: int) -> int:
         """What the default partitioner picks for key ``run_id`` (all of a run's transitions on one partition).

@@ -24,7 +24,7 @@ import heapq
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -139,6 +139,9 @@ class PartitionTask:
         self._live: dict[str, RunState | None] = {}
         self._before: dict[str, str | None] = {}  # their committed health
         self._clock_before = 0
+        self.seen_ts: dict[str, int] = {}  # input role -> highest event ts folded (its stream time)
+        # input topic -> [(record, decoded)] a fold held back, offset order (see fold's ``lagging``)
+        self._held: dict[str, list] = {}
 
     # -- recovery -------------------------------------------------------------------
     def rebuild(self) -> int:
@@ -182,13 +185,22 @@ class PartitionTask:
         return self.clock
 
     # -- the batch --------------------------------------------------------------------
-    def fold(self, records: Iterable[Record], *, punctuate: bool = False, caught_up: bool = True) -> Batch:
+    def fold(self, records: Iterable[Record], *, punctuate: bool = False, caught_up: bool = True,
+             lagging: Collection[str] = ()) -> Batch:
         """Apply a batch of this partition's records (any input topic, offset order per topic).
 
         ``punctuate``: fire due timers after the inputs (the loop asks once per tick
         interval); only when ``caught_up`` (inputs consumed to their end): while a
         backlog drains, a run whose next steps are still in it must not look stuck.
         A tick record always fires due timers when caught up (and moves the event clock).
+
+        ``lagging``: input roles (``steps``, ``outcomes``) whose topic holds more than has
+        been consumed. A record of the other input stamped later than everything seen of a
+        lagging one is not applied yet: it and the records after it on its topic are kept
+        here (decoded; :attr:`holding` counts them) and folded first by a later call, and
+        the batch's offsets stop before them. So the two inputs meet in event-time order
+        across batches, not only within one (stream-time alignment, as Kafka Streams does).
+        A call with no ``lagging`` folds everything held.
         """
         out = Batch()
         self._live.clear()
@@ -197,19 +209,39 @@ class PartitionTask:
         self._ts_limit = self.wall_ms() + self.max_future_ms
         inputs: dict[str, list] = {}
         ticks = []
+        # input topic -> [(record, (role, event, record) | DeadLetter)], offset order: held ones first
+        per_topic, self._held = self._held, {}
         for rec in records:
             role = self.roles.get(rec.topic)
+            if role == "steps" or role == "outcomes":
+                per_topic.setdefault(rec.topic, []).append((rec, self._decode(rec, role)))
+                continue
             out.consumed += 1
             out.offsets[rec.topic] = rec.offset + 1
             if role == "ticks":
                 ticks.append(rec)
-            elif role is None:
+            else:
                 out.deadletters.append(DeadLetter(rec, "wrong_topic", f"topic {rec.topic!r} is not an input"))
                 out.counts["invalid", "steps", "wrong_topic"] += 1
-            else:
-                decoded = self._decode(rec, role, out)
-                if decoded is not None:
-                    inputs.setdefault(role, []).append(decoded)
+        limits = self._limits(per_topic, lagging) if lagging else {}
+        seen_ts = self.seen_ts
+        for topic, items in per_topic.items():
+            role = self.roles[topic]
+            limit = limits.get(role)
+            for i, (rec, item) in enumerate(items):
+                if item.__class__ is DeadLetter:
+                    out.deadletters.append(item)
+                    out.counts["invalid", role, item.reason] += 1
+                else:
+                    ts = item[1].ts
+                    if limit is not None and ts > limit:  # later than all the lagging topic has shown: wait for it
+                        self._held[topic] = items[i:]
+                        break
+                    inputs.setdefault(role, []).append(item)
+                    if ts > seen_ts.get(role, -1):
+                        seen_ts[role] = ts
+                out.consumed += 1
+                out.offsets[topic] = rec.offset + 1
         if len(inputs) > 1:
             merged: Iterator = heapq.merge(*inputs.values(), key=_ts)
         else:
@@ -244,26 +276,38 @@ class PartitionTask:
         self._finish(out)
         return out
 
-    def _decode(self, rec: Record, role: str, out: Batch):
+    def _decode(self, rec: Record, role: str):
+        """``(role, event, rec)``, or the DeadLetter the record is."""
         try:
             decode = decode_step_event if role == "steps" else decode_outcome_event
             event = decode(rec.value if rec.value is not None else b"", header(rec.headers, "content-type"))
         except InvalidEvent as exc:
-            out.deadletters.append(DeadLetter(rec, exc.reason, str(exc)))
-            out.counts["invalid", role, exc.reason] += 1
-            return None
+            return DeadLetter(rec, exc.reason, str(exc))
         if rec.key is None or rec.key != event.run_id.encode():
             shown = None if rec.key is None else rec.key[:80]
-            out.deadletters.append(DeadLetter(
+            return DeadLetter(
                 rec, "key_mismatch",
-                f"message key {shown!r} does not match run_id {event.run_id!r} (events must be keyed by run_id)"))
-            out.counts["invalid", role, "key_mismatch"] += 1
-            return None
+                f"message key {shown!r} does not match run_id {event.run_id!r} (events must be keyed by run_id)")
         if event.ts > self._ts_limit:
-            out.deadletters.append(DeadLetter(rec, "ts_in_future", self._future(event.ts, "ts")))
-            out.counts["invalid", role, "ts_in_future"] += 1
-            return None
+            return DeadLetter(rec, "ts_in_future", self._future(event.ts, "ts"))
         return role, event, rec
+
+    @property
+    def holding(self) -> int:
+        """Records held back by the last fold, waiting for the other input."""
+        return sum(map(len, self._held.values()))
+
+    def _limits(self, per_topic: dict[str, list], lagging: Collection[str]) -> dict[str, int]:
+        """role -> the latest ts it may apply now: the stream time (highest ts seen, folded or in
+        this batch) of the other, lagging, input; -1 when that one has shown nothing yet."""
+        stream_ts = dict(self.seen_ts)
+        for topic, items in per_topic.items():
+            role = self.roles[topic]
+            for _rec, item in items:
+                if item.__class__ is not DeadLetter and item[1].ts > stream_ts.get(role, -1):
+                    stream_ts[role] = item[1].ts
+        return {role: stream_ts.get(other, -1)
+                for role, other in (("steps", "outcomes"), ("outcomes", "steps")) if other in lagging}
 
     def _future(self, ts: int, what: str) -> str:
         ahead_s = (ts - (self._ts_limit - self.max_future_ms)) / 1000
@@ -319,6 +363,7 @@ class PartitionTask:
         Timer entries it queued are checked against the committed state when they fall due."""
         self._live.clear()
         self._before.clear()
+        self._held.clear()  # consumed again from the committed offsets, which stop before them
         self.clock = self._clock_before
 
     # -- read model -------------------------------------------------------------------

@@ -190,3 +190,45 @@ def test_two_workers_split_partitions_and_agree(kafka, tmp_path: Path) -> None:
     finally:
         a.stop()
         b.stop()
+
+
+def _paths_from(ts: list[dict]) -> dict[str, list[str]]:
+    by_run: dict[str, dict[int, str]] = {}
+    for t in ts:
+        by_run.setdefault(t["run_id"], {})[t["seq"]] = t["to_state"]  # a repeat of (run_id, seq) counts once
+    return {r: [s for _, s in sorted(v.items())] for r, v in by_run.items()}
+
+
+@pytest.mark.parametrize("align_max_ms", [1000, 0])
+def test_a_backlog_consumed_in_small_batches_takes_replays_paths(kafka, tmp_path: Path, align_max_ms) -> None:
+    """A pre-loaded backlog in batches of 50 records: the outcomes topic's few records come in the first
+    batches, the steps topic's many over many more. With stream-time alignment (the default) every
+    run takes replay's path, each transition in order, not only its final state; without it
+    (align_max_ms=0) final states still agree."""
+    config = unique_config(kafka.bootstrap, partitions=2)
+    messages = fleet(400, seed=5, bad_every=0)
+    run(publish(config, [(m.topic, m.key, m.value) for m in messages]))
+    replay = Replay()
+    out = []
+    for m in messages:
+        out += replay.feed(decode_input(m.value))
+    last = max(m.ts for m in messages)
+    out += replay.advance_to(last + ADVANCE_MS)
+    want: dict[str, list[str]] = {}
+    for t in out:
+        want.setdefault(t.run_id, []).append(t.to_state)
+    expected = {r: path[-1] for r, path in want.items()}
+    worker = make_worker(config, tmp_path, clock="event", batch_max_records=50, align_max_ms=align_max_ms).start()
+    try:
+        wait_consumed(worker, len(messages))
+        run(tick(worker.config, last + ADVANCE_MS))
+        ts = wait_final(worker.config, expected, timeout_s=180)
+        assert final_states(ts) == expected
+        got = _paths_from(ts)
+        differ = {r: (got.get(r), path) for r, path in want.items() if got.get(r) != path}
+        # measured: 0 of 400 with alignment; 182 of 400 without (final states equal all the same)
+        print(f"align_max_ms={align_max_ms}: {len(differ)} of {len(want)} runs took another path")
+        if align_max_ms:
+            assert not differ, list(differ.items())[:3]
+    finally:
+        worker.stop()

@@ -303,3 +303,82 @@ def test_runs_page_walks_every_held_run_once_in_run_id_order_and_skips_tombs() -
         assert {r["run_id"]: r["state"] for r in seen} == held
     state = next(iter(held.values()))
     assert [r["run_id"] for r in part.task.runs_page(state, None, 1000)] == sorted(r for r, s in held.items() if s == state)
+
+
+def _paths(transitions) -> dict[str, list[str]]:
+    paths: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    for t in transitions:
+        paths[t.run_id].append((t.seq, t.to_state))
+    return {r: [s for _, s in sorted(v)] for r, v in paths.items()}
+
+
+def _outcomes_first(p: int, chunk: int, align: bool) -> Partition:
+    """Partition ``p`` consumed as when the outcomes topic is fetched far ahead of the steps topic:
+    every receipt in the first batch, the steps ``chunk`` at a time; the steps input is lagging
+    until its last chunk."""
+    part = Partition(p)
+    steps = [r for r in LOG[p] if r.topic == TOPICS["steps"]]
+    pending = [r for r in LOG[p] if r.topic == TOPICS["outcomes"]]
+    i = 0
+    while i < len(steps) or pending or part.task.holding:
+        fresh, i = steps[i:i + chunk], i + chunk
+        lagging = {"steps"} if align and i < len(steps) else set()
+        out = part.task.fold(pending + fresh, lagging=lagging)
+        pending = []
+        part.transitions += out.transitions
+        part.deadletters += len(out.deadletters)
+        part.store.write(out.changes, None)
+        part.offsets.update(out.offsets)
+        part.task.committed(out)
+    part.tick(LAST_TS + ADVANCE_MS)
+    return part
+
+
+def test_receipts_consumed_ahead_of_a_lagging_steps_topic_wait_for_their_run() -> None:
+    """Stream-time alignment: with the outcomes topic consumed far ahead, every run takes replay's path
+    (not only its final state); folding what comes as it comes does not."""
+    replay = Replay()
+    out = []
+    for m in MESSAGES:
+        if m.valid:
+            out += replay.feed(decode_input(m.value))
+    out += replay.advance_to(LAST_TS + ADVANCE_MS)
+    want = _paths(out)
+    aligned = [t for p in range(PARTITIONS) for t in _outcomes_first(p, 9, align=True).transitions]
+    assert _paths(aligned) == want
+    unaligned = [t for p in range(PARTITIONS) for t in _outcomes_first(p, 9, align=False).transitions]
+    assert final(unaligned) == final(aligned)
+    differ = [r for r, path in _paths(unaligned).items() if path != want[r]]
+    assert differ  # e.g. RUNNING > VERIFIED_COMPLETE where replay passes through VERIFYING
+
+
+def test_a_held_record_holds_the_rest_of_its_topic_and_its_offset() -> None:
+    """What is held is a tail of its topic in offset order (dead letters in it too): the offsets stop
+    before it and nothing of it is applied or dead-lettered yet."""
+    run = [m for m in MESSAGES if m.key == b"run-11-000000-natural_verified"]
+    steps = [Rec(TOPICS["steps"], 0, i, m.key, m.value) for i, m in enumerate(r for r in run if r.topic == "steps")]
+    receipt = next(m for m in run if m.topic == "outcomes")
+    outcomes = [Rec(TOPICS["outcomes"], 0, 0, receipt.key, receipt.value),
+                Rec(TOPICS["outcomes"], 0, 1, receipt.key, b"not json")]
+    part = Partition(0)
+    first = part.task.fold(outcomes + steps[:-1], lagging={"steps"})  # the run_ended is not consumed yet
+    assert part.task.holding == 2
+    assert first.offsets == {TOPICS["steps"]: len(steps) - 1} and not first.deadletters
+    assert [t.to_state for t in first.transitions] == ["RUNNING"]
+    part.store.write(first.changes, None)
+    part.task.committed(first)
+    second = part.task.fold(steps[-1:])  # held records first, then these
+    assert [t.to_state for t in second.transitions] == ["VERIFYING", "VERIFIED_COMPLETE"]
+    assert second.offsets == {TOPICS["outcomes"]: 2, TOPICS["steps"]: len(steps)}
+    assert len(second.deadletters) == 1 and part.task.holding == 0
+
+
+def test_a_failed_transaction_forgets_what_was_held() -> None:
+    """discard(): the batch is consumed again from the committed offsets, which stop before held records."""
+    run = [m for m in MESSAGES if m.key == b"run-11-000000-natural_verified"]
+    receipt = next(m for m in run if m.topic == "outcomes")
+    part = Partition(0)
+    part.task.fold([Rec(TOPICS["outcomes"], 0, 0, receipt.key, receipt.value)], lagging={"steps"})
+    assert part.task.holding == 1
+    part.task.discard()
+    assert part.task.holding == 0
