@@ -564,8 +564,7 @@ def _run_deadline(state: RunState) -> int | None:
         last = state.last_activity_ts
         if last is None:
             return None
-        policy = state.policy
-        return last + (_BY_ID.get(id(policy)) or compile_policy(policy)).inactivity_ms
+        return last + compile_policy(state.policy).inactivity_ms
     if health == "WAITING":
         approval = state.approval
         return None if approval is None else approval.deadline_ts

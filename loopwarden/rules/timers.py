@@ -21,9 +21,9 @@ class TimerQueue:
     Layout: ``heap`` holds each distinct deadline once, as a plain int (a heap of ints
     compares much faster than one of ``(deadline, run_id)`` tuples), and ``buckets`` maps
     a deadline to the run id queued at it (a list when several share it: ~100 B per entry,
-    as much as a heap of tuples). ``heap`` and ``queued`` (run id -> the deadline
-    queued for it, the run's one live entry) are public for read only, so a shell's hot
-    path can skip a call: ``heap and heap[0] <= now`` is ``due(now)``;
+    as much as a heap of tuples). ``heap`` and ``queued`` (run id -> its deadline, whose
+    entry is in the heap or stood in for by an earlier one of the run) are public for read
+    only, so a shell's hot path can skip a call: ``heap and heap[0] <= now`` is ``due(now)``;
     ``queued.get(run_id, inf) <= deadline`` means ``schedule`` would do nothing.
     """
 

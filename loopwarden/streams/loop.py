@@ -390,9 +390,9 @@ class Worker:
                 return
             align = self.config.align_max_ms > 0 and not overdue
             out = task.fold(fresh, punctuate=punctuate, caught_up=caught_up, lagging=lagging if align else ())
-            if not task.holding:
+            if not task.holding:  # an overdue fold (no alignment) always ends here
                 self.held_since.pop(p, None)
-            elif since is None or overdue:
+            elif since is None:
                 self.held_since[p] = time.monotonic()
             if out:
                 await self._commit(p, task, out)
