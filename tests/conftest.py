@@ -1,8 +1,7 @@
-"""Shared test helpers: where shared/ is, and small event builders."""
+"""Shared test helpers: where the seed cases are, and the session's Kafka broker."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -10,16 +9,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def shared_dir() -> Path:
-    """``../shared`` beside the checkout (CI lays it there); LOOPWARDEN_SHARED overrides."""
-    return Path(os.environ.get("LOOPWARDEN_SHARED", REPO.parent / "shared")).resolve()
+CASES = REPO / "tests" / "cases"
 
 
 @pytest.fixture(scope="session")
 def cases_dir() -> Path:
-    path = shared_dir() / "cases"
-    assert (path / "seed-eleven.jsonl").is_file(), f"seed cases not found in {path} (set LOOPWARDEN_SHARED)"
-    return path
+    """The seed's eleven cases, kept in this repository (tests/cases)."""
+    assert (CASES / "seed-eleven.jsonl").is_file(), f"seed cases not found in {CASES}"
+    return CASES
 
 
 @pytest.fixture(scope="session")

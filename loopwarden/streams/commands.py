@@ -188,10 +188,20 @@ def add_commands(sub) -> None:
     p.add_argument("--idle-exit-s", type=float, default=None, help="exit after this long without a message")
     p.set_defaults(func=cmd_tail)
 
+    p = sub.add_parser("config-doc", help="print docs/configuration.md: every setting, generated from Config")
+    p.set_defaults(func=cmd_config_doc)
+
     p = sub.add_parser("tick", help="send one timer tick to every partition (with --clock event: advance the clock)")
     _common(p, topics=("ticks",), partitions=False)
     p.add_argument("--now-ms", type=int, required=True, help="the clock value the workers move to")
     p.set_defaults(func=cmd_tick)
+
+
+def cmd_config_doc(args: argparse.Namespace) -> int:
+    from loopwarden.streams.configdoc import render
+
+    sys.stdout.write(render())
+    return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

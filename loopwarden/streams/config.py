@@ -11,38 +11,56 @@ from loopwarden.streams.exceptions import ConfigError
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _BROKER = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
+_HOST = re.compile(r"^[A-Za-z0-9.\-:\[\]%]{1,255}$")
 STORES = ("memory", "rocksdb")
 CLOCKS = ("wall", "event")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 @dataclass(frozen=True)
 class Config:
     """Every knob of the processor. Each has an env var ``LOOPWARDEN_<NAME>``."""
 
+    # Kafka bootstrap servers, `host:port[,host:port]` (the protocol is `security_protocol`).
     broker: str = "127.0.0.1:9092"
+    # Consumer group, transactional id prefix and changelog topic prefix.
     app_id: str = "loopwarden"
+    # Input: run_started, step_finished, run_ended, approval_* (keyed by run id).
     steps_topic: str = "agent.steps"
+    # Input: outcome receipts (keyed by run id; co-partitioned with the steps).
     outcomes_topic: str = "agent.outcomes"
+    # Output: health transitions (read it with isolation.level=read_committed).
     health_topic: str = "agent.health"
+    # Output: bad input, byte for byte, with the error in headers (`loopwarden deadletters` reads it).
     deadletter_topic: str = "agent.deadletter"
     # Internal: one tick per owned partition drives timers in stream order.
     ticks_topic: str = "loopwarden.ticks"
+    # Partitions of the topics created; must equal the existing inputs' count (`loopwarden topics check`).
     partitions: int = 8
+    # Replication factor of the topics created (3 on a cluster).
     replication: int = 1
+    # State store: `memory`, or `rocksdb` (local state survives restarts; only the changelog's tail is read).
     store: str = "memory"
+    # RocksDB directory (created if missing; its parent must exist, checked before connecting).
     data_dir: str = ".loopwarden-data"
+    # HTTP bind address (localhost unless set).
     web_host: str = "127.0.0.1"
+    # HTTP port of /metrics, /healthz, /readyz and /runs.
     web_port: int = 6066
     # The URL peers use to reach this worker (GET /runs/{id} is forwarded to the
     # owner); default http://<web_host>:<web_port>, with the host name for 0.0.0.0.
     canonical_url: str | None = None
+    # When set (16+ characters), every route but /healthz needs `Authorization: Bearer <token>`.
     token: str | None = field(default=None, repr=False)
+    # Timers on processing time (`wall`) or on the event-time clock (`event`: steps' ts and explicit ticks).
     clock: str = "wall"
+    # How often each partition's due timers fire.
     tick_interval_s: float = 1.0
     # A worker told to stop exits by then even if its broker is gone.
     shutdown_timeout_s: float = 30.0
     # A batch is at most this many records (all partitions) and waits at most this long for them.
     batch_max_records: int = 20000
+    # How long a batch waits for records at most (it returns at once when records are there).
     batch_wait_ms: int = 5
     # A partition's next transaction starts at least this long after its last commit: the broker
     # writes the commit markers meanwhile (one begun sooner meets CONCURRENT_TRANSACTIONS and
@@ -58,6 +76,7 @@ class Config:
     max_message_bytes: int = 1_000_000
     # The group's session timeout: how soon a dead or paused worker's partitions move.
     session_timeout_s: float = 6.0
+    # Settled runs and orphan receipts are dropped after this long without events.
     retention_s: float = 7 * 86400
     # An event or tick stamped more than this ahead of the worker's wall clock is dead-lettered.
     max_future_skew_s: float = 300.0
@@ -66,15 +85,19 @@ class Config:
     # Every this many seconds the worker hands the C heap's free pages back to the OS (glibc's
     # malloc_trim; see loopwarden.streams.memory); 0: never.
     malloc_trim_s: float = 30.0
+    # The worker's log level: debug, info, warning, error.
     log_level: str = "info"
     # How every client connects (loopwarden.streams.security): PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL.
     security_protocol: str = "PLAINTEXT"
-    sasl_mechanism: str | None = None  # PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
+    sasl_mechanism: str | None = None  # PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (required with SASL_*)
+    # SASL user.
     sasl_username: str | None = None
+    # SASL password (environment only: a flag would show in `ps`).
     sasl_password: str | None = field(default=None, repr=False)
     ssl_cafile: str | None = None  # PEM CA bundle; default: the system's CAs
     ssl_certfile: str | None = None  # client certificate (PEM), for mutual TLS
     ssl_keyfile: str | None = None  # its private key, if not in the certificate file
+    # Check that the broker's certificate names the host connected to.
     ssl_check_hostname: bool = True
 
     def __post_init__(self) -> None:
@@ -100,6 +123,8 @@ class Config:
             raise ConfigError(f"store: {self.store!r} must be one of {', '.join(STORES)}")
         if self.clock not in CLOCKS:
             raise ConfigError(f"clock: {self.clock!r} must be one of {', '.join(CLOCKS)}")
+        if not _HOST.match(self.web_host):
+            raise ConfigError(f"web_host: {self.web_host!r} is not a host name or IP address")
         if not 0 <= self.web_port <= 65535:
             raise ConfigError(f"web_port: {self.web_port} must be between 0 and 65535")
         if not 0.05 <= self.tick_interval_s <= 3600:
@@ -130,6 +155,8 @@ class Config:
             raise ConfigError(f"malloc_trim_s: {self.malloc_trim_s} must be 0 (never) or between 1 and 86400")
         if self.canonical_url is not None and not re.match(r"^https?://[^/\s]+$", self.canonical_url):
             raise ConfigError(f"canonical_url: {self.canonical_url!r} must be http(s)://host:port with no path")
+        if self.log_level.lower() not in LOG_LEVELS:
+            raise ConfigError(f"log_level: {self.log_level!r} must be one of {', '.join(LOG_LEVELS)}")
         if self.token is not None and len(self.token) < 16:
             raise ConfigError("token: must be at least 16 characters (got a shorter one)")
         from loopwarden.streams import security
@@ -154,6 +181,11 @@ class Config:
         return self.broker
 
 
+def _shown_default(f) -> str:
+    value = getattr(Config(), f.name)
+    return "none" if value is None else str(value)
+
+
 def env_name(name: str) -> str:
     return "LOOPWARDEN_" + name.upper()
 
@@ -164,8 +196,11 @@ def from_env(overrides: dict | None = None, environ: dict | None = None) -> Conf
     values: dict = {}
     for f in fields(Config):
         raw = environ.get(env_name(f.name))
-        if raw is None or raw == "":
+        if raw is None:
             continue
+        if raw.strip() == "":  # `LOOPWARDEN_BROKER=` must not silently mean the default
+            raise ConfigError(f"{env_name(f.name)} is set but empty: give it a value, or unset it for the default "
+                              f"({_shown_default(f)})")
         kind = f.type if isinstance(f.type, str) else f.type.__name__
         try:
             if kind == "bool":

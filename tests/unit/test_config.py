@@ -45,11 +45,44 @@ def test_flags_override_environment_which_overrides_defaults() -> None:
     ({"LOOPWARDEN_SSL_CHECK_HOSTNAME": "maybe"}, r"LOOPWARDEN_SSL_CHECK_HOSTNAME: 'maybe' is not a valid bool"),
     ({"LOOPWARDEN_BROKER": "SASL_SSL://k:9093"}, r"the protocol is a setting of its own: LOOPWARDEN_SECURITY_PROTOCOL"),
     ({"LOOPWARDEN_MALLOC_TRIM_S": "0.5"}, r"malloc_trim_s: 0.5 must be 0 \(never\) or between 1 and 86400"),
+    ({"LOOPWARDEN_LOG_LEVEL": "verbose"}, r"log_level: 'verbose' must be one of debug, info, warning, error"),
+    ({"LOOPWARDEN_WEB_HOST": "my host!"}, r"web_host: 'my host!' is not a host name or IP address"),
 ])
 def test_bad_values_are_named(env, message) -> None:
     """Each bad setting fails fast with a message naming the setting and the value."""
     with pytest.raises(ConfigError, match=message):
         from_env({}, environ=env)
+
+
+def test_an_empty_setting_is_an_error_not_the_default() -> None:
+    """`LOOPWARDEN_X=` (set, empty) is refused naming the variable, for every setting: it never silently
+    means the default."""
+    from dataclasses import fields
+
+    for f in fields(Config):
+        name = f"LOOPWARDEN_{f.name.upper()}"
+        with pytest.raises(ConfigError, match=rf"^{name} is set but empty: give it a value, or unset it"):
+            from_env({}, environ={name: ""})
+        with pytest.raises(ConfigError, match=rf"^{name} is set but empty"):
+            from_env({}, environ={name: "  "})
+
+
+@pytest.mark.parametrize("env,setting", [
+    ({"LOOPWARDEN_LOG_LEVEL": "verbose"}, "log_level: 'verbose'"),
+    ({"LOOPWARDEN_BROKER": ""}, "LOOPWARDEN_BROKER is set but empty"),
+    ({"LOOPWARDEN_PARTITIONS": "many"}, "LOOPWARDEN_PARTITIONS: 'many'"),
+])
+def test_a_bad_setting_is_one_line_from_the_worker(env, setting) -> None:
+    """The worker refuses a bad setting with exactly one line naming it (no TypeError traceback)."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "loopwarden.cli", "worker"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **env})
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"loopwarden: {setting}"), proc.stderr
 
 
 def test_advertised_url() -> None:
@@ -70,16 +103,16 @@ def test_token_is_not_in_the_repr() -> None:
     assert "hunter2-pw" not in repr(cfg) and "sasl_username='u'" in repr(cfg)
 
 
-def test_the_readme_lists_every_setting_with_its_default_and_flag(capsys) -> None:
-    """One place lists the settings: each Config field is a row of the README's table (env var, flag,
-    default), and each flag there is one the worker command accepts."""
+def test_the_configuration_doc_lists_every_setting_with_its_default_and_flag(capsys) -> None:
+    """One place lists the settings: each Config field is a row of docs/configuration.md's table (env var,
+    flag, default), and each flag there is one the worker command accepts."""
     import re
     from dataclasses import fields
     from pathlib import Path
 
     from loopwarden.cli import build_parser
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     rows = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(
         r"^\| `LOOPWARDEN_([A-Z_]+)` \| (?:`(--[a-z-]+)`|—) \| `?([^|`]*?)`? \|", readme, flags=re.M)}
     names = {f.name.upper() for f in fields(Config)}

@@ -1,4 +1,4 @@
-"""The README's metrics table names every metric the worker exports, and nothing it does not."""
+"""docs/operations.md's metrics table names every metric the worker exports, and nothing it does not."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 from loopwarden.streams.metrics import Metrics
 
 
-def test_the_readme_lists_every_loopwarden_metric() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_the_operations_doc_lists_every_loopwarden_metric() -> None:
+    """docs/operations.md's metrics table names exactly the loopwarden_* metrics the worker exports."""
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
     section = readme.split("### Metrics", 1)[1].split("\n### ", 1)[0]
     documented = set(re.findall(r"^\| `(loopwarden_[a-z_]+)` \|", section, flags=re.M))
     exported = {family.name for family in Metrics().registry.collect() if family.name.startswith("loopwarden_")}

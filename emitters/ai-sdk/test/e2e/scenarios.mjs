@@ -1,6 +1,6 @@
 // Real ToolLoopAgents (npm `ai`), scripted with MockLanguageModelV4 (no network), instrumented by
 // @loopwarden/ai-sdk, driven through every stop of the research note's table
-// (/work/shared/research/ai-sdk-v7.md) and a few more. Used by run-agents.mjs (CLI, for the Python
+// (the project's research note on AI SDK 7, summarised in docs/decisions.md) and a few more. Used by run-agents.mjs (CLI, for the Python
 // e2e test) and by agents.test.mjs (Node test on the emitted events).
 //
 // Each scenario returns the final health state loopwarden must reach per spec.md section 5, with
