@@ -4,8 +4,8 @@
 Lives in dev/ with the broker helper: a checkout's demo, not part of the installed package.
 
 Each start publishes a fleet with run ids of its own (the seed is the start time), so a second
-start on the same broker data shows a live fleet: transitions of earlier starts are counted in one
-line, not shown again. Every port falls back to a free one when taken; if the worker exits, the demo
+start on the same broker data shows a live fleet: transitions already on agent.health when it starts
+are counted in one line, not shown again; every later one is shown, whoever produced the run. Every port falls back to a free one when taken; if the worker exits, the demo
 stops with the worker's last log lines. A status line every ``--status-every-s`` seconds tells runs
 started of the fleet, runs held by state and dead letters.
 """
@@ -26,16 +26,33 @@ from collections import Counter
 from pathlib import Path
 
 from dev.localkafka import LocalKafka, fetch, free_port, port_free
-from loopwarden.streams.commands import format_transition
+from loopwarden.docs_links import state_action, state_doc
+from loopwarden.streams.commands import COLORS, format_transition
 from loopwarden.streams.config import Config, from_env
 
 LEGEND = """\
 make dev: what you see
-  one line per health transition: time, run id, from -> to, reason (colours by state)
-  runs of this start are named run-{seed}-...; bad messages (one every 40 runs) go to agent.deadletter
+  one line per health transition from now on, of every producer: time, run id, from -> to, reason
+  this start's fleet is run-{seed}-...; bad messages (one every 40 runs) go to agent.deadletter
+  the states (colour, short name in the status line, what to do; more in docs/states.md):
+{states}
   try:  curl -s 'http://127.0.0.1:{web}/runs?state=STUCK'      curl -s http://127.0.0.1:{web}/metrics | grep ^loopwarden_runs
-        .venv/bin/loopwarden tail --broker {broker} --from-beginning     (all transitions, any start)
+        .venv/bin/loopwarden tail --broker {broker} --from-beginning --state STUCK
+        .venv/bin/loopwarden deadletters --broker {broker}
 """
+# The status line's short names (it must fit 100 columns with all ten states held).
+SHORT = {"RUNNING": "RUN", "WAITING": "WAIT", "WAITING_UNROUTED": "UNRT", "STUCK": "STCK", "BOUNDED_STOP": "BND",
+         "FAILED": "FAIL", "VERIFYING": "VRFY", "VERIFIED_COMPLETE": "OK", "FALSE_COMPLETE": "FLS", "UNCERTAIN": "UNC"}
+WIDTH = 100
+
+
+def legend_states(color: bool) -> str:
+    """One line per state: its colour, its short name, what to do, and its link in docs/states.md."""
+    lines = []
+    for state, short in SHORT.items():
+        name = f"\x1b[{COLORS.get(state, '0')}m{state:<17}\x1b[0m" if color else f"{state:<17}"
+        lines.append(f"    {name} {short:<5} {state_action(state):<34} {state_doc(state)}")
+    return "\n".join(lines)
 
 
 def _metrics(web_port: int) -> dict[str, float]:
@@ -49,24 +66,41 @@ def _metrics(web_port: int) -> dict[str, float]:
 
 
 def status_line(metrics: dict[str, float], runs: int) -> str:
-    """``runs started x/N · held: STATE n, ... · dead letters n (agent.deadletter)`` from a worker's metrics."""
+    """``make dev: x/N runs · RUN n STCK n … · n dead letters`` (runs started, held by state) from a worker's metrics, at most
+    WIDTH columns (the least held states give way to ``+k more`` if it would not fit)."""
     started = sum(v for k, v in metrics.items() if k.startswith("loopwarden_events_total{") and 'type="run_started"' in k)
     held = Counter()
     for k, v in metrics.items():
         if k.startswith("loopwarden_runs{") and v:
             held[k.split('state="')[1].split('"')[0]] += int(v)
     dead = sum(v for k, v in metrics.items() if k.startswith("loopwarden_invalid_events_total{"))
-    shown = ", ".join(f"{s} {n}" for s, n in held.most_common()) or "none yet"
-    return f"make dev: runs started {int(started)}/{runs} · held: {shown} · dead letters {int(dead)} (agent.deadletter)"
+    head, tail = f"make dev: {int(started)}/{runs} runs ·", f" · {int(dead)} dead letters"
+    parts = [f"{SHORT.get(s, s)} {n}" for s, n in held.most_common()]
+    for keep in range(len(parts), -1, -1):
+        more = f" +{len(parts) - keep} more" if keep < len(parts) else ""
+        line = f"{head} {' '.join(parts[:keep]) or 'none yet'}{more}{tail}"
+        if len(line) <= WIDTH:
+            return line
+    return line[:WIDTH]
 
 
-async def _show(config: Config, prefix: str, stop_at: float | None, worker: subprocess.Popen, args) -> int:
-    """Tail agent.health from the beginning: earlier starts' transitions counted, this start's shown."""
+async def _show(config: Config, stop_at: float | None, worker: subprocess.Popen, args) -> int:
+    """Tail agent.health from the beginning: earlier starts' transitions counted, every later one shown."""
     from aiokafka import AIOKafkaConsumer
 
+    from aiokafka import TopicPartition
+
+    from loopwarden.streams.topics import partition_count
+
+    # What agent.health held when this start began is earlier starts' (counted, not shown); every
+    # transition after that is shown, whoever produced its run (this fleet, an emitter, `simulate`).
+    n = await partition_count(config, config.health_topic) or 0
     consumer = AIOKafkaConsumer(config.health_topic, bootstrap_servers=config.bootstrap,
-                                auto_offset_reset="earliest", enable_auto_commit=False, group_id=None)
+                                auto_offset_reset="earliest", enable_auto_commit=False, group_id=None,
+                                isolation_level="read_committed")
     await consumer.start()
+    boundary = await consumer.end_offsets([TopicPartition(config.health_topic, p) for p in range(n)]) if n else {}
+    boundary = {tp.partition: off for tp, off in boundary.items()}
     color = sys.stdout.isatty()
     earlier = 0
     said_earlier = False
@@ -82,7 +116,7 @@ async def _show(config: Config, prefix: str, stop_at: float | None, worker: subp
             for records in batch.values():
                 for rec in records:
                     t = json.loads(rec.value)
-                    if not t["run_id"].startswith(prefix):
+                    if rec.offset < boundary.get(rec.partition, 0):
                         earlier += 1
                         continue
                     if not said_earlier:
@@ -131,12 +165,13 @@ def run(args: argparse.Namespace) -> int:
         procs.append(subprocess.Popen([*lw, "simulate", "--runs", str(args.runs), "--rate", str(args.rate),
                                        "--seed", str(seed), "--inactivity-s", "20", "--window-s", "30",
                                        "--bad-every", "40"], env=env))
-        print(LEGEND.format(seed=seed, web=args.web_port, broker=kafka.bootstrap), file=sys.stderr, flush=True)
+        print(LEGEND.format(seed=seed, web=args.web_port, broker=kafka.bootstrap,
+                            states=legend_states(sys.stderr.isatty())), file=sys.stderr, flush=True)
         print(f"make dev: publishing {args.runs} runs (run-{seed}-...); transitions below (Ctrl-C to stop)\n",
               file=sys.stderr, flush=True)
         stop_at = time.monotonic() + args.duration_s if args.duration_s else None
         try:
-            return asyncio.run(_show(from_env({"broker": kafka.bootstrap}), f"run-{seed}-", stop_at, worker, args))
+            return asyncio.run(_show(from_env({"broker": kafka.bootstrap}), stop_at, worker, args))
         except KeyboardInterrupt:
             return 0
     finally:

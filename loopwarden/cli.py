@@ -88,6 +88,8 @@ KAFKA_COMMANDS = {
     "simulate": "publish a realistic mixed fleet (every state, receipts, bad messages)",
     "tail": "print transitions from agent.health",
     "tick": "send one timer tick to every partition (with --clock event: advance the clock)",
+    "topics": "check the topic layout, or repair it",
+    "deadletters": "print agent.deadletter: reason, source, offset, a preview",
 }
 
 

@@ -77,10 +77,14 @@ def _client(command: str, config: Config, coro_fn):
     logging.basicConfig(level=logging.WARNING, format=f"loopwarden {command}: %(name)s: %(message)s")
     quiet_repeats()
     _watch_startup(passthrough=False)
+    from loopwarden.streams.exceptions import TopicLayoutError
+
     try:
         return asyncio.run(coro_fn())
     except KafkaConnectionError as exc:
         raise SystemExit(cannot_connect(command, config, exc)) from None
+    except TopicLayoutError as exc:
+        raise SystemExit(f"loopwarden {command}: {exc}") from None
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -179,6 +183,8 @@ def add_commands(sub) -> None:
     p.add_argument("--inactivity-s", type=float, default=300.0, help="policy inactivity_timeout_s of simulated runs")
     p.add_argument("--window-s", type=float, default=600.0, help="policy receipt_window_s of simulated runs")
     p.add_argument("--bad-every", type=int, default=100, help="one invalid message after every N runs (0: none)")
+    p.add_argument("--progress-every-s", type=float, default=10.0,
+                   help="while paced, a progress line this often (0: none; default 10)")
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("tail", help="print transitions from agent.health")
@@ -186,7 +192,28 @@ def add_commands(sub) -> None:
     p.add_argument("--from-beginning", action="store_true")
     p.add_argument("--json", action="store_true", help="print the raw JSON lines")
     p.add_argument("--idle-exit-s", type=float, default=None, help="exit after this long without a message")
+    p.add_argument("--run-id", dest="run_ids", action="append", metavar="RUN_ID",
+                   help="only this run's transitions (repeatable)")
+    p.add_argument("--state", dest="states", action="append", metavar="STATE",
+                   help="only transitions to this state (repeatable; e.g. STUCK)")
+    p.add_argument("--agent", dest="agents", action="append", metavar="AGENT",
+                   help="only runs of this agent (repeatable)")
     p.set_defaults(func=cmd_tail)
+
+    p = sub.add_parser("deadletters", help="print agent.deadletter: reason, source topic/partition/offset, a preview")
+    _common(p, topics=("deadletter",), partitions=False)
+    p.add_argument("--follow", action="store_true", help="keep printing new dead letters (default: print those there, then exit)")
+    p.add_argument("--json", action="store_true", help="one JSON object per dead letter (headers, key, value as text or hex)")
+    p.add_argument("--preview-bytes", type=int, default=120, help="bytes of each value shown (default 120)")
+    p.set_defaults(func=cmd_deadletters)
+
+    p = sub.add_parser("topics", help="check the topic layout, or repair it (create missing topics, recreate empty "
+                                      "ones of the wrong partition count)")
+    p.add_argument("action", choices=("check", "repair"))
+    _common(p)
+    p.add_argument("--app-id", dest="app_id", help="whose changelog topic (LOOPWARDEN_APP_ID; default loopwarden)")
+    p.add_argument("--yes", action="store_true", help="repair without asking")
+    p.set_defaults(func=cmd_topics)
 
     p = sub.add_parser("config-doc", help="print docs/configuration.md: every setting, generated from Config")
     p.set_defaults(func=cmd_config_doc)
@@ -220,11 +247,41 @@ def cmd_worker(args: argparse.Namespace) -> int:
           f"http://{config.web_host}:{config.web_port}", file=sys.stderr, flush=True)
     from aiokafka.errors import KafkaConnectionError
 
+    from loopwarden.streams.exceptions import TopicLayoutError
+
     _watch_startup(passthrough=True)  # the worker logs aiokafka's lines; the last error is kept for the exit line
     try:
         return run_worker(config)
     except KafkaConnectionError as exc:
         raise SystemExit(cannot_connect("worker", config, exc)) from None
+    except TopicLayoutError as exc:
+        raise SystemExit(f"loopwarden worker: {exc}") from None
+
+
+class _Progress:
+    """simulate's progress on stderr while paced at event time: a first line saying how long it takes and
+    that --fast exists, then one line every ``every_s`` seconds."""
+
+    def __init__(self, total: int, runs: int, start_ms: int, end_ms: int, every_s: float) -> None:
+        self.total, self.runs, self.start_ms, self.end_ms, self.every_s = total, runs, start_ms, end_ms, every_s
+        self.next_at = time.monotonic() + every_s
+
+    def begin(self) -> None:
+        span = max(0.0, (self.end_ms - self.start_ms) / 1000)
+        print(f"loopwarden simulate: publishing {self.total} messages for {self.runs} runs, each at its timestamp, "
+              f"over {_duration(span)} (--fast publishes them at once)", file=sys.stderr, flush=True)
+
+    def sent(self, n: int) -> None:
+        if self.every_s <= 0 or time.monotonic() < self.next_at:
+            return
+        self.next_at = time.monotonic() + self.every_s
+        left = max(0.0, self.end_ms / 1000 - time.time())
+        print(f"loopwarden simulate: {n}/{self.total} messages sent, {_duration(left)} to go (--fast: at once)",
+              file=sys.stderr, flush=True)
+
+
+def _duration(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min"
 
 
 async def _simulate(config: Config, args: argparse.Namespace) -> int:
@@ -254,11 +311,15 @@ async def _simulate(config: Config, args: argparse.Namespace) -> int:
             make(int(time.time() * 1000))
             start = int(time.time() * 1000) + int(2000 * (time.monotonic() - t)) + 20
             messages = make(start)
-        for m in messages:
+        progress = _Progress(len(messages), args.runs, start, max(m.ts for m in messages), args.progress_every_s)
+        if not args.fast:
+            progress.begin()
+        for i, m in enumerate(messages):
             if not args.fast:
                 delay = m.ts / 1000 - time.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
+                progress.sent(i + 1)
             await pub.publish_raw(topics[m.topic], m.key, m.value)
         await pub.flush()
     print(f"loopwarden simulate: published {len(messages)} messages for {args.runs} runs", file=sys.stderr)
@@ -286,6 +347,21 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 130
 
 
+def tail_filter(args: argparse.Namespace):
+    """A predicate over a transition dict from tail's --run-id/--state/--agent (None: everything passes)."""
+    from loopwarden.codecs import STATES
+
+    for state in args.states or ():
+        if state not in STATES:
+            raise SystemExit(f"loopwarden tail: --state {state!r} is not a health state; one of {', '.join(STATES)}")
+    run_ids, states, agents = set(args.run_ids or ()), set(args.states or ()), set(args.agents or ())
+
+    def keep(t: dict) -> bool:
+        return ((not run_ids or t["run_id"] in run_ids) and (not states or t["to_state"] in states)
+                and (not agents or t.get("agent") in agents))
+    return keep
+
+
 def format_transition(t: dict, color: bool) -> str:
     stamp = time.strftime("%H:%M:%S", time.localtime(t["ts"] / 1000))
     to = t["to_state"]
@@ -300,7 +376,7 @@ async def _tail(config: Config, args: argparse.Namespace) -> int:
 
     consumer = AIOKafkaConsumer(config.health_topic, **client_options(config),
                                 auto_offset_reset="earliest" if args.from_beginning else "latest",
-                                enable_auto_commit=False, group_id=None)
+                                enable_auto_commit=False, group_id=None, isolation_level="read_committed")
     try:
         await consumer.start()
     except BaseException:
@@ -308,6 +384,7 @@ async def _tail(config: Config, args: argparse.Namespace) -> int:
         raise
     _connected()
     color = sys.stdout.isatty() and not args.json
+    keep = tail_filter(args)
     try:
         while True:
             batch = await consumer.getmany(timeout_ms=int((args.idle_exit_s or 1) * 1000))
@@ -315,16 +392,23 @@ async def _tail(config: Config, args: argparse.Namespace) -> int:
                 return 0
             for records in batch.values():
                 for rec in records:
+                    try:
+                        t = json.loads(rec.value)
+                    except ValueError:
+                        continue  # agent.health holds only what workers wrote; nothing else is a transition
+                    if not keep(t):
+                        continue
                     if args.json:
                         print(rec.value.decode(), flush=True)
                     else:
-                        print(format_transition(json.loads(rec.value), color), flush=True)
+                        print(format_transition(t, color), flush=True)
     finally:
         await consumer.stop()
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
     config = _config(args)
+    tail_filter(args)  # a wrong --state is said before connecting
     try:
         return _client("tail", config, lambda: _tail(config, args))
     except KeyboardInterrupt:
@@ -346,3 +430,150 @@ async def _tick(config: Config, now_ms: int) -> int:
 def cmd_tick(args: argparse.Namespace) -> int:
     config = _config(args)
     return _client("tick", config, lambda: _tick(config, args.now_ms))
+
+
+def _describe(layout, config: Config) -> list[str]:
+    from loopwarden.streams.topics import co_partitioned, wanted
+
+    lines = []
+    for topic in wanted(config):
+        n = layout.counts.get(topic)
+        if n is None:
+            note = f"missing (created with {config.partitions} partitions by the worker or `topics repair`)"
+        elif topic in layout.wrong:
+            note = f"{n} partitions: WRONG, partitions={config.partitions}"
+        elif topic in co_partitioned(config):
+            note = f"{n} partitions, ok"
+        else:
+            note = f"{n} partitions"
+        lines.append(f"  {topic:<32} {note}")
+    return lines
+
+
+async def _topics(config: Config, args: argparse.Namespace) -> int:
+    from loopwarden.streams.topics import read_layout, repair, repair_plan
+
+    if args.action == "check":
+        layout = await read_layout(config)
+        _connected()
+        print(f"loopwarden topics: broker {config.broker}, partitions={config.partitions}")
+        print("\n".join(_describe(layout, config)))
+        if layout.ok:
+            print("layout ok" + (": the missing topics are created at the next start" if layout.missing else ""))
+            return 0
+        print(layout.problem(), file=sys.stderr)
+        return 1
+    layout, empty, full = await repair_plan(config)
+    _connected()
+    print(f"loopwarden topics: broker {config.broker}, partitions={config.partitions}")
+    print("\n".join(_describe(layout, config)))
+    if full:
+        raise SystemExit(
+            "loopwarden topics repair: " + ", ".join(f"{t} ({layout.counts[t]} partitions)" for t in full)
+            + " hold records, which repair never deletes: run with --partitions "
+            + f"{layout.counts[full[0]]} to keep them, or delete them yourself (their data goes with them)")
+    if not empty and not layout.missing:
+        print("layout ok: nothing to repair")
+        return 0
+    steps = [f"delete and recreate {t} with {config.partitions} partitions (it holds no records)" for t in empty]
+    steps += [f"create {t} with {config.partitions} partitions" for t in layout.missing if t not in empty]
+    print("repair will:\n" + "\n".join(f"  {step}" for step in steps))
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise SystemExit("loopwarden topics repair: not a terminal, so not asking: run again with --yes to repair")
+        if input("go ahead? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("nothing changed")
+            return 1
+    await repair(config, empty)
+    print("repaired: " + "; ".join(steps))
+    return 0
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    config = _config(args)
+    return _client("topics", config, lambda: _topics(config, args))
+
+
+def format_deadletter(rec, preview_bytes: int) -> dict:
+    """A dead letter as a dict: its headers (error, reason, source), key, size and a preview of its value
+    (text when it is UTF-8 text, else hex)."""
+    headers = {k: v.decode("utf-8", "replace") for k, v in (rec.headers or ())}
+    value = rec.value or b""
+    head = value[:preview_bytes]
+    try:
+        text = head.decode("utf-8")
+        preview, kind = text, "text"
+        if not text.isprintable():
+            raise UnicodeDecodeError("utf-8", head, 0, 1, "control characters")
+    except UnicodeDecodeError:
+        preview, kind = head.hex(" "), "hex"
+    return {
+        "partition": rec.partition, "offset": rec.offset, "ts": rec.timestamp,
+        "reason": headers.get("error_reason"), "error": headers.get("error"),
+        "source": f"{headers.get('source_topic')}[{headers.get('source_partition')}]@{headers.get('source_offset')}",
+        "key": rec.key.decode("utf-8", "replace") if rec.key is not None else None,
+        "bytes": int(headers.get("truncated", len(value))), "truncated": "truncated" in headers,
+        "preview_kind": kind, "preview": preview + ("…" if len(value) > preview_bytes else ""),
+    }
+
+
+async def _deadletters(config: Config, args: argparse.Namespace) -> int:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from loopwarden.streams.topics import partition_count
+
+    n = await partition_count(config, config.deadletter_topic)
+    _connected()
+    if not n:
+        print(f"loopwarden deadletters: no topic {config.deadletter_topic} (no worker has run yet?)", file=sys.stderr)
+        return 1
+    consumer = AIOKafkaConsumer(**client_options(config), enable_auto_commit=False, group_id=None,
+                                isolation_level="read_committed", auto_offset_reset="earliest")
+    try:
+        await consumer.start()
+    except BaseException:
+        await consumer.stop()
+        raise
+    try:
+        tps = [TopicPartition(config.deadletter_topic, p) for p in range(n)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        shown = idle = 0
+        while True:
+            batch = await consumer.getmany(timeout_ms=500)
+            for records in batch.values():
+                for rec in records:
+                    d = format_deadletter(rec, args.preview_bytes)
+                    shown += 1
+                    if args.json:
+                        print(json.dumps(d), flush=True)
+                    else:
+                        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["ts"] / 1000))
+                        cut = " (truncated)" if d["truncated"] else ""
+                        print(f"{stamp}  {d['reason']}  from {d['source']}  key={d['key']}  {d['bytes']} B{cut}\n"
+                              f"    error: {d['error']}\n    {d['preview_kind']}: {d['preview']}", flush=True)
+            if not args.follow and not batch:
+                # at the end offsets (read_committed: the last stable ones), or nothing fetched for 2 s:
+                # a transaction's commit marker sits past the last record
+                positions = [await consumer.position(tp) for tp in tps]
+                idle += 1
+                if all(pos >= ends[tp] for pos, tp in zip(positions, tps)) or idle >= 4:
+                    break
+            elif batch:
+                idle = 0
+        if not args.json:
+            print(f"loopwarden deadletters: {shown} dead letter(s) on {config.deadletter_topic}", file=sys.stderr)
+        return 0
+    finally:
+        await consumer.stop()
+
+
+def cmd_deadletters(args: argparse.Namespace) -> int:
+    config = _config(args)
+    if args.preview_bytes < 0:
+        raise SystemExit(f"loopwarden deadletters: --preview-bytes must be >= 0, got {args.preview_bytes}")
+    try:
+        return _client("deadletters", config, lambda: _deadletters(config, args))
+    except KeyboardInterrupt:
+        return 0

@@ -1,59 +1,183 @@
-"""Topic layout: create what is missing, refuse what does not fit."""
+"""Topic layout: check it before creating anything, create what is missing, mend what does not fit.
+
+The inputs (steps, outcomes), the ticks topic and the changelog must have one partition count, the
+configured one: partition i of each belongs to the worker that owns partition i. The layout is
+checked first and nothing is created when it does not fit, so a wrong setting leaves no topic
+behind; the error is one line saying what to run. ``loopwarden topics check`` shows the layout and
+``loopwarden topics repair`` creates what is missing and recreates co-partitioned topics of the
+wrong count that hold no records.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from dataclasses import dataclass, field
+
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError
+from aiokafka.errors import TopicAlreadyExistsError, for_code
 
 from loopwarden.streams.config import Config
 from loopwarden.streams.exceptions import TopicLayoutError
 from loopwarden.streams.security import client_options
 
-
 # The changelog keeps each run's last state: compaction drops older ones, tombstones go after a day.
 COMPACTED = {"cleanup.policy": "compact", "delete.retention.ms": "86400000"}
 
 
-async def ensure_topics(config: Config, timeout_s: float = 30) -> None:
-    """Create the topics if missing; refuse input topics that are not co-partitioned.
+def co_partitioned(config: Config) -> list[str]:
+    """The topics that must share the configured partition count."""
+    return [config.steps_topic, config.outcomes_topic, config.ticks_topic, config.changelog_topic]
 
-    The input topics, the ticks topic and the changelog must have the same partition
-    count: partition i of each belongs to the worker that owns partition i.
-    """
-    admin = AIOKafkaAdminClient(**client_options(config), request_timeout_ms=int(timeout_s * 1000))
+
+def wanted(config: Config) -> list[str]:
+    return [config.steps_topic, config.outcomes_topic, config.ticks_topic, config.health_topic,
+            config.deadletter_topic, config.changelog_topic]
+
+
+@dataclass
+class Layout:
+    """What the broker has of the wanted topics, and what does not fit the config."""
+
+    config: Config
+    counts: dict[str, int]  # existing topic -> partitions
+    missing: list[str] = field(default_factory=list)
+    wrong: dict[str, int] = field(default_factory=dict)  # co-partitioned topic -> its (wrong) count
+
+    @property
+    def ok(self) -> bool:
+        return not self.wrong
+
+    def problem(self) -> str:
+        """One line: what does not fit, and what to run."""
+        c = self.config
+        shown = ", ".join(f"{t} has {n}" for t, n in self.wrong.items())
+        existing = {self.counts[t] for t in co_partitioned(c) if t in self.counts}
+        if len(existing) == 1 and set(self.wrong) == {t for t in co_partitioned(c) if t in self.counts}:
+            (n,) = existing
+            return (f"topic layout: {shown} partitions but partitions={c.partitions}: run with --partitions {n} "
+                    f"(LOOPWARDEN_PARTITIONS={n}) to use them as they are")
+        counts = ", ".join(f"{t}={self.counts[t]}" for t in co_partitioned(c) if t in self.counts)
+        return (f"topic layout: {c.steps_topic}, {c.outcomes_topic}, {c.ticks_topic} and {c.changelog_topic} must "
+                f"have the same partition count, got {counts}: run `loopwarden topics repair --partitions N` "
+                f"with the count to keep (`loopwarden topics check` shows the layout)")
+
+
+def _admin(config: Config, timeout_s: float) -> AIOKafkaAdminClient:
+    return AIOKafkaAdminClient(**client_options(config), request_timeout_ms=int(timeout_s * 1000))
+
+
+async def _counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:
+    # Describe only topics that exist: a metadata request for a missing topic lets a broker with
+    # auto.create.topics.enable create it with its default partition count.
+    present = set(await admin.list_topics())
+    asked = [t for t in names if t in present]
+    existing = await admin.describe_topics(asked) if asked else []
+    return {t["topic"]: len(t["partitions"]) for t in existing if t.get("error_code", 0) == 0 and t["partitions"]}
+
+
+def plan(config: Config, counts: dict[str, int]) -> Layout:
+    """The layout of ``counts`` against ``config``: missing topics, and co-partitioned ones of another count."""
+    layout = Layout(config, counts)
+    layout.missing = [t for t in wanted(config) if t not in counts]
+    layout.wrong = {t: counts[t] for t in co_partitioned(config) if t in counts and counts[t] != config.partitions}
+    return layout
+
+
+async def partition_count(config: Config, topic: str, timeout_s: float = 30) -> int | None:
+    """How many partitions ``topic`` has; None when it does not exist (never creates it)."""
+    admin = _admin(config, timeout_s)
     await admin.start()
     try:
-        wanted = [config.steps_topic, config.outcomes_topic, config.ticks_topic, config.health_topic,
-                  config.deadletter_topic, config.changelog_topic]
-        # Describe only topics that exist: a metadata request for a missing topic
-        # lets a broker with auto.create.topics.enable create it with 1 partition.
-        present = set(await admin.list_topics())
-        existing = await admin.describe_topics([t for t in wanted if t in present]) if present & set(wanted) else []
-        counts = {t["topic"]: len(t["partitions"]) for t in existing if t.get("error_code", 0) == 0 and t["partitions"]}
-        missing = [name for name in wanted if name not in counts]
-        if missing:
+        return (await _counts(admin, [topic])).get(topic)
+    finally:
+        await admin.close()
+
+
+async def read_layout(config: Config, timeout_s: float = 30) -> Layout:
+    admin = _admin(config, timeout_s)
+    await admin.start()
+    try:
+        return plan(config, await _counts(admin, wanted(config)))
+    finally:
+        await admin.close()
+
+
+async def _create(admin: AIOKafkaAdminClient, config: Config, names: list[str]) -> None:
+    """Create ``names`` with the configured count; one that exists already (another worker) is fine."""
+    if not names:
+        return
+    response = await admin.create_topics([
+        NewTopic(name, config.partitions, config.replication,
+                 topic_configs=COMPACTED if name == config.changelog_topic else {})
+        for name in names
+    ])
+    for topic, code, *rest in response.topic_errors:
+        if code not in (0, TopicAlreadyExistsError.errno):
+            message = rest[0] if rest and rest[0] else for_code(code).__name__
+            raise TopicLayoutError(f"cannot create topic {topic}: {message}")
+
+
+async def ensure_topics(config: Config, timeout_s: float = 30) -> None:
+    """Check the layout, then create the missing topics; refuse (creating nothing) when it does not fit."""
+    admin = _admin(config, timeout_s)
+    await admin.start()
+    try:
+        layout = plan(config, await _counts(admin, wanted(config)))
+        if not layout.ok:
+            raise TopicLayoutError(layout.problem())
+        await _create(admin, config, layout.missing)
+        after = plan(config, await _counts(admin, wanted(config)))  # another process may have raced us
+        if not after.ok:
+            raise TopicLayoutError(after.problem())
+    finally:
+        await admin.close()
+
+
+async def holds_records(config: Config, topic: str, partitions: int) -> bool:
+    """Whether any partition of ``topic`` holds a record (end offset past its beginning)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(**client_options(config), group_id=None, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        begin, end = await consumer.beginning_offsets(tps), await consumer.end_offsets(tps)
+        return any(end[tp] > begin[tp] for tp in tps)
+    finally:
+        await consumer.stop()
+
+
+async def repair_plan(config: Config, timeout_s: float = 30) -> tuple[Layout, list[str], list[str]]:
+    """The layout, the wrong-count topics that are empty (safe to recreate) and those that hold records."""
+    layout = await read_layout(config, timeout_s)
+    empty, full = [], []
+    for topic, n in layout.wrong.items():
+        (full if await holds_records(config, topic, n) else empty).append(topic)
+    return layout, empty, full
+
+
+async def repair(config: Config, recreate: list[str], timeout_s: float = 30) -> None:
+    """Delete ``recreate`` (empty, wrong count), wait until the broker has dropped them, then create every
+    missing topic with the configured count."""
+    admin = _admin(config, timeout_s)
+    await admin.start()
+    try:
+        if recreate:
+            await admin.delete_topics(recreate, timeout_ms=int(timeout_s * 1000))
+            deadline = time.monotonic() + timeout_s
+            while set(recreate) & set(await admin.list_topics()):
+                if time.monotonic() > deadline:
+                    raise TopicLayoutError(f"topics {recreate} were deleted but still listed after {timeout_s:.0f}s")
+                await asyncio.sleep(0.2)
+        layout = plan(config, await _counts(admin, wanted(config)))
+        for _ in range(50):  # a topic just deleted can be refused for a moment
             try:
-                await admin.create_topics([
-                    NewTopic(name, config.partitions, config.replication,
-                             topic_configs=COMPACTED if name == config.changelog_topic else {})
-                    for name in missing
-                ])
-            except KafkaError as exc:  # another worker may have created them meanwhile
-                if "TopicAlreadyExists" not in type(exc).__name__:
-                    raise
-            for name in missing:
-                counts[name] = config.partitions
-        co = {name: counts[name] for name in (config.steps_topic, config.outcomes_topic, config.ticks_topic,
-                                             config.changelog_topic)}
-        if len(set(co.values())) != 1:
-            raise TopicLayoutError(
-                "input topics must be co-partitioned (same partition count), got "
-                + ", ".join(f"{k}={v}" for k, v in co.items())
-            )
-        if co[config.steps_topic] != config.partitions:
-            raise TopicLayoutError(
-                f"{config.steps_topic} has {co[config.steps_topic]} partitions but partitions={config.partitions}; "
-                "set LOOPWARDEN_PARTITIONS to the existing count"
-            )
+                await _create(admin, config, layout.missing)
+                break
+            except TopicLayoutError:
+                await asyncio.sleep(0.2)
+        else:
+            await _create(admin, config, layout.missing)
     finally:
         await admin.close()
