@@ -88,6 +88,15 @@ schema: python
 golden: python
 	$(PY) -m tests.vectors.make_golden
 
+# The two packages, built from this checkout (nothing is published to a registry yet): the Python wheel
+# and the emitter's npm tarball, which ships dist/ built (no install-time build step).
+DIST := dist
+dist: python node
+	rm -rf $(DIST) && mkdir -p $(DIST)
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir $(DIST) .
+	cd $(EMITTER) && rm -rf dist && npm run build --silent && npm pack --silent --pack-destination $(CURDIR)/$(DIST) >/dev/null
+	@ls -1 $(DIST)
+
 # docs/configuration.md is generated from loopwarden/streams/config.py (tests/unit/test_docs.py checks it).
 docs: python
 	$(LW) config-doc > docs/configuration.md
@@ -107,4 +116,4 @@ soak: setup
 	$(PY) -m tests.faults.soak --minutes 30
 
 clean:
-	rm -rf $(VENV) dev/kafka/lib dev/kafka/target $(EMITTER)/node_modules $(EMITTER)/dist $(AI_LOWEST_DIR) k8s/validate/node_modules .kafka .tools
+	rm -rf $(DIST) $(VENV) dev/kafka/lib dev/kafka/target $(EMITTER)/node_modules $(EMITTER)/dist $(AI_LOWEST_DIR) k8s/validate/node_modules .kafka .tools

@@ -1,0 +1,55 @@
+"""`make dist` builds what the README's install lines use: a wheel, and an npm tarball that ships the
+emitter built (no install-time build script) and imports after a plain install."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+from tests.e2e.test_ai_sdk_agents import _node
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_make_dist_builds_a_wheel_and_a_built_npm_tarball(tmp_path: Path) -> None:
+    """The wheel holds the package (no dev/ or tests/); the tarball holds dist/*.js and types, its
+    package.json runs nothing at install (no prepare/install scripts), and `npm install <tarball>`
+    in an empty project gives an importable @loopwarden/ai-sdk."""
+    node = _node()  # puts Node 22 (and its npm) first on PATH
+    proc = subprocess.run(["make", "--no-print-directory", "dist"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    wheel = REPO / "dist" / "loopwarden-0.1.0-py3-none-any.whl"
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "loopwarden/cli.py" in names and "loopwarden/docs_links.py" in names
+    assert not [n for n in names if n.startswith(("dev/", "tests/", "bench/"))]
+    tgz = REPO / "dist" / "loopwarden-ai-sdk-0.1.0.tgz"
+    with tarfile.open(tgz) as tar:
+        members = tar.getnames()
+        manifest = json.load(tar.extractfile("package/package.json"))
+    assert "package/dist/index.js" in members and "package/dist/index.d.ts" in members
+    assert not {"prepare", "preinstall", "install", "postinstall"} & set(manifest.get("scripts", {}))
+
+    project = tmp_path / "app"
+    project.mkdir()
+    (project / "package.json").write_text('{"name": "app", "version": "1.0.0", "type": "module"}')
+    npm = shutil.which("npm")
+    assert npm, "npm is not on PATH: run `make node`"
+    res = subprocess.run([npm, "install", "--prefer-offline", "--no-audit", "--no-fund", "--silent", str(tgz)],
+                         cwd=project, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = subprocess.run([node, "-e", "import('@loopwarden/ai-sdk').then((m) => console.log(typeof m.createLoopwarden))"],
+                         cwd=project, capture_output=True, text=True, timeout=60)
+    assert res.stdout.strip() == "function", res.stderr
+    target = tmp_path / "site"
+    res = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    res = subprocess.run([sys.executable, "-c", "import loopwarden.docs_links as d; print(d.state_doc('STUCK'))"],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(target)}, cwd=tmp_path)
+    assert res.stdout.strip() == "docs/states.md#stuck", res.stderr
