@@ -329,7 +329,7 @@ async def _simulate(config: Config, args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from loopwarden.simulate import fleet
 
-    if args.runs < 1 or args.rate <= 0:
+    if args.runs < 1 or not 0 < args.rate < float("inf"):
         raise SystemExit(f"loopwarden simulate: --runs must be >= 1 and --rate > 0, got {args.runs} and {args.rate}")
     if args.out:
         messages = fleet(args.runs, seed=args.seed, rate=args.rate, timers_s=(args.inactivity_s, args.window_s),
@@ -419,6 +419,12 @@ async def _tick(config: Config, now_ms: int) -> int:
     from loopwarden.publisher import Publisher
     from loopwarden.streams.task import Tick, encode_tick
 
+    from loopwarden.streams.exceptions import TopicLayoutError
+    from loopwarden.streams.topics import partition_count
+
+    # asked without a metadata request for the topic itself, which would let a broker auto-create it
+    if not await partition_count(config, config.ticks_topic):
+        raise TopicLayoutError(f"no topic {config.ticks_topic}: start a worker first, or run `loopwarden topics repair`")
     async with Publisher(config.bootstrap, options=client_options(config)) as pub:
         _connected()
         parts = await pub.partitions(config.ticks_topic)

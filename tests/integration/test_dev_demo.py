@@ -9,6 +9,8 @@ import re
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,11 +21,44 @@ from tests.conftest import REPO
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
 
-def demo(work: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "dev.run", "--dir", str(work / "kafka"), "--port", str(free_port()),
+def demo(work: Path, *args: str, env: dict | None = None, during=None) -> subprocess.CompletedProcess:
+    """Run the demo to its end; ``during(bootstrap)`` runs in a thread meanwhile (another producer)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "dev.run", "--dir", str(work / "kafka"), "--port", str(port),
            "--runs", "12", "--rate", "6", "--status-every-s", "5", *args]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**(env or {k: v for k, v in os.environ.items() if not k.startswith("LOOPWARDEN_")})})
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**(env or {k: v for k, v in os.environ.items() if not k.startswith("LOOPWARDEN_")})})
+    thread = threading.Thread(target=during, args=(f"127.0.0.1:{port}",), daemon=True) if during else None
+    if thread:
+        thread.start()
+    out, err = proc.communicate(timeout=300)
+    if thread:
+        thread.join(timeout=60)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def another_producer(bootstrap: str) -> None:
+    """Once the demo's worker has created agent.steps, start a run of an agent that is not the demo's fleet."""
+    import asyncio
+
+    from loopwarden.codecs import Policy, RunStarted
+    from loopwarden.publisher import Publisher, now_ms
+    from loopwarden.streams.config import Config
+    from loopwarden.streams.topics import partition_count
+
+    async def go() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if await partition_count(Config(broker=bootstrap), "agent.steps", timeout_s=5):
+                    break
+            except Exception:  # the broker is still starting
+                pass
+            await asyncio.sleep(1)
+        async with Publisher(bootstrap) as pub:
+            await pub.publish(RunStarted(run_id="foreign-agent-run-1", ts=now_ms(), agent="someone-elses-agent",
+                                         policy=Policy(version="v1")))
+    asyncio.run(go())
 
 
 def shown_runs(out: str) -> set[str]:
@@ -35,7 +70,7 @@ def test_demo_twice_on_the_same_data_then_a_worker_that_exits(tmp_path: Path) ->
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         web = taken.getsockname()[1]
-        first = demo(tmp_path, "--web-port", str(web), "--duration-s", "30")
+        first = demo(tmp_path, "--web-port", str(web), "--duration-s", "30", during=another_producer)
     assert first.returncode == 0, first.stderr[-2000:]
     assert f"port {web} is taken; the worker's HTTP port is" in first.stderr
     seed1 = re.search(r"publishing 12 runs \(run-(\d+)-", first.stderr).group(1)
@@ -46,6 +81,8 @@ def test_demo_twice_on_the_same_data_then_a_worker_that_exits(tmp_path: Path) ->
     assert status and all(len(line) <= 100 for line in status), first.stderr[-1500:]
     assert "docs/states.md#waiting_unrouted" in first.stderr  # the legend links each state to what to do
     assert "earlier starts" not in first.stderr
+    # every producer's runs are shown, not only the demo fleet's (before: only run-<seed>-...)
+    assert re.search(r"foreign-agent-run-1\s+-\s+->\s+RUNNING\s+started", first.stdout), first.stdout[-2000:]
 
     second = demo(tmp_path, "--web-port", str(free_port()), "--duration-s", "25")
     assert second.returncode == 0, second.stderr[-2000:]

@@ -146,6 +146,19 @@ def test_deadletters_prints_reason_source_and_a_preview(kafka) -> None:
     assert [(d["reason"], d["source"], d["preview_kind"]) for d in letters] == [
         ("undecodable", f"{config.steps_topic}[2]@17", "text"), ("undecodable", f"{config.steps_topic}[2]@18", "hex")]
 
+    follow = subprocess.Popen([sys.executable, "-m", "loopwarden.cli", "deadletters", "--follow", "--json"],
+                              env=env_for(config), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert json.loads(follow.stdout.readline())["source"].endswith("@17")
+        assert json.loads(follow.stdout.readline())["source"].endswith("@18")
+        asyncio.run(_publish(config, config.deadletter_topic, [(b"bad-3", b'{"type":"nope"}', headers("unknown_type", 19))]))
+        later = json.loads(follow.stdout.readline())  # --follow keeps reading: the new one arrives
+        assert (later["reason"], later["source"], later["preview"]) == (
+            "unknown_type", f"{config.steps_topic}[2]@19", '{"type":"nope"}')
+    finally:
+        follow.terminate()
+        follow.wait(timeout=30)
+
 
 def test_simulate_paced_says_how_long_and_that_fast_exists(kafka) -> None:
     """Paced at event time, `simulate` says at once how long it will take and that --fast exists, then
@@ -156,3 +169,14 @@ def test_simulate_paced_says_how_long_and_that_fast_exists(kafka) -> None:
     lines = res.stderr.splitlines()
     assert lines[0].startswith("loopwarden simulate: publishing ") and "(--fast publishes them at once)" in lines[0]
     assert any(" messages sent, " in line and "--fast" in line for line in lines[1:-1]), lines
+
+
+def test_tick_without_its_topic_is_one_line_and_creates_nothing(kafka) -> None:
+    """`tick` before any worker ran: one line saying what to run, and no ticks topic auto-created (before:
+    its metadata request let a broker with auto.create.topics.enable create it with the default count)."""
+    config = unique_config(kafka.bootstrap)
+    res = lw(config, "tick", "--now-ms", "1780000000000")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert res.stderr.strip() == (f"loopwarden tick: no topic {config.ticks_topic}: start a worker first, "
+                                  "or run `loopwarden topics repair`")
+    assert asyncio.run(read_layout(config)).counts == {}
