@@ -129,6 +129,16 @@ def _env_epilog() -> str:
     return "\n".join(lines)
 
 
+def _states_epilog() -> str:
+    """The health states, what to do about each, and where docs/states.md explains it."""
+    from loopwarden.docs_links import STATE_GUIDE, state_action, state_doc
+
+    lines = ["health states (--state), what to do, and where it is explained:"]
+    for state in STATE_GUIDE:
+        lines.append(f"  {state:<18} {state_action(state):<36} {state_doc(state)}")
+    return "\n".join(lines)
+
+
 def add_commands(sub) -> None:
     p = sub.add_parser("worker", help="run a stream-processor worker against Kafka (exactly-once)",
                        epilog=_env_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -187,7 +197,8 @@ def add_commands(sub) -> None:
                    help="while paced, a progress line this often (0: none; default 10)")
     p.set_defaults(func=cmd_simulate)
 
-    p = sub.add_parser("tail", help="print transitions from agent.health")
+    p = sub.add_parser("tail", help="print transitions from agent.health", epilog=_states_epilog(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p, topics=("health",), partitions=False)
     p.add_argument("--from-beginning", action="store_true")
     p.add_argument("--json", action="store_true", help="print the raw JSON lines")

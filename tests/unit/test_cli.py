@@ -88,3 +88,14 @@ def test_dev_from_an_installed_package_says_where_the_demo_runs() -> None:
     res = cli("dev")
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert "make dev" in res.stderr and "loopwarden worker --broker" in res.stderr
+
+
+def test_tail_help_links_every_state_to_its_doc() -> None:
+    """`tail --help` lists every health state with what to do and its line in docs/states.md."""
+    from loopwarden.codecs import STATES
+
+    res = cli("tail", "--help")
+    assert res.returncode == 0
+    for state in STATES:
+        line = next(ln for ln in res.stdout.splitlines() if ln.strip().startswith(state + " "))
+        assert line.rstrip().endswith(f"docs/states.md#{state.lower()}"), line

@@ -172,9 +172,11 @@ def test_the_readme_is_short_and_its_doc_links_resolve() -> None:
 
 
 def test_nothing_needs_a_directory_outside_the_repository() -> None:
-    """No doc, test, product file, Makefile or emitter source refers to ../shared or /work/shared."""
+    """No doc, test, product file, Makefile or emitter source refers to the shared directory that lay beside
+    the development checkouts (a public clone does not have it)."""
     paths = ["README.md", "docs", "tests", "loopwarden", "Makefile", "emitters/ai-sdk/src", "emitters/ai-sdk/test",
              "dev", "bench"]
-    proc = subprocess.run(["grep", "-rIln", r"\.\./shared\|/work/shared", *paths, "--exclude=test_docs.py"],
+    shared = "shared"  # spelt apart so that this file does not match its own pattern
+    proc = subprocess.run(["grep", "-rIln", rf"\.\./{shared}\|/work/{shared}", *paths],
                           cwd=REPO, capture_output=True, text=True)
     assert proc.stdout == "", proc.stdout
