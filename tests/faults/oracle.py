@@ -2,7 +2,7 @@
 
 Each fault test prints one ``FAULT-FIGURES {json}`` line: the faults injected, runs, runs missing or
 in a wrong final state, (run_id, seq) repeated with the same or with different content, and dead
-letters got vs expected. The README's reliability table is made of these lines.
+letters got vs expected. The reliability table of docs/testing.md is made of these lines.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 /**
  * @loopwarden/ai-sdk — publish content-free run, step and stop records of AI SDK agents to
- * loopwarden (spec.md). See README.md for the integration.
+ * loopwarden (the contract: docs/contract.md in the loopwarden repository). See README.md for the integration.
  */
 export {
   createLoopwarden,
