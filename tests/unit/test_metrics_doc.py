@@ -11,7 +11,7 @@ from loopwarden.streams.metrics import Metrics
 def test_the_operations_doc_lists_every_loopwarden_metric() -> None:
     """docs/operations.md's metrics table names exactly the loopwarden_* metrics the worker exports."""
     readme = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
-    section = readme.split("### Metrics", 1)[1].split("\n### ", 1)[0]
+    section = readme.split("\n## Metrics", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `(loopwarden_[a-z_]+)` \|", section, flags=re.M))
     exported = {family.name for family in Metrics().registry.collect() if family.name.startswith("loopwarden_")}
     # prometheus-client drops a counter's _total suffix from the family name
