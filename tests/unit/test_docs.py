@@ -130,7 +130,7 @@ def test_the_contract_lists_every_value_of_every_value_set() -> None:
 
 def test_every_state_has_its_heading_and_its_guide() -> None:
     """docs/states.md has a '## STATE' heading per health state (its anchor is the lower-cased name),
-    each saying what it means and what to do; docs_links knows the same states."""
+    each saying what it means, how a run gets there and what to do; docs_links knows the same states."""
     from loopwarden.docs_links import STATE_GUIDE, state_action, state_doc, state_doc_url
 
     text = (DOCS / "states.md").read_text()
@@ -138,7 +138,7 @@ def test_every_state_has_its_heading_and_its_guide() -> None:
     assert headings == list(STATES)
     for heading, body in _sections(text):
         if heading.startswith("## "):
-            assert "**Means:**" in body and "**Do" in body, heading
+            assert "**Means:**" in body and "**Gets here:**" in body and "**Do" in body, heading
     assert list(STATE_GUIDE) == list(STATES)
     assert state_doc("WAITING_UNROUTED") == "docs/states.md#waiting_unrouted"
     assert state_doc_url("STUCK", "https://example.org/lw/") == "https://example.org/lw/docs/states.md#stuck"
