@@ -180,3 +180,29 @@ def test_tick_without_its_topic_is_one_line_and_creates_nothing(kafka) -> None:
     assert res.stderr.strip() == (f"loopwarden tick: no topic {config.ticks_topic}: start a worker first, "
                                   "or run `loopwarden topics repair`")
     assert asyncio.run(read_layout(config)).counts == {}
+
+
+def test_topics_repair_asks_on_a_terminal_and_does_nothing_without_a_yes(kafka) -> None:
+    """On a terminal `topics repair` shows its plan and asks; anything but y/yes changes nothing, y repairs."""
+    import os
+    import pty
+
+    config = unique_config(kafka.bootstrap, partitions=4)
+    asyncio.run(_create(config, {config.steps_topic: 4, config.outcomes_topic: 4, config.changelog_topic: 8}))
+
+    def answer(text: str) -> subprocess.CompletedProcess:
+        master, slave = pty.openpty()
+        try:
+            os.write(master, text.encode())
+            return subprocess.run([sys.executable, "-m", "loopwarden.cli", "topics", "repair"], env=env_for(config),
+                                  stdin=slave, capture_output=True, text=True, timeout=90)
+        finally:
+            os.close(master)
+            os.close(slave)
+
+    no = answer("n\n")
+    assert no.returncode == 1 and "go ahead? [y/N]" in no.stdout and "nothing changed" in no.stdout, no.stdout + no.stderr
+    assert asyncio.run(read_layout(config)).counts[config.changelog_topic] == 8
+    yes = answer("y\n")
+    assert yes.returncode == 0 and "repaired: " in yes.stdout, yes.stdout + yes.stderr
+    assert asyncio.run(read_layout(config)).ok
