@@ -29,8 +29,9 @@ from loopwarden.codecs.events import (
 
 CONTINUING_FINISH = ("stop", "tool-calls")
 # A tool call in one of these states has an outcome the model can see, so the
-# loop may go on; `pending` and `approval_requested` end it.
-SETTLED_STATUSES = ("result", "error", "denied")
+# loop may go on; `pending` and `approval_requested` end it. `cancelled` (the run's own abort or
+# timeout interrupted the tool) is a tool-error part to the SDK, so it evaluates stopWhen after it.
+SETTLED_STATUSES = ("result", "error", "denied", "cancelled")
 
 
 def conditions_of(policy: Policy | None) -> tuple[Condition, ...]:

@@ -406,6 +406,8 @@ class SegmentTracker {
   private ended = false;
   /** the call passed `experimental_steering` */
   private steering = false;
+  /** the first error part of the stream (a provider failure the call did not reject for) */
+  private streamError: unknown = undefined;
 
   constructor(
     readonly run: RunState,
@@ -465,6 +467,10 @@ class SegmentTracker {
       };
       return wrapped;
     });
+  }
+
+  private noteStreamError(error: unknown): void {
+    if (this.streamError === undefined) this.streamError = error ?? new Error('stream error');
   }
 
   /** Whether stopWhen was evaluated after the last step, and the ids that were true then. */
@@ -540,8 +546,23 @@ class SegmentTracker {
       const userEnd = (onEnd ?? onFinish) as Callback;
       delete out.onFinish;
       out.onEnd = (event: unknown) => {
-        this.end({ kind: 'resolved' });
+        this.end(this.streamError === undefined ? { kind: 'resolved' } : { kind: 'resolved', streamError: this.streamError });
         return userEnd?.(event);
+      };
+      // A provider failure in a stream does not reject anything: the SDK puts an `error` part in
+      // the stream (also when doStream throws at a later step) and ends normally. onChunk sees
+      // every part, including those (errors a stream retry handles are not shown to it);
+      // onStepError sees a step that failed before producing a result.
+      const userChunk = original.onChunk as Callback;
+      out.onChunk = (event: unknown) => {
+        const chunk = (event as { chunk?: { type?: unknown; error?: unknown } } | null)?.chunk;
+        if (chunk?.type === 'error') this.noteStreamError(chunk.error);
+        return userChunk?.(event);
+      };
+      const userStepError = original.onStepError as Callback;
+      out.onStepError = (event: unknown) => {
+        this.noteStreamError((event as { error?: unknown } | null)?.error);
+        return userStepError?.(event);
       };
     }
     return out as P;
@@ -561,6 +582,37 @@ class SegmentTracker {
     });
   }
 
+  /**
+   * The streaming result as the caller sees it: the same object, except that the streams its
+   * public getters hand out report a consumer that stops reading (cancels, e.g. `break` out of a
+   * `for await`, or an HTTP client that went away under `toUIMessageStreamResponse`) as the end
+   * of the run: cause `aborted`, error_name `StreamCancelled` (or the cancel reason's name).
+   * Without this, a run nobody reads any more just stops, and loopwarden would call it STUCK.
+   */
+  watchConsumer<R>(result: R): R {
+    if (result == null || typeof result !== 'object') return result;
+    try {
+      const onCancel = (reason: unknown) =>
+        this.end({
+          kind: 'rejected',
+          error:
+            reason instanceof Error
+              ? reason
+              : Object.assign(new Error('the stream consumer stopped reading'), { name: 'StreamCancelled' }),
+          signalAborted: true,
+        });
+      return new Proxy(result as object, {
+        get(target, prop, receiver) {
+          const value = Reflect.get(target, prop, receiver);
+          return typeof prop === 'string' && CONSUMER_STREAMS.has(prop) ? reportingCancel(value, onCancel) : value;
+        },
+      }) as R;
+    } catch (error) {
+      this.run.lw.internalError(error);
+      return result;
+    }
+  }
+
   /** Wrap a generate-style promise. Same value, same error; run_ended on the way. */
   follow<T>(promise: PromiseLike<T>, abortSignal: AbortSignal | undefined): Promise<T> {
     return Promise.resolve(promise).then(
@@ -574,6 +626,37 @@ class SegmentTracker {
       },
     );
   }
+}
+
+// The public getters of a streaming result that hand a stream to its consumer (the response
+// helpers read `fullStream` themselves, so they are covered through it).
+const CONSUMER_STREAMS = new Set(['fullStream', 'textStream', 'partialOutputStream', 'experimental_partialOutputStream', 'elementStream']);
+
+/** `stream` as is, except that cancelling it calls `onCancel` first. Not a stream: returned as is. */
+function reportingCancel(stream: unknown, onCancel: (reason: unknown) => void): unknown {
+  if (!(stream instanceof ReadableStream)) return stream;
+  const reader = stream.getReader();
+  return new ReadableStream(
+    {
+      async pull(controller) {
+        try {
+          const { done, value } = await reader.read();
+          if (done) controller.close();
+          else controller.enqueue(value);
+        } catch (error) {
+          controller.error(error);
+        }
+      },
+      cancel(reason) {
+        try {
+          onCancel(reason);
+        } finally {
+          return reader.cancel(reason);
+        }
+      },
+    },
+    { highWaterMark: 0 },
+  );
 }
 
 /** A ToolLoopAgent with loopwarden attached; `run(runId)` gives the per-run handle. */
@@ -674,7 +757,7 @@ export class AgentRun<AGENT extends ToolLoopAgent<any, any, any, any>> extends R
       return Promise.resolve(promise).then(
         (result) => {
           tracker.watchStream(result, abortSignalOf(params));
-          return result;
+          return tracker.watchConsumer(result);
         },
         (error: unknown) => {
           tracker.end({ kind: 'rejected', error, signalAborted: abortSignalOf(params)?.aborted === true });
@@ -741,7 +824,7 @@ export class TextRun extends RunHandle {
       }
       const result = streamText(callParams as never);
       tracker?.watchStream(result, abortSignalOf(params));
-      return result;
+      return tracker ? tracker.watchConsumer(result) : result;
     }) as typeof streamText;
   }
 

@@ -49,20 +49,26 @@ export const DEFAULT_AGENT_STEP_CAP = 20;
 /** What `sdkEvaluatesAfter` needs of a step. */
 export interface EvaluatedStep {
   finish_reason: string;
-  tool_calls: ReadonlyArray<{ status: string }>;
+  tool_calls: ReadonlyArray<{ status: string; provider_executed?: boolean }>;
 }
 
 /**
  * Whether the SDK evaluates `stopWhen` after this step (ai 7, `shouldStartNextStep`): the finish
  * reason is not `interrupted`, and either the step has client tool calls and every one of them
- * has a result, an error or a denial, or (experimental steering, ai >= 7.0.154) it has none, a
+ * has a result, an error (cancelled included) or a denial, or a provider-executed call awaits its
+ * deferred result, or (experimental steering, ai >= 7.0.154) it has none, a
  * steering message was waiting and it did not finish with `error`. Unlike spec.md's rule, any
  * other finish reason qualifies (measured by test/oracle/sdk-oracle.mjs).
  */
 export function sdkEvaluatesAfter(step: EvaluatedStep | undefined, steered = false): boolean {
   if (step === undefined || step.finish_reason === 'interrupted') return false;
-  if (step.tool_calls.length === 0) return steered && step.finish_reason !== 'error';
-  return step.tool_calls.every((c) => c.status === 'result' || c.status === 'error' || c.status === 'denied');
+  // Provider-executed calls need no outcome of their own; one still awaiting its deferred result
+  // makes the SDK evaluate as a client call would (`pendingDeferredToolCalls`).
+  const client = step.tool_calls.filter((c) => c.provider_executed !== true);
+  const deferred = step.tool_calls.some((c) => c.provider_executed === true && c.status === 'pending');
+  if (client.length === 0) return deferred || (steered && step.finish_reason !== 'error');
+  // A tool interrupted by the run's abort or timeout ends as a tool-error part: an outcome too.
+  return client.every((c) => c.status === 'result' || c.status === 'error' || c.status === 'denied' || c.status === 'cancelled');
 }
 
 /** generateText/streamText's default `stopWhen` (one step), as the SDK's own closure. */

@@ -105,6 +105,16 @@ test('causes, fired ids and error names per case of the research note', () => {
     'timeout-step': ['timeout', [], 'TimeoutError'],
     'stream-natural': ['natural_finish', [], null],
     'generate-text-done': ['stop_condition', ['tool_call:done'], null],
+    // issue 20: provider errors on every path, aborts and timeouts inside tools, provider tools,
+    // a stream whose consumer stops reading
+    'stream-provider-error': ['error', [], 'Error'],
+    'agent-stream-provider-error': ['error', [], 'Error'],
+    'stream-throws-later': ['error', [], 'AI_APICallError'],
+    'abort-in-tool': ['aborted', [], 'AbortError'],
+    'timeout-in-tool': ['timeout', [], 'TimeoutError'],
+    'stream-timeout-in-tool': ['timeout', [], 'TimeoutError'],
+    'provider-executed-tool': ['stop_condition', ['tool_call:web_search'], null],
+    'stream-consumer-stops': ['aborted', [], 'StreamCancelled'],
   };
   for (const [run, [cause, fired, errorName]] of Object.entries(want)) {
     const [end] = ended(run).slice(-1);
@@ -112,6 +122,19 @@ test('causes, fired ids and error names per case of the research note', () => {
     assert.equal(end.steered, undefined, `${run} ran without steering`);
   }
   assert.deepEqual(Object.keys(expected).sort(), [...byRun.keys()].sort());
+});
+
+test('a tool interrupted by the run\'s abort or timeout is cancelled, not a tool error; a provider tool keeps its flag', () => {
+  const calls = (run) => byRun.get(run).filter((e) => e.type === 'step_finished').flatMap((e) => e.tool_calls);
+  assert.deepEqual(calls('abort-in-tool').map((c) => [c.name, c.status]), [['slow', 'cancelled']]);
+  assert.deepEqual(calls('timeout-in-tool').map((c) => [c.name, c.status]), [['slow', 'cancelled']]);
+  assert.deepEqual(
+    calls('provider-executed-tool').map((c) => [c.name, c.status, c.provider_executed ?? false]),
+    [['search', 'result', false], ['web_search', 'result', true]],
+  );
+  for (const run of byRun.keys()) {
+    for (const call of calls(run)) assert.notEqual(call.status === 'error' && /abort|timeout/.test(run), true, run);
+  }
 });
 
 test('steering: a stop evaluated after a text-only step is published as steered (ai >= 7.0.154)', async (t) => {
@@ -338,7 +361,11 @@ test('on 300 random scripts the emitted steps, cause and fired ids match what th
     assert.equal(end.step_count, result.steps.length, where);
     const evaluatedAtLast = evaluatedAt === result.steps.length;
     const last = steps.at(-1);
-    if (evaluatedAtLast) {
+    if (last.finish_reason === 'error' && !last.tool_calls.some((c) => c.status === 'approval_requested')) {
+      // the provider failed in the last step (spec rule 2b, after rule 2: approvals): error
+      assert.deepEqual([end.cause, end.fired], ['error', []], where);
+      seen[evaluatedAtLast ? 'stopped' : 'other'] += 1;
+    } else if (evaluatedAtLast) {
       // the loop stopped right after an evaluation: something fired, and `fired` says what
       const truth = [];
       for (const c of drawn.stopWhen) {

@@ -34,8 +34,14 @@ function usage(input, output) {
 export function modelStep({ text, calls = [], finish, input = 10, output = 5 }) {
   const content = [];
   if (text !== undefined) content.push({ type: 'text', text: `${text} ${LEAK_MARKER}` });
-  for (const [toolCallId, toolName] of calls) {
-    content.push({ type: 'tool-call', toolCallId, toolName, input: JSON.stringify({ q: LEAK_MARKER }) });
+  for (const [toolCallId, toolName, providerExecuted] of calls) {
+    if (providerExecuted) {
+      // a provider-executed tool: the provider ran it and returned its result in the same response
+      content.push({ type: 'tool-call', toolCallId, toolName, input: JSON.stringify({ q: LEAK_MARKER }), providerExecuted: true });
+      content.push({ type: 'tool-result', toolCallId, toolName, result: { note: LEAK_MARKER }, providerExecuted: true });
+    } else {
+      content.push({ type: 'tool-call', toolCallId, toolName, input: JSON.stringify({ q: LEAK_MARKER }) });
+    }
   }
   return {
     content,
@@ -93,6 +99,22 @@ const tools = {
       },
     }),
   deploy: () => tool({ description: 'deploy', inputSchema: schema, execute: ok() }),
+  // a tool that takes 2 s unless the call's signal aborts it (then it rejects with the reason, as
+  // fetch does); `started` is called once it runs
+  slow: (started) =>
+    tool({
+      description: 'slow',
+      inputSchema: schema,
+      execute: (_input, { abortSignal }) =>
+        new Promise((resolve, reject) => {
+          const timer = setTimeout(() => resolve({ ok: true, note: LEAK_MARKER }), 2000);
+          abortSignal?.addEventListener('abort', () => {
+            clearTimeout(timer);
+            reject(abortSignal.reason);
+          }, { once: true });
+          started?.();
+        }),
+    }),
 };
 
 function receipt(lw, runId, verified, extra = {}) {
@@ -455,6 +477,118 @@ export const SCENARIOS = {
     lw.publishReceipt({ runId: id, receiptId: `${id}/v1`, kind: 'analysis', verifier: 'validator', verified: false });
     return 'FALSE_COMPLETE';
   },
+
+  // --- producer fidelity II (issue 20): provider errors, aborts inside tools, provider tools, ---
+  // --- streams nobody reads --------------------------------------------------------------------
+
+  // streamText whose second step carries an `error` part ("overloaded") and then finishes: the
+  // call does not reject, the SDK only logs it. A provider failure → error → FAILED.
+  async 'stream-provider-error'(lw, id) {
+    const result = lw.run(id, { agent: 'text-agent' }).streamText({
+      model: streamingModel([{ calls: [['c1', 'search']] }, { text: 'partial', error: 'overloaded' }]),
+      tools: { search: tools.search() },
+      stopWhen: isStepCount(5),
+      onError: () => {},
+      prompt: `invoice ${LEAK_MARKER}`,
+    });
+    await result.consumeStream();
+    return 'FAILED';
+  },
+
+  // agent.stream, the same error part in its only step → FAILED.
+  async 'agent-stream-provider-error'(lw, id) {
+    const agent = new ToolLoopAgent({
+      model: streamingModel([{ text: 'partial', error: 'overloaded' }]),
+      tools: { search: tools.search() },
+      onError: () => {},
+    });
+    const result = await lw.instrument(agent).run(id).stream({ prompt: `invoice ${LEAK_MARKER}` });
+    await result.consumeStream();
+    return 'FAILED';
+  },
+
+  // doStream throws at the second step: the stream ends with an error part, nothing rejects → FAILED.
+  async 'stream-throws-later'(lw, id) {
+    const result = lw.run(id, { agent: 'text-agent' }).streamText({
+      model: streamingModel([{ calls: [['c1', 'search']] }, { throws: 'overloaded' }]),
+      tools: { search: tools.search() },
+      stopWhen: isStepCount(5),
+      maxRetries: 0,
+      onError: () => {},
+      prompt: `invoice ${LEAK_MARKER}`,
+    });
+    await result.consumeStream();
+    return 'FAILED';
+  },
+
+  // The caller aborts while a tool runs; the SDK turns the abort into a tool-error part, evaluates
+  // hasToolCall('slow') after it, and resolves. The call is `cancelled`, the cause aborted: a
+  // bounded stop, never FAILED (tool_error) and never a completion.
+  async 'abort-in-tool'(lw, id) {
+    const controller = new AbortController();
+    const agent = new ToolLoopAgent({
+      model: scriptedModel([modelStep({ calls: [['c1', 'slow']] }), modelStep({ text: 'after' })]),
+      tools: { slow: tools.slow(() => controller.abort()) },
+      stopWhen: [isStepCount(5), hasToolCall('slow')],
+    });
+    await lw.instrument(agent).run(id).generate({ prompt: `invoice ${LEAK_MARKER}`, abortSignal: controller.signal });
+    return 'BOUNDED_STOP';
+  },
+
+  // The call's total timeout fires while a tool runs: the call is `cancelled`, the cause timeout → STUCK.
+  async 'timeout-in-tool'(lw, id) {
+    const agent = new ToolLoopAgent({
+      model: scriptedModel([modelStep({ calls: [['c1', 'slow']] }), modelStep({ text: 'after' })]),
+      tools: { slow: tools.slow() },
+      stopWhen: isStepCount(5),
+    });
+    const error = await lw.instrument(agent).run(id).generate({ prompt: `invoice ${LEAK_MARKER}`, timeout: { totalMs: 150 } }).catch((e) => e);
+    assertName(error, 'TimeoutError');
+    return 'STUCK';
+  },
+
+  // The same timeout on the streaming path → STUCK as well.
+  async 'stream-timeout-in-tool'(lw, id) {
+    const agent = new ToolLoopAgent({
+      model: streamingModel([{ calls: [['c1', 'slow']] }, { text: 'after' }]),
+      tools: { slow: tools.slow() },
+      stopWhen: isStepCount(5),
+    });
+    const result = await lw.instrument(agent).run(id).stream({ prompt: `invoice ${LEAK_MARKER}`, timeout: { totalMs: 150 } });
+    await result.consumeStream({ onError: () => {} });
+    return 'STUCK';
+  },
+
+  // A provider-executed tool (web search) beside a client tool: published with its flag, and the
+  // SDK's hasToolCall('web_search') fires on it → stop_condition (completion); verified → complete.
+  async 'provider-executed-tool'(lw, id) {
+    const agent = new ToolLoopAgent({
+      model: scriptedModel([
+        modelStep({ calls: [['c1', 'search'], ['p1', 'web_search', true]] }),
+        modelStep({ text: 'never reached' }),
+      ]),
+      tools: { search: tools.search() },
+      stopWhen: [isStepCount(5), hasToolCall('web_search')],
+    });
+    await lw.instrument(agent).run(id).generate({ prompt: `invoice ${LEAK_MARKER}` });
+    receipt(lw, id, true);
+    return 'VERIFIED_COMPLETE';
+  },
+
+  // The consumer reads one part of agent.stream() and stops (`break`): the run is cancelled →
+  // aborted (StreamCancelled) → BOUNDED_STOP, instead of a run that never ends (STUCK).
+  async 'stream-consumer-stops'(lw, id) {
+    const agent = new ToolLoopAgent({
+      model: streamingModel([{ calls: [['c1', 'search']] }, { text: 'after' }]),
+      tools: { search: tools.search() },
+      stopWhen: isStepCount(5),
+    });
+    const result = await lw.instrument(agent).run(id).stream({ prompt: `invoice ${LEAK_MARKER}` });
+    for await (const part of result.fullStream) {
+      if (part) break;
+    }
+    return 'BOUNDED_STOP';
+  },
 };
 
 function assertName(error, name) {
@@ -468,6 +602,7 @@ function streamingModel(steps) {
     doStream: async () => {
       const spec = steps[next];
       next += 1;
+      if (spec.throws) throw Object.assign(new Error(`${spec.throws} ${LEAK_MARKER}`), { name: 'AI_APICallError' });
       const parts = [{ type: 'stream-start', warnings: [] }];
       if (spec.text !== undefined) {
         parts.push({ type: 'text-start', id: 't' }, { type: 'text-delta', id: 't', delta: `${spec.text} ${LEAK_MARKER}` }, { type: 'text-end', id: 't' });
@@ -475,6 +610,7 @@ function streamingModel(steps) {
       for (const [toolCallId, toolName] of spec.calls ?? []) {
         parts.push({ type: 'tool-call', toolCallId, toolName, input: JSON.stringify({ q: LEAK_MARKER }) });
       }
+      if (spec.error) parts.push({ type: 'error', error: new Error(`${spec.error} ${LEAK_MARKER}`) });
       parts.push({
         type: 'finish',
         finishReason: { unified: spec.calls ? 'tool-calls' : 'stop', raw: undefined },
