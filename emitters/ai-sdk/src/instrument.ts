@@ -28,7 +28,7 @@ import {
   type StepsEvent,
   type Verifier,
 } from './events.js';
-import { Publisher, type PublisherOptions, type PublisherStats } from './publisher.js';
+import { Publisher, PRIORITY, type PublisherOptions, type PublisherStats } from './publisher.js';
 import type { Sink } from './sinks.js';
 import {
   agentStopWhen,
@@ -208,7 +208,15 @@ export class Loopwarden {
       outcomes: options.topics?.outcomes ?? 'agent.outcomes',
     };
     if (!this.topics.steps || !this.topics.outcomes) throw new LoopwardenConfigError('topic names must not be empty');
-    this.publisher = new Publisher(options.sink, options);
+    this.publisher = new Publisher(options.sink, {
+      ...options,
+      // spec.md section 11: a run that lost events is told so (events_dropped), on the steps topic
+      lossReport: (key, count) => ({
+        topic: this.topics.steps,
+        key,
+        value: encodeEvent({ type: 'events_dropped', run_id: key, ts: this.clock(), count }),
+      }),
+    });
     this.now = options.now ?? Date.now;
   }
 
@@ -229,7 +237,10 @@ export class Loopwarden {
   /** Queue one agent.steps event. Never throws, never waits. */
   emit(event: StepsEvent): boolean {
     try {
-      return this.publisher.enqueue({ topic: this.topics.steps, key: event.run_id, value: encodeEvent(event) });
+      // The queue policy's ranks: run_active goes first when the queue is full, run_ended last.
+      const priority =
+        event.type === 'run_active' ? PRIORITY.liveness : event.type === 'run_ended' ? PRIORITY.end : PRIORITY.normal;
+      return this.publisher.enqueue({ topic: this.topics.steps, key: event.run_id, value: encodeEvent(event) }, priority);
     } catch (error) {
       this.internalError(error);
       return false;

@@ -100,6 +100,8 @@ export class RateLimitedLog {
     private readonly burst = 5,
     private readonly intervalMs = 60_000,
     private readonly now: () => number = Date.now,
+    /** what a line is, in the note about held-back lines */
+    private readonly noun = 'Kafka client line',
   ) {}
 
   write(level: 'error' | 'warn' | 'info' | 'debug', line: string): void {
@@ -114,7 +116,7 @@ export class RateLimitedLog {
     }
     this.inWindow += 1;
     if (this.suppressed > 0) {
-      line += ` (${this.suppressed} more Kafka client line${this.suppressed === 1 ? '' : 's'} suppressed before this one)`;
+      line += ` (${this.suppressed} more ${this.noun}${this.suppressed === 1 ? '' : 's'} suppressed before this one)`;
       this.suppressed = 0;
     }
     try {
