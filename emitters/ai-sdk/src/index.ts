@@ -32,5 +32,5 @@ export { MemorySink, KafkaSink, RateLimitedLog, kafkaLogLine, type Sink, type Si
 export { Publisher, PRIORITY, type PublisherOptions, type PublisherStats } from './publisher.js';
 export { summarizeStep, deriveBoundaryCause, clipId, type StepSummary, type CallOutcome, type BoundaryVerdict } from './steps.js';
 export { sdkEvaluatesAfter } from './sdk-internals.js';
-export { LoopwardenConfigError } from './errors.js';
+export { LoopwardenConfigError, LoopwardenResumeError } from './errors.js';
 export * from './events.js';

@@ -14,7 +14,7 @@
  */
 import { generateText, streamText, type ToolLoopAgent } from 'ai';
 import { describeCondition, firedIds, type AnyStopCondition } from './conditions.js';
-import { LoopwardenConfigError } from './errors.js';
+import { LoopwardenConfigError, LoopwardenResumeError } from './errors.js';
 import {
   encodeEvent,
   LIMITS,
@@ -74,6 +74,11 @@ export interface PolicyOptions {
 }
 
 export interface LoopwardenOptions extends PolicyOptions, PublisherOptions {
+  /**
+   * How long a segment may go without a step while run_active keeps it from looking stuck
+   * (seconds, default 3600): a model call or tool that hangs longer is left to go STUCK.
+   */
+  runActiveMaxS?: number;
   sink: Sink;
   /** Topic names; defaults `agent.steps` and `agent.outcomes`. */
   topics?: { steps?: string; outcomes?: string };
@@ -84,7 +89,11 @@ export interface LoopwardenOptions extends PolicyOptions, PublisherOptions {
 }
 
 export interface RunOptions {
-  /** Segment number of the first call made through this handle (default 0). */
+  /**
+   * Segment number of the first call made through this handle. Default: where this client's last
+   * handle of the same run id left off, else 0. A first call that resumes an approval on a handle
+   * that would start at 0 throws LoopwardenConfigError (its events would be ignored as duplicates).
+   */
   segment?: number;
   /** Publish run_started before the first call (default: only when `segment` is 0). */
   publishRunStarted?: boolean;
@@ -197,6 +206,8 @@ export class Loopwarden {
   private readonly publisher: Publisher;
   private readonly now: () => number;
   private internalErrors = 0;
+  /** next segment and run policy per run id, for handles made later for the same run (bounded) */
+  private readonly segments = new Map<string, { next: number; policy: Policy | null }>();
 
   constructor(readonly options: LoopwardenOptions) {
     if (options == null || options.sink == null || typeof options.sink.send !== 'function') {
@@ -218,6 +229,18 @@ export class Loopwarden {
       }),
     });
     this.now = options.now ?? Date.now;
+  }
+
+  /** @internal The next segment of a run this client has seen, if it remembers it. */
+  nextSegmentOf(runId: string): { next: number; policy: Policy | null } | undefined {
+    return this.segments.get(runId);
+  }
+
+  /** @internal */
+  rememberSegment(runId: string, next: number, policy: Policy | null): void {
+    this.segments.delete(runId);
+    this.segments.set(runId, { next, policy });
+    if (this.segments.size > 10_000) this.segments.delete(this.segments.keys().next().value as string);
   }
 
   /** Guard for everything that runs inside an agent call. */
@@ -366,6 +389,10 @@ class RunState {
   nextSegment: number;
   pendingApprovalId: string | null;
   readonly resolved = new Set<string>();
+  /** the policy this handle published in run_started; null: not known here (another handle did) */
+  private runPolicy: Policy | null = null;
+  /** the first segment number was given or continued, not assumed to be 0 */
+  private readonly numbered: boolean;
 
   constructor(
     readonly lw: Loopwarden,
@@ -373,20 +400,37 @@ class RunState {
     readonly agent: string,
     readonly options: RunOptions & PolicyOptions,
   ) {
-    const first = options.segment ?? 0;
+    const known = options.segment === undefined ? lw.nextSegmentOf(runId) : undefined;
+    const first = options.segment ?? known?.next ?? 0;
+    this.runPolicy = known?.policy ?? null;
     if (!Number.isSafeInteger(first) || first < 0) throw new LoopwardenConfigError(`segment must be an integer >= 0, got ${first}`);
     this.nextSegment = first;
+    this.numbered = options.segment !== undefined || known !== undefined;
     this.started = !(options.publishRunStarted ?? first === 0);
     this.pendingApprovalId = options.pendingApprovalId ?? null;
   }
 
-  /** Start a segment: run_started (first time), approval_resolved for the answers carried. */
+  /**
+   * Start a segment: run_started (first time), approval_resolved for the answers carried, and
+   * segment_started when the segment's policy is not the run's (or the run's is not known here).
+   */
   begin(policy: Policy, described: DescribedPolicy, messages: unknown): SegmentTracker {
+    const responses = approvalResponsesIn(messages);
+    if (!this.numbered && this.nextSegment === 0 && responses.length > 0) {
+      // A resume (the messages answer an approval) on a handle that would number it segment 0:
+      // loopwarden would ignore every event of it as a duplicate of the run's first segment.
+      throw new LoopwardenResumeError(
+        `run ${JSON.stringify(this.runId)}: this call resumes approval ${JSON.stringify(responses[0]!.approvalId)} ` +
+          `(its messages carry a tool-approval-response) on a new run handle that starts at segment 0; ` +
+          `resume through the run's own handle, or pass { segment: <the original handle's nextSegment> } to run()`,
+      );
+    }
     if (!this.started) {
       this.started = true;
+      this.runPolicy = policy;
       this.lw.emit({ type: 'run_started', run_id: this.runId, ts: this.lw.clock(), agent: this.agent, policy });
     }
-    for (const { approvalId, approved } of approvalResponsesIn(messages)) {
+    for (const { approvalId, approved } of responses) {
       if (this.resolved.has(approvalId)) continue;
       if (this.pendingApprovalId !== null && approvalId !== this.pendingApprovalId) continue;
       this.resolved.add(approvalId);
@@ -395,7 +439,12 @@ class RunState {
     this.pendingApprovalId = null;
     const segment = this.nextSegment;
     this.nextSegment += 1;
-    return new SegmentTracker(this, segment, described);
+    this.lw.rememberSegment(this.runId, this.nextSegment, this.runPolicy);
+    if (this.runPolicy === null || !samePolicy(policy, this.runPolicy)) {
+      // spec.md section 11: e.g. a generateText resume without stopWhen runs under one step
+      this.lw.emit({ type: 'segment_started', run_id: this.runId, ts: this.lw.clock(), segment, policy });
+    }
+    return new SegmentTracker(this, segment, described, policy);
   }
 
   approvalRouted(approvalId: string, routing: ApprovalRouting): boolean {
@@ -409,6 +458,14 @@ class RunState {
   }
 }
 
+function samePolicy(a: Policy, b: Policy): boolean {
+  return encodePolicy(a) === encodePolicy(b);
+}
+
+function encodePolicy(policy: Policy): string {
+  return encodeEvent({ type: 'segment_started', run_id: '-', ts: 0, segment: 0, policy });
+}
+
 /** One `generate()`/`stream()` call. */
 class SegmentTracker {
   readonly steps: StepSummary[] = [];
@@ -420,11 +477,43 @@ class SegmentTracker {
   /** the first error part of the stream (a provider failure the call did not reject for) */
   private streamError: unknown = undefined;
 
+  /** tools running now (onToolExecutionStart/End), by tool call id */
+  private readonly running = new Set<string>();
+  private lastSignTs: number;
+  private readonly startedTs: number;
+  private activeTimer: ReturnType<typeof setInterval> | undefined;
+
   constructor(
     readonly run: RunState,
     readonly segment: number,
     readonly described: DescribedPolicy,
-  ) {}
+    policy: Policy,
+  ) {
+    this.startedTs = this.lastSignTs = run.lw.clock();
+    // spec.md section 11: a model call or tool longer than a third of the inactivity timeout is
+    // told as run_active, so loopwarden does not call it STUCK; checked twice per third.
+    const thirdMs = ((policy.inactivity_timeout_s ?? 300) * 1000) / 3;
+    const maxMs = (run.lw.options.runActiveMaxS ?? 3600) * 1000;
+    this.activeTimer = setInterval(() => this.guard(() => this.active(thirdMs, maxMs)), Math.max(10, thirdMs / 2));
+    this.activeTimer.unref?.(); // never what keeps a process alive
+  }
+
+  private active(thirdMs: number, maxMs: number): void {
+    if (this.ended) return;
+    const now = this.run.lw.clock();
+    if (now - this.startedTs > maxMs && now - this.lastSignTs > maxMs) return; // hung: let it go STUCK
+    if (now - this.lastSignTs < thirdMs) return;
+    const [tool] = this.running;
+    this.lastSignTs = now;
+    this.run.lw.emit({
+      type: 'run_active',
+      run_id: this.run.runId,
+      ts: now,
+      segment: this.segment,
+      in: tool === undefined ? 'model' : 'tool',
+      tool_call_id: tool === undefined ? null : clipId(tool),
+    });
+  }
 
   private guard(fn: () => void): void {
     try {
@@ -439,6 +528,7 @@ class SegmentTracker {
       if (this.ended) return;
       const summary = summarizeStep(step, this.steps.length);
       this.steps.push(summary);
+      this.lastSignTs = this.run.lw.clock();
       this.run.lw.emit({
         type: 'step_finished',
         run_id: this.run.runId,
@@ -501,6 +591,8 @@ class SegmentTracker {
     this.guard(() => {
       if (this.ended) return;
       this.ended = true;
+      clearInterval(this.activeTimer);
+      this.activeTimer = undefined;
       const evaluation =
         outcome.kind === 'resolved' ? this.lastEvaluation() : { evaluatedAtLast: false, fired: [] as string[] };
       const fired = evaluation.fired;
@@ -552,6 +644,18 @@ class SegmentTracker {
     };
     const stopWhen = this.wrappedStopWhen();
     if (stopWhen !== undefined) out.stopWhen = stopWhen;
+    // Which tools run now, for run_active's `in`/`tool_call_id`.
+    const { onToolExecutionStart, onToolExecutionEnd } = original;
+    out.onToolExecutionStart = (event: unknown) => {
+      const id = (event as { toolCall?: { toolCallId?: unknown } } | null)?.toolCall?.toolCallId;
+      if (typeof id === 'string') this.running.add(id);
+      return (onToolExecutionStart as Callback)?.(event);
+    };
+    out.onToolExecutionEnd = (event: unknown) => {
+      const id = (event as { toolCall?: { toolCallId?: unknown } } | null)?.toolCall?.toolCallId;
+      if (typeof id === 'string') this.running.delete(id);
+      return (onToolExecutionEnd as Callback)?.(event);
+    };
     if (opts.hookEnd) {
       const { onFinish, onEnd } = original;
       const userEnd = (onEnd ?? onFinish) as Callback;
@@ -750,18 +854,29 @@ export class AgentRun<AGENT extends ToolLoopAgent<any, any, any, any>> extends R
       try {
         return state.begin(policy, described, (params as { messages?: unknown } | null)?.messages);
       } catch (error) {
+        if (error instanceof LoopwardenResumeError) throw error; // a usage error: told at once
         lw.internalError(error);
         return undefined;
       }
     };
     this.generate = ((params: Parameters<AGENT['generate']>[0]) => {
-      const tracker = begin(params);
+      let tracker: SegmentTracker | undefined;
+      try {
+        tracker = begin(params);
+      } catch (error) {
+        return Promise.reject(error);
+      }
       const callParams = hooked(lw, tracker, params, false);
       const promise = agent.generate(callParams);
       return tracker ? tracker.follow(promise, abortSignalOf(params)) : promise;
     }) as AGENT['generate'];
     this.stream = ((params: Parameters<AGENT['stream']>[0]) => {
-      const tracker = begin(params);
+      let tracker: SegmentTracker | undefined;
+      try {
+        tracker = begin(params);
+      } catch (error) {
+        return Promise.reject(error);
+      }
       const callParams = hooked(lw, tracker, params, true);
       const promise = agent.stream(callParams);
       if (!tracker) return promise;
@@ -805,12 +920,18 @@ export class TextRun extends RunHandle {
         const described = describeStopWhen(stopWhen, toolNames, 'stopWhen');
         return this.state.begin(lw.policyFor(described, this.options), described, params.messages);
       } catch (error) {
+        if (error instanceof LoopwardenResumeError) throw error; // a usage error: told at once
         lw.internalError(error);
         return undefined;
       }
     };
     this.generateText = ((params: Record<string, unknown>) => {
-      const tracker = begin(params);
+      let tracker: SegmentTracker | undefined;
+      try {
+        tracker = begin(params);
+      } catch (error) {
+        return Promise.reject(error);
+      }
       const callParams = hooked(lw, tracker, params, false);
       const promise = generateText(callParams as never);
       return tracker ? tracker.follow(promise, abortSignalOf(params)) : promise;

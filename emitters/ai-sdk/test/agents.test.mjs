@@ -115,6 +115,9 @@ test('causes, fired ids and error names per case of the research note', () => {
     'stream-timeout-in-tool': ['timeout', [], 'TimeoutError'],
     'provider-executed-tool': ['stop_condition', ['tool_call:web_search'], null],
     'stream-consumer-stops': ['aborted', [], 'StreamCancelled'],
+    'resume-without-stopwhen': ['stop_condition', ['step_count:1'], null],
+    'fresh-handle-resume': ['natural_finish', [], null],
+    'long-tool-run-active': ['natural_finish', [], null],
   };
   for (const [run, [cause, fired, errorName]] of Object.entries(want)) {
     const [end] = ended(run).slice(-1);
@@ -135,6 +138,65 @@ test('a tool interrupted by the run\'s abort or timeout is cancelled, not a tool
   for (const run of byRun.keys()) {
     for (const call of calls(run)) assert.notEqual(call.status === 'error' && /abort|timeout/.test(run), true, run);
   }
+});
+
+test('a segment whose policy is not the run\'s is announced by segment_started before its first step', () => {
+  const events = byRun.get('resume-without-stopwhen');
+  const started = events.find((e) => e.type === 'run_started');
+  const segment = events.find((e) => e.type === 'segment_started');
+  assert.deepEqual(started.policy.stop_when, [{ kind: 'step_count', count: 10 }, { kind: 'tool_call', tools: ['done'] }]);
+  assert.deepEqual([segment.segment, segment.policy.stop_when], [1, [{ kind: 'step_count', count: 1 }]]);
+  assert.ok(events.indexOf(segment) < events.findIndex((e) => e.type === 'step_finished' && e.segment === 1));
+  // runs whose every segment runs under the run's policy send none
+  for (const run of ['approval-resumed', 'approval-denied', 'natural-verified', 'fresh-handle-resume']) {
+    assert.equal(byRun.get(run).filter((e) => e.type === 'segment_started').length, 0, run);
+  }
+});
+
+test('a resume through a fresh handle of the same client continues the run\'s segment numbering', () => {
+  const events = byRun.get('fresh-handle-resume');
+  assert.deepEqual(events.filter((e) => e.type === 'run_started').length, 1);
+  assert.deepEqual(ended('fresh-handle-resume').map((e) => [e.segment, e.cause]), [[0, 'approval_required'], [1, 'natural_finish']]);
+});
+
+test('a resume on a handle that would start at segment 0 is refused at once, before anything is published', async () => {
+  const { LoopwardenResumeError } = await import('../dist/index.js');
+  const other = new MemorySink();
+  const lw = createLoopwarden({ sink: other });
+  const agent = new ToolLoopAgent({
+    model: scriptedModel([modelStep({ text: 'deployed' })]),
+    tools: { deploy: tool({ inputSchema: jsonSchema({ type: 'object' }), execute: async () => 'ok' }) },
+    toolApproval: { deploy: 'user-approval' },
+    stopWhen: isStepCount(3),
+  });
+  const resume = [
+    { role: 'user', content: 'deploy' },
+    {
+      role: 'assistant',
+      content: [
+        { type: 'tool-call', toolCallId: 'c1', toolName: 'deploy', input: {} },
+        { type: 'tool-approval-request', approvalId: 'ap-7', toolCallId: 'c1' },
+      ],
+    },
+    { role: 'tool', content: [{ type: 'tool-approval-response', approvalId: 'ap-7', approved: true }] },
+  ];
+  const started = Date.now();
+  await assert.rejects(lw.instrument(agent).run('elsewhere').generate({ messages: resume }), (error) =>
+    error instanceof LoopwardenResumeError && /resumes approval "ap-7".*segment 0.*\{ segment:/.test(error.message));
+  assert.ok(Date.now() - started < 500, 'at once');
+  // with the segment given, it runs and publishes segment 1 (and no run_started)
+  await lw.instrument(agent).run('elsewhere', { segment: 1 }).generate({ messages: resume });
+  await lw.flush();
+  assert.deepEqual(other.events().map((e) => [e.type, e.segment]), [
+    ['approval_resolved', undefined], ['segment_started', 1], ['step_finished', 1], ['run_ended', 1],
+  ]);
+});
+
+test('run_active during a tool longer than a third of the inactivity timeout, naming the tool call', () => {
+  const active = byRun.get('long-tool-run-active').filter((e) => e.type === 'run_active');
+  assert.ok(active.length >= 2, JSON.stringify(active));
+  assert.ok(active.every((e) => e.in === 'tool' && e.tool_call_id === 'c1' && e.segment === 0), JSON.stringify(active));
+  assert.equal(byRun.get('natural-verified').filter((e) => e.type === 'run_active').length, 0);
 });
 
 test('steering: a stop evaluated after a text-only step is published as steered (ai >= 7.0.154)', async (t) => {

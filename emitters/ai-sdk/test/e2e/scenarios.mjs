@@ -589,6 +589,74 @@ export const SCENARIOS = {
     }
     return 'BOUNDED_STOP';
   },
+
+  // --- segments under their own policy, resumes on a fresh handle, long tools ------------------
+
+  // generateText resumed after an approval *without* stopWhen runs under the SDK's one-step
+  // default, not the run's [isStepCount(10), hasToolCall('done')]: segment_started says so, and the
+  // resume's isStepCount(1) stop is a bound → BOUNDED_STOP (it was UNCERTAIN: the run's policy
+  // could not explain it).
+  async 'resume-without-stopwhen'(lw, id) {
+    const run = lw.run(id, { agent: 'text-agent' });
+    const model = scriptedModel([modelStep({ calls: [['c1', 'deploy']] }), modelStep({ calls: [['c2', 'search']] }), modelStep({ text: 'done' })]);
+    const common = { model, tools: { deploy: tools.deploy(), search: tools.search() }, toolApproval: { deploy: 'user-approval' } };
+    const messages = userPrompt('deploy');
+    const first = await run.generateText({ ...common, stopWhen: [isStepCount(10), hasToolCall('done')], messages });
+    const request = first.steps.at(-1).content.find((p) => p.type === 'tool-approval-request');
+    await run.generateText({
+      ...common,
+      messages: [
+        ...messages,
+        ...first.response.messages,
+        { role: 'tool', content: [{ type: 'tool-approval-response', approvalId: request.approvalId, approved: true }] },
+      ],
+    });
+    return 'BOUNDED_STOP';
+  },
+
+  // The resume goes through a *new* handle of the same client (e.g. the request that resumes is
+  // another request): it continues the run's segment numbering (segment 1), so the resumed
+  // segment counts → natural finish, verified → VERIFIED_COMPLETE (it was STUCK: a duplicate).
+  async 'fresh-handle-resume'(lw, id) {
+    const agent = new ToolLoopAgent({
+      model: scriptedModel([modelStep({ calls: [['c1', 'deploy']] }), modelStep({ text: 'deployed' })]),
+      tools: { deploy: tools.deploy() },
+      toolApproval: { deploy: 'user-approval' },
+      stopWhen: [isStepCount(10)],
+    });
+    const watched = lw.instrument(agent);
+    const messages = userPrompt('deploy');
+    const first = await watched.run(id).generate({ messages });
+    const request = first.steps.at(-1).content.find((p) => p.type === 'tool-approval-request');
+    await watched.run(id).generate({
+      messages: [
+        ...messages,
+        ...first.response.messages,
+        { role: 'tool', content: [{ type: 'tool-approval-response', approvalId: request.approvalId, approved: true }] },
+      ],
+    });
+    receipt(lw, id, true, { kind: 'deployment' });
+    return 'VERIFIED_COMPLETE';
+  },
+
+  // A tool that runs 1 s under an inactivity timeout of 0.3 s: run_active keeps the run from
+  // passing through STUCK (checked on the path by the e2e test) → natural finish, verified.
+  async 'long-tool-run-active'(lw, id) {
+    const agent = new ToolLoopAgent({
+      model: scriptedModel([modelStep({ calls: [['c1', 'lengthy']] }), modelStep({ text: 'done' })]),
+      tools: {
+        lengthy: tool({
+          description: 'takes a while',
+          inputSchema: schema,
+          execute: () => new Promise((resolve) => setTimeout(() => resolve({ ok: true, note: LEAK_MARKER }), 1000)),
+        }),
+      },
+      stopWhen: isStepCount(5),
+    });
+    await lw.instrument(agent, { inactivityTimeoutS: 0.3 }).run(id).generate({ prompt: `invoice ${LEAK_MARKER}` });
+    receipt(lw, id, true);
+    return 'VERIFIED_COMPLETE';
+  },
 };
 
 function assertName(error, name) {
