@@ -49,6 +49,11 @@ export interface PublisherOptions {
   lossLogBurst?: number;
   /** Budget of the flush when the process is about to exit without `close()` (default 2 000 ms). */
   exitFlushMs?: number;
+  /**
+   * A `send` that has not settled after this long (default 30 000 ms) counts as failed: the sink is
+   * reset (`Sink.reset`) and the batch retried. Timed with an unref'd timer.
+   */
+  sendTimeoutMs?: number;
 }
 
 export interface PublisherStats {
@@ -95,6 +100,7 @@ export class Publisher {
   private readonly initialBackoffMs: number;
   private readonly maxBackoffMs: number;
   private readonly exitFlushMs: number;
+  private readonly sendTimeoutMs: number;
 
   constructor(
     private readonly sink: Sink,
@@ -105,6 +111,7 @@ export class Publisher {
     this.initialBackoffMs = Math.max(1, options.initialBackoffMs ?? 100);
     this.maxBackoffMs = Math.max(this.initialBackoffMs, options.maxBackoffMs ?? 5_000);
     this.exitFlushMs = Math.max(0, options.exitFlushMs ?? 2_000);
+    this.sendTimeoutMs = Math.max(1, options.sendTimeoutMs ?? 30_000);
     this.log = new RateLimitedLog(options.logger ?? console, options.lossLogBurst ?? 5, 60_000, Date.now, 'loss line');
     watchExit(this);
   }
@@ -294,7 +301,7 @@ export class Publisher {
         }
         this.inFlight = batch;
         try {
-          await this.sink.send(batch.map((entry) => entry.record));
+          await this.sendWithin(batch.map((entry) => entry.record));
           this.counts.published += batch.length;
           // close() gave up while this batch was in flight and counted its events as dropped
           if (this.abandoned()) this.counts.dropped -= events(batch);
@@ -341,6 +348,28 @@ export class Publisher {
         this.idleWaiters = [];
         waiters.forEach((w) => w());
       }
+    }
+  }
+
+  private async sendWithin(records: SinkRecord[]): Promise<void> {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    try {
+      await Promise.race([
+        Promise.resolve().then(() => this.sink.send(records)),
+        new Promise<never>((_, reject) => {
+          timer = setTimeout(() => {
+            try {
+              this.sink.reset?.();
+            } catch {
+              // a failing reset is a failing sink: the retry will tell
+            }
+            reject(new Error(`sink send did not settle within ${this.sendTimeoutMs} ms`));
+          }, this.sendTimeoutMs);
+          timer.unref?.();
+        }),
+      ]);
+    } finally {
+      clearTimeout(timer);
     }
   }
 
