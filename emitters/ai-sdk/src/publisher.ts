@@ -428,17 +428,7 @@ export class Publisher {
         if (this.retryTimer) clearTimeout(this.retryTimer);
         this.wakeRetry?.();
       }
-      if (this.lost.size > 0) {
-        const runs = [...this.lost];
-        const total = runs.reduce((n, [, c]) => n + c, 0);
-        const named = runs.slice(0, 10).map(([key, c]) => `${JSON.stringify(key)} (${c})`).join(', ');
-        writeLine(
-          this.options.logger ?? console,
-          `loopwarden: closing: ${total} event(s) of ${runs.length} run(s) were lost and could not be reported ` +
-            `(sink unavailable): ${named}${runs.length > 10 ? `, and ${runs.length - 10} more runs` : ''}`,
-        );
-        this.lost.clear();
-      }
+      this.logLost('closing');
       const left = Math.max(0, deadline - Date.now());
       await settleWithin(() => this.sink.close(left), left); // closing is best effort
     }
@@ -450,6 +440,33 @@ export class Publisher {
    * can be delivered within `exitFlushMs`, count and log the rest, close the sink so nothing holds
    * the process, and let it exit.
    */
+  /** @internal The process is exiting now (`process.exit`): count and log what is left, synchronously. */
+  exitNow(): void {
+    if (this.closed && this.closing !== 'flushing') return;
+    this.closed = true;
+    unwatchExit(this);
+    for (const entry of [...this.queue, ...this.inFlight]) {
+      if (entry.reports === 0) this.counts.dropped += 1;
+      this.lost.set(entry.record.key, (this.lost.get(entry.record.key) ?? 0) + Math.max(entry.reports, 1));
+    }
+    this.closing = 'abandon';
+    this.queue.length = 0;
+    this.logLost('process exiting');
+  }
+
+  private logLost(when: string): void {
+    if (this.lost.size === 0) return;
+    const runs = [...this.lost];
+    const total = runs.reduce((n, [, c]) => n + c, 0);
+    const named = runs.slice(0, 10).map(([key, c]) => `${JSON.stringify(key)} (${c})`).join(', ');
+    writeLine(
+      this.options.logger ?? console,
+      `loopwarden: ${when}: ${total} event(s) of ${runs.length} run(s) were lost and could not be reported ` +
+        `(sink unavailable): ${named}${runs.length > 10 ? `, and ${runs.length - 10} more runs` : ''}`,
+    );
+    this.lost.clear();
+  }
+
   /** @internal */
   exitWithoutClose(): void {
     if (this.closed) return;
@@ -480,6 +497,10 @@ function watchExit(publisher: Publisher): void {
     listening = true;
     process.on('beforeExit', () => {
       for (const r of [...open]) r.deref()?.exitWithoutClose();
+    });
+    // process.exit() skips beforeExit: nothing can be sent any more, but the loss is still told.
+    process.on('exit', () => {
+      for (const r of [...open]) r.deref()?.exitNow();
     });
   }
 }

@@ -241,3 +241,16 @@ test('a sink that cannot keep up (20 ms a batch, small queue): every run that lo
   assert.ok(lines.length >= 1 && lines.length <= 6, `rate-limited loss lines, naming run and count:\n${lines.join('\n')}`);
   assert.match(lines[0], /dropped an event of run "loss-\d+" \(\d+ of this run not yet reported, \d+ in all\)/);
 });
+
+test('process.exit() with events queued: nothing can be sent, but the loss is logged with its runs', async () => {
+  const { spawnSync } = await import('node:child_process');
+  const code = `
+    import { MemorySink, createLoopwarden } from './dist/index.js';
+    const sink = new MemorySink(); sink.down = true;
+    const lw = createLoopwarden({ sink, initialBackoffMs: 1000 });
+    for (let i = 0; i < 4; i++) lw.emit({ type: 'run_active', run_id: 'r' + (i % 2), ts: 1, segment: 0, in: 'model' });
+    setTimeout(() => process.exit(0), 50);`;
+  const child = spawnSync(process.execPath, ['--input-type=module', '-e', code], { cwd: new URL('..', import.meta.url), encoding: 'utf8', timeout: 30_000 });
+  assert.equal(child.status, 0, child.stderr);
+  assert.match(child.stderr, /^loopwarden: process exiting: 4 event\(s\) of 2 run\(s\) were lost and could not be reported \(sink unavailable\): "r0" \(2\), "r1" \(2\)$/m);
+});
