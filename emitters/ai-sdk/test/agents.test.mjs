@@ -118,6 +118,7 @@ test('causes, fired ids and error names per case of the research note', () => {
     'resume-without-stopwhen': ['stop_condition', ['step_count:1'], null],
     'fresh-handle-resume': ['natural_finish', [], null],
     'long-tool-run-active': ['natural_finish', [], null],
+    'long-model-call-run-active': ['natural_finish', [], null],
   };
   for (const [run, [cause, fired, errorName]] of Object.entries(want)) {
     const [end] = ended(run).slice(-1);
@@ -197,6 +198,8 @@ test('run_active during a tool longer than a third of the inactivity timeout, na
   assert.ok(active.length >= 2, JSON.stringify(active));
   assert.ok(active.every((e) => e.in === 'tool' && e.tool_call_id === 'c1' && e.segment === 0), JSON.stringify(active));
   assert.equal(byRun.get('natural-verified').filter((e) => e.type === 'run_active').length, 0);
+  const model = byRun.get('long-model-call-run-active').filter((e) => e.type === 'run_active');
+  assert.ok(model.length >= 2 && model.every((e) => e.in === 'model' && e.tool_call_id === null), JSON.stringify(model));
 });
 
 test('steering: a stop evaluated after a text-only step is published as steered (ai >= 7.0.154)', async (t) => {

@@ -657,6 +657,21 @@ export const SCENARIOS = {
     receipt(lw, id, true);
     return 'VERIFIED_COMPLETE';
   },
+
+  // A model call of 1 s under the same 0.3 s timeout: run_active `in: model` → never STUCK.
+  async 'long-model-call-run-active'(lw, id) {
+    const script = scriptedModel([modelStep({ text: 'done' })]);
+    const model = new MockLanguageModelV4({
+      doGenerate: async (options) => {
+        await new Promise((resolve) => setTimeout(resolve, 1000));
+        return script.doGenerate(options);
+      },
+    });
+    const agent = new ToolLoopAgent({ model, stopWhen: isStepCount(5) });
+    await lw.instrument(agent, { inactivityTimeoutS: 0.3 }).run(id).generate({ prompt: `invoice ${LEAK_MARKER}` });
+    receipt(lw, id, true);
+    return 'VERIFIED_COMPLETE';
+  },
 };
 
 function assertName(error, name) {
