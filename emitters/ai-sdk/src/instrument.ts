@@ -12,6 +12,7 @@
  * Everything it does is guarded: an internal failure is counted, the agent call proceeds as if
  * uninstrumented, and nothing waits for Kafka.
  */
+import { AsyncLocalStorage } from 'node:async_hooks';
 import { generateText, streamText, type ToolLoopAgent } from 'ai';
 import { describeCondition, firedIds, type AnyStopCondition } from './conditions.js';
 import { LoopwardenConfigError, LoopwardenResumeError } from './errors.js';
@@ -37,6 +38,7 @@ import {
   sdkEvaluatesAfter,
   streamStepsPromise,
   textDefaultStopWhen,
+  withPrepareCall,
 } from './sdk-internals.js';
 import { approvalOf, clipId, deriveBoundaryCause, summarizeStep, type CallOutcome, type StepSummary } from './steps.js';
 
@@ -294,7 +296,20 @@ export class Loopwarden {
     const described = describeStopWhen(settings.stopWhen, toolNames, 'stopWhen');
     const name = options.agent ?? this.options.agent ?? agent.id ?? 'agent';
     checkPolicyOptions({ agent: name });
-    return new WatchedAgent(this, agent, name, described, this.policyFor(described, options), options);
+    // An agent with prepareCall may swap stopWhen per call: run it through a copy that tells us
+    // what prepareCall returned (sdk-internals.ts, item 6).
+    let runner: AGENT = agent;
+    try {
+      const copy = withPrepareCall(agent, (original) => async (args: Record<string, unknown>) => {
+        const prepared = await original(args);
+        const tracker = CURRENT_SEGMENT.getStore();
+        return tracker ? tracker.prepared(args, prepared) : prepared;
+      });
+      if (copy) runner = copy as AGENT;
+    } catch (error) {
+      this.internalError(error);
+    }
+    return new WatchedAgent(this, agent, name, described, this.policyFor(described, options), options, runner);
   }
 
   /** A run driven by `generateText`/`streamText` directly (policy read from each call's options). */
@@ -458,6 +473,9 @@ class RunState {
   }
 }
 
+/** The segment whose agent call is running (for the agent copy's prepareCall, see instrument()). */
+const CURRENT_SEGMENT = new AsyncLocalStorage<SegmentTracker>();
+
 function samePolicy(a: Policy, b: Policy): boolean {
   return encodePolicy(a) === encodePolicy(b);
 }
@@ -486,7 +504,7 @@ class SegmentTracker {
   constructor(
     readonly run: RunState,
     readonly segment: number,
-    readonly described: DescribedPolicy,
+    public described: DescribedPolicy,
     policy: Policy,
   ) {
     this.startedTs = this.lastSignTs = run.lw.clock();
@@ -572,6 +590,32 @@ class SegmentTracker {
 
   private noteStreamError(error: unknown): void {
     if (this.streamError === undefined) this.streamError = error ?? new Error('stream error');
+  }
+
+  /**
+   * The agent's prepareCall ran with `args` (our wrapped stopWhen among them) and returned
+   * `prepared`. When it swapped stopWhen, the segment runs under that policy: describe it, tell
+   * loopwarden (segment_started, before the first step), and wrap the new conditions so their
+   * evaluation is observed as the agent's own are. Returns what the SDK should use.
+   */
+  prepared(args: Record<string, unknown>, prepared: unknown): unknown {
+    try {
+      if (prepared == null || typeof prepared !== 'object') return prepared;
+      const out = prepared as Record<string, unknown>;
+      if (out.stopWhen === args.stopWhen) return prepared;
+      const toolNames = Object.keys((out.tools ?? args.tools ?? {}) as object);
+      // generateText's own default when prepareCall dropped stopWhen
+      const described = describeStopWhen(out.stopWhen ?? textDefaultStopWhen(), toolNames, 'prepareCall stopWhen');
+      this.described = described;
+      this.evaluatedLength = -1;
+      this.evaluatedFired.clear();
+      const policy = this.run.lw.policyFor(described, this.run.options);
+      this.run.lw.emit({ type: 'segment_started', run_id: this.run.runId, ts: this.run.lw.clock(), segment: this.segment, policy });
+      return { ...out, stopWhen: this.wrappedStopWhen() };
+    } catch (error) {
+      this.run.lw.internalError(error);
+      return prepared;
+    }
   }
 
   /** Whether stopWhen was evaluated after the last step, and the ids that were true then. */
@@ -784,13 +828,15 @@ export class WatchedAgent<AGENT extends ToolLoopAgent<any, any, any, any>> {
     /** The policy published in run_started. */
     readonly policy: Policy,
     private readonly options: PolicyOptions,
+    /** what the calls go through: the agent, or its copy that reports prepareCall's stopWhen */
+    private readonly runner: AGENT = agent,
   ) {}
 
   /** The handle for one application-level run; each generate()/stream() on it is a segment. */
   run(runId: string, options: RunOptions = {}): AgentRun<AGENT> {
     checkRunId(runId);
     const state = new RunState(this.lw, runId, this.name, { ...this.options, ...options });
-    return new AgentRun(this.lw, state, this.agent, this.described, this.policy);
+    return new AgentRun(this.lw, state, this.runner, this.described, this.policy);
   }
 }
 
@@ -867,7 +913,7 @@ export class AgentRun<AGENT extends ToolLoopAgent<any, any, any, any>> extends R
         return Promise.reject(error);
       }
       const callParams = hooked(lw, tracker, params, false);
-      const promise = agent.generate(callParams);
+      const promise = tracker ? CURRENT_SEGMENT.run(tracker, () => agent.generate(callParams)) : agent.generate(callParams);
       return tracker ? tracker.follow(promise, abortSignalOf(params)) : promise;
     }) as AGENT['generate'];
     this.stream = ((params: Parameters<AGENT['stream']>[0]) => {
@@ -878,7 +924,7 @@ export class AgentRun<AGENT extends ToolLoopAgent<any, any, any, any>> extends R
         return Promise.reject(error);
       }
       const callParams = hooked(lw, tracker, params, true);
-      const promise = agent.stream(callParams);
+      const promise = tracker ? CURRENT_SEGMENT.run(tracker, () => agent.stream(callParams)) : agent.stream(callParams);
       if (!tracker) return promise;
       return Promise.resolve(promise).then(
         (result) => {

@@ -19,6 +19,11 @@
  *    source text and reading their parameters back by probing them with fake step lists: the
  *    closures carry no data. This package's factories of the same names remember what they are
  *    and need none of this; plain SDK closures are recognised as a convenience.
+ * 6. `agent.settings.prepareCall` (same private field as item 1): a ToolLoopAgent's `prepareCall` may
+ *    return another `stopWhen` per call, and no hook shows what it returned. An agent that has one
+ *    is run through a copy made from its own settings (`new agent.constructor(settings)`, the
+ *    documented constructor) whose `prepareCall` calls the user's and tells the emitter what it
+ *    returned; the user's agent object is never modified.
  * 5. `streamText` results' `_steps` delayed promise: it rejects on abort, timeout and error
  *    without consuming the stream (the public `steps` getter starts consuming it; the public
  *    `onError`/`onAbort` options would replace the caller's and change `streamRetries`' behaviour).
@@ -39,6 +44,18 @@ export function agentStopWhen(agent: unknown): { found: true; stopWhen: unknown 
   const settings = (agent as { settings?: unknown } | null)?.settings;
   if (settings == null || typeof settings !== 'object') return { found: false };
   return { found: true, stopWhen: (settings as { stopWhen?: unknown }).stopWhen };
+}
+
+/**
+ * A copy of the agent whose `prepareCall` is `wrap(the agent's own)`, or undefined when the agent
+ * has no `prepareCall` (item 6).
+ */
+export function withPrepareCall(agent: unknown, wrap: (original: (args: any) => unknown) => (args: any) => unknown): unknown {
+  const settings = (agent as { settings?: Record<string, unknown> } | null)?.settings;
+  const original = settings?.prepareCall;
+  if (typeof original !== 'function') return undefined;
+  const Agent = (agent as { constructor: new (settings: Record<string, unknown>) => unknown }).constructor;
+  return new Agent({ ...settings, prepareCall: wrap(original.bind(undefined) as (args: any) => unknown) });
 }
 
 // --- 2. and 3. the default cap and when the SDK evaluates -----------------------------------------

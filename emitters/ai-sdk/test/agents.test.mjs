@@ -119,6 +119,7 @@ test('causes, fired ids and error names per case of the research note', () => {
     'fresh-handle-resume': ['natural_finish', [], null],
     'long-tool-run-active': ['natural_finish', [], null],
     'long-model-call-run-active': ['natural_finish', [], null],
+    'prepare-call-swaps-stopwhen': ['stop_condition', ['step_count:1'], null],
   };
   for (const [run, [cause, fired, errorName]] of Object.entries(want)) {
     const [end] = ended(run).slice(-1);
@@ -148,6 +149,11 @@ test('a segment whose policy is not the run\'s is announced by segment_started b
   assert.deepEqual(started.policy.stop_when, [{ kind: 'step_count', count: 10 }, { kind: 'tool_call', tools: ['done'] }]);
   assert.deepEqual([segment.segment, segment.policy.stop_when], [1, [{ kind: 'step_count', count: 1 }]]);
   assert.ok(events.indexOf(segment) < events.findIndex((e) => e.type === 'step_finished' && e.segment === 1));
+  // a prepareCall that swaps stopWhen: announced before the first step, with what it returned
+  const swapped = byRun.get('prepare-call-swaps-stopwhen');
+  const announced = swapped.find((e) => e.type === 'segment_started');
+  assert.deepEqual([announced.segment, announced.policy.stop_when], [0, [{ kind: 'step_count', count: 1 }]]);
+  assert.ok(swapped.indexOf(announced) < swapped.findIndex((e) => e.type === 'step_finished'));
   // runs whose every segment runs under the run's policy send none
   for (const run of ['approval-resumed', 'approval-denied', 'natural-verified', 'fresh-handle-resume']) {
     assert.equal(byRun.get(run).filter((e) => e.type === 'segment_started').length, 0, run);

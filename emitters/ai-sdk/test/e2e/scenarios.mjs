@@ -658,6 +658,20 @@ export const SCENARIOS = {
     return 'VERIFIED_COMPLETE';
   },
 
+  // The agent's prepareCall swaps stopWhen for this call (SDK's own isStepCount(1) instead of the
+  // agent's isStepCount(10)): segment_started carries the policy that ran, and its step cap is a
+  // bound → BOUNDED_STOP (it was UNCERTAIN: the agent's policy could not explain the stop).
+  async 'prepare-call-swaps-stopwhen'(lw, id) {
+    const agent = new ToolLoopAgent({
+      model: scriptedModel([modelStep({ calls: [['c1', 'search']] }), modelStep({ text: 'never reached' })]),
+      tools: { search: tools.search() },
+      stopWhen: isStepCount(10),
+      prepareCall: (args) => ({ ...args, stopWhen: ai.isStepCount(1) }),
+    });
+    await lw.instrument(agent).run(id).generate({ prompt: `invoice ${LEAK_MARKER}` });
+    return 'BOUNDED_STOP';
+  },
+
   // A model call of 1 s under the same 0.3 s timeout: run_active `in: model` → never STUCK.
   async 'long-model-call-run-active'(lw, id) {
     const script = scriptedModel([modelStep({ text: 'done' })]);
