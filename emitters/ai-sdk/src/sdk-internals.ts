@@ -19,14 +19,14 @@
  *    source text and reading their parameters back by probing them with fake step lists: the
  *    closures carry no data. This package's factories of the same names remember what they are
  *    and need none of this; plain SDK closures are recognised as a convenience.
+ * 5. `streamText` results' `_steps` delayed promise: it rejects on abort, timeout and error
+ *    without consuming the stream (the public `steps` getter starts consuming it; the public
+ *    `onError`/`onAbort` options would replace the caller's and change `streamRetries`' behaviour).
  * 6. `agent.settings.prepareCall` (same private field as item 1): a ToolLoopAgent's `prepareCall` may
  *    return another `stopWhen` per call, and no hook shows what it returned. An agent that has one
  *    is run through a copy made from its own settings (`new agent.constructor(settings)`, the
  *    documented constructor) whose `prepareCall` calls the user's and tells the emitter what it
  *    returned; the user's agent object is never modified.
- * 5. `streamText` results' `_steps` delayed promise: it rejects on abort, timeout and error
- *    without consuming the stream (the public `steps` getter starts consuming it; the public
- *    `onError`/`onAbort` options would replace the caller's and change `streamRetries`' behaviour).
  */
 import {
   hasToolCall as sdkHasToolCall,
