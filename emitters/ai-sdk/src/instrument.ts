@@ -787,9 +787,12 @@ class SegmentTracker {
   }
 }
 
-// The public getters of a streaming result that hand a stream to its consumer (the response
-// helpers read `fullStream` themselves, so they are covered through it).
-const CONSUMER_STREAMS = new Set(['fullStream', 'textStream', 'partialOutputStream', 'experimental_partialOutputStream', 'elementStream']);
+// The getters of a streaming result that hand a stream to its consumer. The response helpers
+// (toUIMessageStream, toTextStreamResponse …) and textStream read `stream` themselves, so they are
+// covered through it (a stream wrapped twice reports once: the run ends once).
+const CONSUMER_STREAMS = new Set([
+  'stream', 'fullStream', 'textStream', 'partialOutputStream', 'experimental_partialOutputStream', 'elementStream',
+]);
 
 /** `stream` as is, except that cancelling it calls `onCancel` first. Not a stream: returned as is. */
 function reportingCancel(stream: unknown, onCancel: (reason: unknown) => void): unknown {

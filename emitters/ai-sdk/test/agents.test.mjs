@@ -456,3 +456,35 @@ test('on 300 random scripts the emitted steps, cause and fired ids match what th
   }
   assert.ok(seen.stopped >= 30 && seen.other >= 30, `both kinds of ending are exercised: ${JSON.stringify(seen)}`);
 });
+
+test('a client that goes away under toUIMessageStreamResponse cancels the run (aborted); one that reads it all does not', async () => {
+  const usage = { inputTokens: { total: 10 }, outputTokens: { total: 5 } };
+  const model = () =>
+    new MockLanguageModelV4({
+      doStream: async () => ({
+        stream: new ReadableStream({
+          start(c) {
+            for (const p of [
+              { type: 'stream-start', warnings: [] },
+              { type: 'text-start', id: 't' },
+              { type: 'text-delta', id: 't', delta: 'hello' },
+              { type: 'text-end', id: 't' },
+              { type: 'finish', finishReason: { unified: 'stop', raw: undefined }, usage },
+            ]) c.enqueue(p);
+            c.close();
+          },
+        }),
+      }),
+    });
+  const sink = new MemorySink();
+  const lw = createLoopwarden({ sink });
+  const full = await lw.instrument(new ToolLoopAgent({ model: model(), stopWhen: isStepCount(3) })).run('ui-full').stream({ prompt: 'p' });
+  assert.ok((await full.toUIMessageStreamResponse().text()).length > 0);
+  const gone = await lw.instrument(new ToolLoopAgent({ model: model(), stopWhen: isStepCount(3) })).run('ui-gone').stream({ prompt: 'p' });
+  const reader = gone.toUIMessageStreamResponse().body.getReader();
+  await reader.read();
+  await reader.cancel();
+  await lw.flush();
+  const ends = Object.fromEntries(sink.events().filter((e) => e.type === 'run_ended').map((e) => [e.run_id, [e.cause, e.error_name]]));
+  assert.deepEqual(ends, { 'ui-full': ['natural_finish', null], 'ui-gone': ['aborted', 'StreamCancelled'] });
+});
