@@ -495,6 +495,8 @@ class SegmentTracker {
   /** the first error part of the stream (a provider failure the call did not reject for) */
   private streamError: unknown = undefined;
 
+  /** a streaming call: reads of its consumer streams waiting now (undefined: not a stream) */
+  private reads: number | undefined;
   /** tools running now (onToolExecutionStart/End), by tool call id */
   private readonly running = new Set<string>();
   private lastSignTs: number;
@@ -518,6 +520,9 @@ class SegmentTracker {
 
   private active(thirdMs: number, maxMs: number): void {
     if (this.ended) return;
+    // A stream only moves while its consumer reads: one that nobody is reading (not yet, or any
+    // more) is not active, whatever the timer says, and may go STUCK.
+    if (this.reads !== undefined && this.reads === 0) return;
     const now = this.run.lw.clock();
     if (now - this.startedTs > maxMs && now - this.lastSignTs > maxMs) return; // hung: let it go STUCK
     if (now - this.lastSignTs < thirdMs) return;
@@ -750,6 +755,10 @@ class SegmentTracker {
    */
   watchConsumer<R>(result: R): R {
     if (result == null || typeof result !== 'object') return result;
+    this.reads = 0;
+    const reading = (delta: number) => {
+      this.reads = (this.reads ?? 0) + delta;
+    };
     try {
       const onCancel = (reason: unknown) =>
         this.end({
@@ -763,7 +772,7 @@ class SegmentTracker {
       return new Proxy(result as object, {
         get(target, prop, receiver) {
           const value = Reflect.get(target, prop, receiver);
-          return typeof prop === 'string' && CONSUMER_STREAMS.has(prop) ? reportingCancel(value, onCancel) : value;
+          return typeof prop === 'string' && CONSUMER_STREAMS.has(prop) ? reportingCancel(value, onCancel, reading) : value;
         },
       }) as R;
     } catch (error) {
@@ -794,19 +803,25 @@ const CONSUMER_STREAMS = new Set([
   'stream', 'fullStream', 'textStream', 'partialOutputStream', 'experimental_partialOutputStream', 'elementStream',
 ]);
 
-/** `stream` as is, except that cancelling it calls `onCancel` first. Not a stream: returned as is. */
-function reportingCancel(stream: unknown, onCancel: (reason: unknown) => void): unknown {
+/**
+ * `stream` as is, except that cancelling it calls `onCancel` first and `reading` counts the reads
+ * waiting (+1 / -1). Not a stream: returned as is.
+ */
+function reportingCancel(stream: unknown, onCancel: (reason: unknown) => void, reading: (delta: number) => void): unknown {
   if (!(stream instanceof ReadableStream)) return stream;
   const reader = stream.getReader();
   return new ReadableStream(
     {
       async pull(controller) {
+        reading(1);
         try {
           const { done, value } = await reader.read();
           if (done) controller.close();
           else controller.enqueue(value);
         } catch (error) {
           controller.error(error);
+        } finally {
+          reading(-1);
         }
       },
       cancel(reason) {

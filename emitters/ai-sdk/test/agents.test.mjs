@@ -488,3 +488,31 @@ test('a client that goes away under toUIMessageStreamResponse cancels the run (a
   const ends = Object.fromEntries(sink.events().filter((e) => e.type === 'run_ended').map((e) => [e.run_id, [e.cause, e.error_name]]));
   assert.deepEqual(ends, { 'ui-full': ['natural_finish', null], 'ui-gone': ['aborted', 'StreamCancelled'] });
 });
+
+test('run_active on the streaming path: while the consumer reads and a tool runs, never for a stream nobody reads', async () => {
+  const usage = { inputTokens: { total: 10 }, outputTokens: { total: 5 } };
+  const streaming = () => {
+    let next = 0;
+    return new MockLanguageModelV4({
+      doStream: async () => {
+        const parts = next++ === 0
+          ? [{ type: 'tool-call', toolCallId: 'c1', toolName: 'lengthy', input: '{}' }, { type: 'finish', finishReason: { unified: 'tool-calls', raw: undefined }, usage }]
+          : [{ type: 'text-start', id: 't' }, { type: 'text-delta', id: 't', delta: 'ok' }, { type: 'text-end', id: 't' }, { type: 'finish', finishReason: { unified: 'stop', raw: undefined }, usage }];
+        return { stream: new ReadableStream({ start(c) { c.enqueue({ type: 'stream-start', warnings: [] }); for (const p of parts) c.enqueue(p); c.close(); } }) };
+      },
+    });
+  };
+  const lengthy = tool({ inputSchema: jsonSchema({ type: 'object' }), execute: () => new Promise((resolve) => setTimeout(() => resolve('ok'), 1000)) });
+  const sink = new MemorySink();
+  const lw = createLoopwarden({ sink, inactivityTimeoutS: 0.3 });
+  const read = await lw.instrument(new ToolLoopAgent({ model: streaming(), tools: { lengthy }, stopWhen: isStepCount(5) })).run('s-read').stream({ prompt: 'p' });
+  await read.consumeStream();
+  const idle = await lw.instrument(new ToolLoopAgent({ model: streaming(), tools: { lengthy }, stopWhen: isStepCount(5) })).run('s-idle').stream({ prompt: 'p' });
+  await new Promise((resolve) => setTimeout(resolve, 1000)); // nobody reads it
+  await idle.fullStream.cancel();
+  await lw.flush();
+  const active = (run) => sink.events().filter((e) => e.run_id === run && e.type === 'run_active');
+  assert.ok(active('s-read').length >= 2 && active('s-read').every((e) => e.in === 'tool' && e.tool_call_id === 'c1'), JSON.stringify(active('s-read')));
+  assert.deepEqual(active('s-idle'), []);
+  assert.deepEqual(sink.events().filter((e) => e.type === 'run_ended').map((e) => [e.run_id, e.cause]), [['s-read', 'natural_finish'], ['s-idle', 'aborted']]);
+});
