@@ -40,9 +40,9 @@ from loopwarden.rules.conditions import (
     SETTLED_STATUSES,
     CompiledPolicy,
     compile_policy,
-    loop_statuses,
     derive_cause,
     intern_policy,
+    loop_statuses,
 )
 from loopwarden.rules.precedence import (
     FALSE_COMPLETE,
@@ -527,7 +527,10 @@ def _on_run_active(state: RunState, ev: RunActive, now_ms: int, res: Result, com
 def _on_events_dropped(state: RunState, ev: EventsDropped, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
     _activity(state, res, ev.ts, now_ms)
     state.dropped += ev.count
-    if state.health not in _DROP_WAITS:
+    if state.health == "UNCERTAIN" and "producer_dropped" not in state.disagreements:
+        # No transition (already UNCERTAIN), but the evidence the read API shows names the loss.
+        state.disagreements = tuple(sorted((*state.disagreements, "producer_dropped")))
+    elif state.health not in _DROP_WAITS:
         # A verdict (or STUCK) taken on what the loss left: it no longer stands.
         disagreements = state.disagreements
         if "producer_dropped" not in disagreements:
