@@ -385,8 +385,7 @@ def test_a_failed_transaction_forgets_what_was_held() -> None:
 
 
 def test_the_worker_folds_what_producers_must_also_tell_as_replay_does() -> None:
-    """segment_started, run_active and events_dropped reach the worker's core through its store, one
-    record per batch, with replay's transitions: a lossy run UNCERTAIN, a long tool never STUCK."""
+    """segment_started, run_active and events_dropped fold through the worker's store as in replay."""
     import msgspec
 
     from tests.builders import active, approval, dropped, ended, resolved, segment_started, started, step
