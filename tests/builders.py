@@ -12,14 +12,15 @@ def started(run: str = "r", ts: int = 0, stop_when: Any = DONE_POLICY, agent: st
             "policy": {"version": "v1", "stop_when": stop_when, **policy}}
 
 
-def step(n: int, *calls: tuple[str, str], run: str = "r", ts: int = 0, seg: int = 0,
+def step(n: int, *calls: tuple[str, ...], run: str = "r", ts: int = 0, seg: int = 0,
          finish: str | None = None, tokens: int | None = None) -> dict:
-    """A step; ``calls`` are (name, status); finish defaults to tool-calls, or stop without calls."""
+    """A step; ``calls`` are (name, status) or (name, status, "provider"); finish defaults to tool-calls, or stop without calls."""
     usage = {"total_tokens": tokens} if tokens is not None else {"input_tokens": 10, "output_tokens": 5}
     return {"type": "step_finished", "run_id": run, "ts": ts, "segment": seg, "step": n,
             "finish_reason": finish or ("tool-calls" if calls else "stop"),
-            "tool_calls": [{"id": f"{run}-{seg}-{n}-{i}", "name": name, "status": status}
-                           for i, (name, status) in enumerate(calls)],
+            "tool_calls": [{"id": f"{run}-{seg}-{n}-{i}", "name": c[0], "status": c[1],
+                            **({"provider_executed": True} if c[2:] == ("provider",) else {})}
+                           for i, c in enumerate(calls)],
             "usage": usage}
 
 
@@ -62,3 +63,17 @@ def timed(*events: dict, start: int = 1_000_000, gap_ms: int = 1000) -> list[dic
 
 def steps(count: int, name: str = "lookup", seg: int = 0, run: str = "r", **kw: Any) -> list[dict]:
     return [step(i, (name, "result"), seg=seg, run=run, **kw) for i in range(count)]
+
+
+def segment_started(seg: int, stop_when: Any = None, run: str = "r", ts: int = 0, policy: bool = True) -> dict:
+    """A segment_started; ``policy=False`` sends a null policy (the segment runs under the run's)."""
+    return {"type": "segment_started", "run_id": run, "ts": ts, "segment": seg,
+            "policy": {"version": "v1-resume", "stop_when": stop_when} if policy else None}
+
+
+def active(seg: int = 0, where: str = "tool", run: str = "r", ts: int = 0, call: str | None = "tc") -> dict:
+    return {"type": "run_active", "run_id": run, "ts": ts, "segment": seg, "in": where, "tool_call_id": call}
+
+
+def dropped(count: int, run: str = "r", ts: int = 0) -> dict:
+    return {"type": "events_dropped", "run_id": run, "ts": ts, "count": count}

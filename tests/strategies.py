@@ -13,11 +13,14 @@ from loopwarden.codecs import (
     ApprovalResolved,
     ApprovalRouted,
     Custom,
+    EventsDropped,
     LoopFinished,
     OutcomeReceipt,
     Policy,
+    RunActive,
     RunEnded,
     RunStarted,
+    SegmentStarted,
     StepCount,
     StepFinished,
     TokenBudget,
@@ -58,7 +61,8 @@ approvals = st.builds(
     deadline_ts=st.none() | ts,
     resume_token=st.none() | ident,
 )
-tool_calls = st.builds(ToolCall, id=ident, name=ident, status=st.sampled_from(TOOL_STATUSES))
+tool_calls = st.builds(ToolCall, id=ident, name=ident, status=st.sampled_from(TOOL_STATUSES),
+                       provider_executed=st.booleans())
 usages = st.builds(Usage, input_tokens=tokens, output_tokens=tokens, total_tokens=tokens)
 
 run_started = st.builds(RunStarted, run_id=run_ids, ts=ts, agent=st.text(min_size=1, max_size=30), policy=policies)
@@ -91,7 +95,12 @@ outcome_receipt = st.builds(
     verifier=st.sampled_from(["destination", "validator", "human"]), verified=st.booleans(),
     evidence=st.dictionaries(st.text(max_size=20), evidence_values, max_size=5),
 )
-any_event = st.one_of(run_started, step_finished, run_ended(), approval_routed, approval_resolved, outcome_receipt)
+segment_started = st.builds(SegmentStarted, run_id=run_ids, ts=ts, segment=small, policy=st.none() | policies)
+run_active = st.builds(RunActive, run_id=run_ids, ts=ts, segment=small, in_=st.sampled_from(["model", "tool"]),
+                       tool_call_id=st.none() | ident)
+events_dropped = st.builds(EventsDropped, run_id=run_ids, ts=ts, count=st.integers(1, 2**40))
+any_event = st.one_of(run_started, step_finished, run_ended(), approval_routed, approval_resolved, outcome_receipt,
+                      segment_started, run_active, events_dropped)
 
 
 # -- fleets: plausible, interleaved runs with small ts steps --------------------------------
@@ -110,13 +119,19 @@ def fleet(draw, max_runs: int = 6):
         if draw(st.booleans()) or draw(st.booleans()):
             events.append(RunStarted(run_id=run, ts=0, agent="a", policy=draw(policies.filter(lambda p: p.inactivity_timeout_s > 1))))
         for seg in range(draw(st.integers(1, 2))):
+            if draw(st.integers(0, 4)) == 0:  # a segment under its own policy
+                events.append(SegmentStarted(run_id=run, ts=0, segment=seg, policy=draw(st.none() | policies)))
             n_steps = draw(st.integers(0, 6))
             for i in range(n_steps):
                 i_wire = i + (1 if draw(st.integers(0, 20)) == 0 else 0)  # rare gap
                 sf = StepFinished(run_id=run, ts=0, step=i_wire, segment=seg,
                                   finish_reason=draw(st.sampled_from(FINISH_REASONS)),
-                                  tool_calls=tuple(draw(st.lists(st.builds(ToolCall, id=st.just("t"), name=st.sampled_from(["done", "lookup", "pay"]), status=st.sampled_from(TOOL_STATUSES)), max_size=2))),
+                                  tool_calls=tuple(draw(st.lists(st.builds(ToolCall, id=st.just("t"), name=st.sampled_from(["done", "lookup", "pay"]), status=st.sampled_from(TOOL_STATUSES), provider_executed=st.integers(0, 4).map(lambda n: n == 0)), max_size=2))),
                                   usage=draw(usages))
+                if draw(st.integers(0, 8)) == 0:  # a long model call or tool
+                    events.append(RunActive(run_id=run, ts=0, segment=seg, in_="tool", tool_call_id="t"))
+                if draw(st.integers(0, 25)) == 0:  # the producer lost events
+                    events.append(EventsDropped(run_id=run, ts=0, count=draw(st.integers(1, 5))))
                 events.append(sf)
                 if draw(st.integers(0, 10)) == 0:
                     events.append(sf)  # duplicate delivery

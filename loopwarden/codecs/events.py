@@ -35,7 +35,7 @@ EvidenceValue = Union[
 FinishReason = Literal[
     "stop", "length", "content-filter", "tool-calls", "error", "interrupted", "other"
 ]
-ToolStatus = Literal["result", "error", "pending", "approval_requested", "denied"]
+ToolStatus = Literal["result", "error", "pending", "approval_requested", "denied", "cancelled"]
 Cause = Literal[
     "natural_finish",
     "stop_condition",
@@ -145,6 +145,9 @@ class ToolCall(Struct, frozen=True, gc=False):
     id: Ident
     name: Name
     status: ToolStatus
+    # The provider ran it (e.g. a provider's web search): the SDK still counts it in hasToolCall.
+    # False (the default) for producers that report client-executed calls only.
+    provider_executed: bool = False
 
 
 class Usage(Struct, frozen=True, gc=False):
@@ -236,11 +239,41 @@ class OutcomeReceipt(_Event, tag="outcome_receipt"):
     evidence: Annotated[dict[Annotated[str, Meta(max_length=100)], EvidenceValue], Meta(max_length=64)] = {}
 
 
-StepEvent = Union[RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved]
-OutcomeEvent = OutcomeReceipt
-InputEvent = Union[RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved, OutcomeReceipt]
+# -- what producers must also tell (spec.md section 11) -----------------------
+class SegmentStarted(_Event, tag="segment_started"):
+    """The stop policy of one segment, when it is not the run's (e.g. a resume without stopWhen)."""
 
-STEP_EVENT_TYPES: tuple[type, ...] = (RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved)
+    segment: Count
+    # null: the segment runs under the run's policy
+    policy: Policy | None
+
+
+class RunActive(_Event, tag="run_active"):
+    """A model call or tool of the run is still going: activity, nothing else."""
+
+    segment: Count
+    in_: Literal["model", "tool"] = field(name="in")
+    tool_call_id: Ident | None = None
+
+
+class EventsDropped(_Event, tag="events_dropped"):
+    """The producer lost ``count`` events of this run (queue full, process exiting)."""
+
+    count: Annotated[int, Meta(ge=1, le=MAX_SAFE_INT)]
+
+
+StepEvent = Union[
+    RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved, SegmentStarted, RunActive, EventsDropped
+]
+OutcomeEvent = OutcomeReceipt
+InputEvent = Union[
+    RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved, SegmentStarted, RunActive, EventsDropped,
+    OutcomeReceipt,
+]
+
+STEP_EVENT_TYPES: tuple[type, ...] = (
+    RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved, SegmentStarted, RunActive, EventsDropped
+)
 INPUT_EVENT_TYPES: tuple[type, ...] = STEP_EVENT_TYPES + (OutcomeReceipt,)
 
 
@@ -261,6 +294,8 @@ class Evidence(Struct, frozen=True, gc=False):
     # Beyond the spec's list: events that were ignored and counted (duplicates,
     # steps after their segment ended, approvals for another id), by kind.
     ignored: dict[str, int] = {}
+    # spec.md section 11: events of the run its producer reported lost (events_dropped), summed.
+    events_dropped: int = 0
 
 
 class HealthTransition(Struct, frozen=True, gc=False, tag_field="type", tag="health_transition"):

@@ -26,7 +26,6 @@ from loopwarden.codecs.events import (
     FINISH_REASONS,
     RECEIPT_KINDS,
     STATES,
-    TOOL_STATUSES,
     Approval,
     Custom,
     LoopFinished,
@@ -46,7 +45,8 @@ WORDS: tuple[str, ...] = (
     *STATES,
     *CAUSES,
     *FINISH_REASONS,
-    *TOOL_STATUSES,
+    # the tool statuses of format 1 (TOOL_STATUSES has grown since: a word's number is fixed)
+    "result", "error", "pending", "approval_requested", "denied",
     *RECEIPT_KINDS,
     # transition reasons that are not already above
     "started", "progress", "approval_routed", "approval_resolved", "receipt", "negative_receipt",
@@ -56,6 +56,8 @@ WORDS: tuple[str, ...] = (
     "unmatched_approval", "duplicate_receipt",
     "cause_mismatch", "fired_mismatch", "step_count_mismatch", "policy_overrun", "policy_unknown",
     "step_gap", "cause_not_recorded", "tool_error_unseen",
+    # spec.md section 11 (producers)
+    "cancelled", "late_segment_started", "producer_dropped",
 )
 _INDEX: dict[str, int] = {}
 for _i, _w in enumerate(WORDS):
@@ -148,6 +150,7 @@ class _Segment(Struct, array_like=True, omit_defaults=True):
     statuses: tuple[Word, ...] = ()
     fired: tuple[str, ...] = ()
     forgot_hi: int = -1  # added later: older records lack it (array_like: the default fills in)
+    policy: _Policy | None = None  # added later (segment_started), likewise
 
 
 class _State(Struct, array_like=True, omit_defaults=True):
@@ -177,6 +180,7 @@ class _State(Struct, array_like=True, omit_defaults=True):
     ignored: dict[Word, int] = {}
     history: list[tuple[int, int, Word, Word]] = []
     tomb: bool = False  # added later: older records lack it (array_like: the default fills in)
+    dropped: int = 0  # added later (events_dropped), likewise
 
 
 assert _State.__struct_fields__ == RunState.__struct_fields__, "codec out of step with RunState"
@@ -265,12 +269,14 @@ def _approval_in(a: _Approval) -> Approval:
 
 def _segment_out(s: Segment) -> _Segment:
     return _Segment(s.steps_seen, s.max_step, s.gaps, s.step_gap, s.tokens, s.tool_errors, s.stop_step,
-                    _ow(s.finish_reason), _ws(s.statuses), s.fired, s.forgot_hi)
+                    _ow(s.finish_reason), _ws(s.statuses), s.fired, s.forgot_hi,
+                    None if s.policy is None else _policy_out(s.policy))
 
 
 def _segment_in(s: _Segment) -> Segment:
     return Segment(s.steps_seen, s.max_step, s.gaps, s.step_gap, s.tokens, s.tool_errors, s.stop_step,
-                   _os(s.finish_reason), _ss(s.statuses), s.fired, s.forgot_hi)
+                   _os(s.finish_reason), _ss(s.statuses), s.fired, s.forgot_hi,
+                   None if s.policy is None else _policy_in(s.policy))
 
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -307,6 +313,7 @@ def encode_state(state: RunState) -> bytes:
         {_INDEX.get(k, k): n for k, n in s.ignored.items()} if s.ignored else {},
         [(seq, ts, _INDEX.get(to, to), _INDEX.get(why, why)) for seq, ts, to, why in s.history],
         s.tomb,
+        s.dropped,
     ))
 
 
@@ -352,4 +359,5 @@ def decode_state(data: bytes) -> RunState:
         {_s(k): n for k, n in s.ignored.items()} if s.ignored else {},
         [(seq, ts, _s(to), _s(why)) for seq, ts, to, why in s.history],
         s.tomb,
+        s.dropped,
     )

@@ -29,8 +29,9 @@ from loopwarden.codecs.events import (
 
 CONTINUING_FINISH = ("stop", "tool-calls")
 # A tool call in one of these states has an outcome the model can see, so the
-# loop may go on; `pending` and `approval_requested` end it.
-SETTLED_STATUSES = ("result", "error", "denied")
+# loop may go on; `pending` and `approval_requested` end it. `cancelled` (the run's own abort or
+# timeout interrupted the tool) is a tool-error part to the SDK, so it evaluates stopWhen after it.
+SETTLED_STATUSES = ("result", "error", "denied", "cancelled")
 
 
 def conditions_of(policy: Policy | None) -> tuple[Condition, ...]:
@@ -138,12 +139,37 @@ def compile_policy(policy: Policy | None) -> CompiledPolicy:
     return _memo(policy)[1]
 
 
+def loop_statuses(calls: Sequence[ToolCall]) -> tuple[tuple[str, ...], bool]:
+    """The statuses of a step's calls as the loop sees them, and whether they all settled.
+
+    As ``ai`` 7 does (``shouldStartNextStep``): only client-executed calls must have an
+    outcome; a step whose calls were all provider-executed ends the loop (as a step without
+    tool calls does) unless one of them still awaits its deferred result, and then the loop
+    evaluates ``stopWhen`` and may go on. So provider-executed calls give no status of their
+    own, and a pending one counts as one settled call. Their names still count for
+    ``hasToolCall`` (the caller evaluates the policy on all calls).
+    """
+    statuses = []
+    deferred = False
+    settled = True
+    for call in calls:
+        if call.provider_executed:
+            deferred = deferred or call.status == "pending"
+            continue
+        statuses.append(call.status)
+        if call.status not in SETTLED_STATUSES:
+            settled = False
+    if deferred and not statuses:
+        statuses.append("result")
+    return tuple(statuses), settled and bool(statuses)
+
+
 def is_evaluated(step: StepFinished, steered: bool = False) -> bool:
     """Whether the SDK evaluates ``stopWhen`` after this step.
 
     As ``ai`` 7 does (``shouldStartNextStep``): the step has at least one client
     tool call, every call settled (result, error or denial), and the finish reason
-    is not ``interrupted``. spec.md names only ``stop``/``tool-calls`` here; the SDK
+    is not ``interrupted``; provider-executed calls as :func:`loop_statuses` says. spec.md names only ``stop``/``tool-calls`` here; the SDK
     also evaluates after e.g. a ``content-filter`` step whose calls were all denied
     or failed (measured by the differential oracle), and loopwarden follows the SDK.
     ``steered``: a steering message was waiting when the step ended (ai >= 7.0.154);
@@ -152,9 +178,10 @@ def is_evaluated(step: StepFinished, steered: bool = False) -> bool:
     """
     if step.finish_reason == "interrupted":
         return False
-    if not step.tool_calls:
+    statuses, settled = loop_statuses(step.tool_calls)
+    if not statuses:
         return steered and step.finish_reason != "error"
-    return all(tc.status in SETTLED_STATUSES for tc in step.tool_calls)
+    return settled
 
 
 def evaluate(
@@ -221,7 +248,8 @@ def derive_cause(
 ) -> tuple[str, tuple[str, ...]]:
     """Re-derive a segment's stop cause from its steps (spec.md section 5, with the SDK's rule).
 
-    Rules 1-4 as spec.md; rule 3 ("finish reason not stop/tool-calls") applies, as in
+    Rules 1-4 as spec.md (2b: a last step that finished with ``error`` derives ``error``); rule 3
+    ("finish reason not stop/tool-calls") applies, as in
     the SDK, only where the loop could not have gone on: a step whose calls all
     settled under another finish reason was still evaluated (see :func:`is_evaluated`).
     Returns the derived cause and the derived fired set (empty under rules 1-4).
@@ -235,6 +263,8 @@ def derive_cause(
         return "unknown", ()
     if "approval_requested" in last_statuses:
         return "approval_required", ()
+    if last_finish_reason == "error":  # rule 2b: the provider failed mid-step
+        return "error", ()
     if last_finish_reason == "interrupted":
         return "natural_finish", ()
     if not last_statuses:

@@ -23,13 +23,16 @@ from loopwarden.codecs.events import (
     Approval,
     ApprovalResolved,
     ApprovalRouted,
+    EventsDropped,
     Evidence,
     HealthTransition,
     InputEvent,
     OutcomeReceipt,
     Policy,
+    RunActive,
     RunEnded,
     RunStarted,
+    SegmentStarted,
     StepFinished,
 )
 from loopwarden.rules.conditions import (
@@ -39,6 +42,7 @@ from loopwarden.rules.conditions import (
     compile_policy,
     derive_cause,
     intern_policy,
+    loop_statuses,
 )
 from loopwarden.rules.precedence import (
     FALSE_COMPLETE,
@@ -95,6 +99,9 @@ class Segment(Struct, gc=False):
     fired: tuple[str, ...] = ()  # policy evaluated at L
     # Steps <= this were in gaps forgotten past MAX_GAPS (seen or not, nobody knows): never counted again.
     forgot_hi: int = -1
+    # The segment's own stop policy (segment_started), None: the run's. Used for stop_when and the
+    # receipt window; the inactivity timeout stays the run's (timers are per run).
+    policy: Policy | None = None
 
 
 class RunState(Struct, gc=False):
@@ -130,6 +137,9 @@ class RunState(Struct, gc=False):
     # A tomb: what is left of a run dropped after retention (run_id, seq, last_seen_ts = when it was
     # dropped) until seq_memory_s has passed; the run id's next transition continues its seq.
     tomb: bool = False
+    # Events of the run its producer reported lost (events_dropped), summed: from the first such
+    # report on, the run's verdicts are UNCERTAIN (producer_dropped), never STUCK through the silence.
+    dropped: int = 0
 
 
 class Result(Struct, gc=False):  # never in a reference cycle: one event's output, dropped by the shell
@@ -162,6 +172,7 @@ def evidence_of(state: RunState) -> Evidence:
         tuple(state.receipt_ids) if state.receipt_ids else (),
         state.approval,
         dict(state.ignored) if state.ignored else {},
+        state.dropped,
     )
 
 
@@ -274,6 +285,8 @@ def _on_step(state: RunState, ev: StepFinished, now_ms: int, res: Result, compil
         seg = state.open[segment] = Segment()
         if segment > state.current:
             state.current = segment
+    if seg.policy is not None:  # segment_started gave this segment a policy of its own
+        compiled = compile_policy(seg.policy)
     step = ev.step
     max_step = seg.max_step
     if step <= max_step:
@@ -297,19 +310,14 @@ def _on_step(state: RunState, ev: StepFinished, now_ms: int, res: Result, compil
     fired: tuple[str, ...] = ()
     calls = ev.tool_calls
     if calls:
-        if len(calls) == 1:  # the common case: one call, no loop
+        if len(calls) == 1 and not calls[0].provider_executed:  # the common case: one call, no loop
             status = calls[0].status
             statuses: tuple[str, ...] = (status,)
             errors = 1 if status == "error" else 0
             settled = status in SETTLED_STATUSES
         else:
-            statuses = tuple([tc.status for tc in calls])
+            statuses, settled = loop_statuses(calls)
             errors = statuses.count("error")
-            settled = True
-            for status in statuses:
-                if status not in SETTLED_STATUSES:
-                    settled = False
-                    break
         if errors:
             seg.tool_errors += errors
             state.tool_errors += errors
@@ -354,6 +362,8 @@ def _disagreements(state: RunState, ev: RunEnded, seg: Segment, derived: str, de
         found.append("cause_not_recorded")
     if ev.cause == "tool_error" and seg.tool_errors == 0:
         found.append("tool_error_unseen")
+    if state.dropped:
+        found.append("producer_dropped")
     return tuple(sorted(found)) if found else ()
 
 
@@ -363,6 +373,8 @@ def _on_run_ended(state: RunState, ev: RunEnded, now_ms: int, res: Result, compi
         _ignore(state, res, "duplicate_run_ended")
         return
     seg = state.open.pop(ev.segment, None) or Segment()
+    if seg.policy is not None:  # segment_started gave this segment a policy of its own
+        compiled = compile_policy(seg.policy)
     state.ended.append(ev.segment)
     if ev.segment > state.current:
         state.current = ev.segment
@@ -395,7 +407,7 @@ def _on_run_ended(state: RunState, ev: RunEnded, now_ms: int, res: Result, compi
     else:
         state.approval_pending = False
 
-    to, reason = verdict(
+    to, reason = _DROPPED_VERDICT if state.dropped else verdict(
         Facts(  # positional (faster than keywords): cause, derived_cause, fired, roles, disagreements,
             # last_tool_error, approval, receipt_state
             ev.cause,
@@ -482,6 +494,50 @@ def _on_receipt(state: RunState, ev: OutcomeReceipt, now_ms: int, res: Result, c
     # After any other verdict (or before one) the receipt is kept for evidence and the next verdict.
 
 
+# The verdict of a run whose producer lost events: what the steps show is not what happened, so
+# neither the agent (FAILED, STUCK) nor the destination (complete) is judged on it.
+_DROPPED_VERDICT = ("UNCERTAIN", "producer_dropped")
+# A run's states in which a loss report changes nothing at once: still running (the verdict comes
+# at run_ended, or when the silence the loss caused times out), or already UNCERTAIN.
+_DROP_WAITS = (None, "RUNNING", "UNCERTAIN")
+
+
+def _on_segment_started(state: RunState, ev: SegmentStarted, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
+    _activity(state, res, ev.ts, now_ms)
+    segment = ev.segment
+    seg = state.open.get(segment)
+    if seg is None:
+        if segment in state.ended:
+            _ignore(state, res, "late_segment_started")
+            return
+        seg = state.open[segment] = Segment()
+        if segment > state.current:
+            state.current = segment
+    elif seg.steps_seen:  # its steps were already evaluated under another policy
+        _ignore(state, res, "late_segment_started")
+        return
+    seg.policy = None if ev.policy is None else intern_policy(ev.policy)
+
+
+def _on_run_active(state: RunState, ev: RunActive, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
+    # Activity and nothing else: a long tool or model call is not STUCK, and not progress either.
+    _activity(state, res, ev.ts, now_ms)
+
+
+def _on_events_dropped(state: RunState, ev: EventsDropped, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
+    _activity(state, res, ev.ts, now_ms)
+    state.dropped += ev.count
+    if state.health == "UNCERTAIN" and "producer_dropped" not in state.disagreements:
+        # No transition (already UNCERTAIN), but the evidence the read API shows names the loss.
+        state.disagreements = tuple(sorted((*state.disagreements, "producer_dropped")))
+    elif state.health not in _DROP_WAITS:
+        # A verdict (or STUCK) taken on what the loss left: it no longer stands.
+        disagreements = state.disagreements
+        if "producer_dropped" not in disagreements:
+            state.disagreements = tuple(sorted((*disagreements, "producer_dropped")))
+        _move(state, res, *_DROPPED_VERDICT, ev.ts, now_ms)
+
+
 # Each handler gets the compiled policy in force when the event arrived (run_started, which
 # may set the policy, does not use it).
 _HANDLERS = {
@@ -491,6 +547,9 @@ _HANDLERS = {
     ApprovalRouted: _on_approval_routed,
     ApprovalResolved: _on_approval_resolved,
     OutcomeReceipt: _on_receipt,
+    SegmentStarted: _on_segment_started,
+    RunActive: _on_run_active,
+    EventsDropped: _on_events_dropped,
 }
 
 
@@ -631,5 +690,12 @@ def fire_next(state: RunState, now_ms: int, settings: Settings = DEFAULT_SETTING
 
 def _fire(state: RunState, deadline: int, kind: str, now_ms: int, res: Result) -> None:
     res.notes.append(("timer", kind))
+    if state.dropped and kind == "no_progress":
+        # The silence may be the loss itself (its run_ended among the lost events): not the agent's.
+        disagreements = state.disagreements
+        if "producer_dropped" not in disagreements:
+            state.disagreements = tuple(sorted((*disagreements, "producer_dropped")))
+        _move(state, res, *_DROPPED_VERDICT, deadline, now_ms)
+        return
     to = FALSE_COMPLETE if kind == "receipt_window_expired" else "STUCK"  # no_progress, approval_expired
     _move(state, res, to, kind, deadline, now_ms)

@@ -9,16 +9,20 @@ from loopwarden.codecs import CAUSES, STATES, InvalidEvent
 TOPIC_ROLES = ("steps", "outcomes", "ticks")
 EVENT_TYPES = (
     "run_started", "step_finished", "run_ended", "approval_routed", "approval_resolved", "outcome_receipt", "tick",
+    # spec.md section 11: what producers must also tell
+    "segment_started", "run_active", "events_dropped",
 )
 INVALID_REASONS = InvalidEvent.REASONS + ("key_mismatch", "ts_in_future", "wrong_topic", "internal_error")
 DISAGREEMENTS = (
     "cause_mismatch", "fired_mismatch", "step_count_mismatch", "policy_overrun", "policy_unknown",
     "step_gap", "cause_not_recorded", "tool_error_unseen",
+    "producer_dropped",  # spec.md section 11: the producer lost events of the run
 )
 RECEIPT_OUTCOMES = ("on_time", "late", "negative", "held", "duplicate", "orphan", "untracked")
 IGNORED = (
     "duplicate_step", "step_after_end", "duplicate_run_ended", "duplicate_run_started",
     "unmatched_approval", "duplicate_receipt", "untracked_step",
+    "late_segment_started",  # a segment_started after its segment's first step or end
 )
 TIMER_KINDS = ("no_progress", "approval_expired", "receipt_window_expired", "retention")
 # Agent names become label values as they are first seen, up to this many per worker; later

@@ -96,3 +96,14 @@ def test_the_emitted_events_carry_no_disagreement(replayed: list[dict]) -> None:
     """loopwarden's own re-derivation agrees with what the emitter reported, for every run."""
     disagreements = {t["run_id"]: t["evidence"]["disagreements"] for t in replayed if t["evidence"].get("disagreements")}
     assert disagreements == {}
+
+
+def test_no_run_passes_through_stuck_unless_it_ends_there(agent_run: Path, replayed: list[dict]) -> None:
+    """A long tool told by run_active (and every other run) never passes through STUCK on the way."""
+    expected = json.loads((agent_run / "expected.json").read_text())
+    paths: dict[str, list[str]] = {}
+    for t in replayed:
+        paths.setdefault(t["run_id"], []).append(t["to_state"])
+    assert "ai-long-tool-run-active" in expected
+    stuck = {run: paths[run] for run, want in expected.items() if want != "STUCK" and "STUCK" in paths[run]}
+    assert stuck == {}

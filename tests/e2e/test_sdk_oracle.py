@@ -87,6 +87,8 @@ def _expected_cause(seg: dict) -> str:
         return "unknown"
     if "approval_requested" in statuses:
         return "approval_required"
+    if seg["last_finish"] == "error":  # spec.md rule 2b: the provider failed mid-step
+        return "error"
     if "error" in statuses:
         return "tool_error"
     if seg["evaluated_at_last"]:

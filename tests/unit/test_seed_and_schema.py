@@ -93,4 +93,4 @@ def test_typescript_golden_vectors_decode(validator) -> None:
         else:
             types.add(decode_input(line).__struct_config__.tag)
     assert types == {"run_started", "step_finished", "run_ended", "approval_routed", "approval_resolved",
-                     "outcome_receipt", "health_transition"}
+                     "segment_started", "run_active", "events_dropped", "outcome_receipt", "health_transition"}

@@ -382,3 +382,41 @@ def test_a_failed_transaction_forgets_what_was_held() -> None:
     assert part.task.holding == 1
     part.task.discard()
     assert part.task.holding == 0
+
+
+def test_the_worker_folds_what_producers_must_also_tell_as_replay_does() -> None:
+    """segment_started, run_active and events_dropped fold through the worker's store as in replay."""
+    import msgspec
+
+    from tests.builders import active, approval, dropped, ended, resolved, segment_started, started, step
+
+    t0 = 1_000_000
+    events = [
+        started(run="lossy", ts=t0), step(0, ("lookup", "result"), run="lossy", ts=t0 + 1000),
+        dropped(5, run="lossy", ts=t0 + 2000),
+        started(run="slow", ts=t0), step(0, ("lookup", "result"), run="slow", ts=t0 + 1000),
+        *[active(run="slow", ts=t0 + 1000 + k * 100_000) for k in (1, 2, 3)],
+        step(1, run="slow", ts=t0 + 401_000), ended("natural_finish", 2, run="slow", ts=t0 + 401_500),
+        started(run="resumed", ts=t0), step(0, ("pay", "approval_requested"), run="resumed", ts=t0 + 1000),
+        ended("approval_required", 1, run="resumed", ts=t0 + 1500, approval=approval()),
+        resolved(run="resumed", ts=t0 + 2000),
+        segment_started(1, [{"kind": "step_count", "count": 1}], run="resumed", ts=t0 + 2500),
+        step(0, ("lookup", "result"), run="resumed", seg=1, ts=t0 + 3000),
+        ended("stop_condition", 1, "step_count:1", run="resumed", seg=1, ts=t0 + 3500),
+    ]
+    events.sort(key=lambda e: e["ts"])
+    records = [Rec("agent.steps", 0, i, e["run_id"].encode(), msgspec.json.encode(e)) for i, e in enumerate(events)]
+    part = Partition(0)
+    for rec in records:
+        part.batch([rec], punctuate=True)
+    part.tick(t0 + ADVANCE_MS)
+    replay = Replay(keep_final=True)
+    expected = [t for e in events for t in replay.feed(decode_input(msgspec.json.encode(e)))]
+    expected += replay.advance_to(t0 + ADVANCE_MS)
+    assert sorted(map(_content, part.transitions)) == sorted(map(_content, expected))
+    got = final(part.transitions)
+    assert got == {r: t.to_state for r, t in replay.final.items()}
+    assert got == {"lossy": "UNCERTAIN", "slow": "FALSE_COMPLETE", "resumed": "BOUNDED_STOP"}  # slow: no receipt
+    assert "STUCK" not in {t.to_state for t in part.transitions if t.run_id == "slow"}
+    lossy = [t for t in part.transitions if t.run_id == "lossy"][-1]
+    assert (lossy.reason, lossy.evidence.events_dropped) == ("producer_dropped", 5)

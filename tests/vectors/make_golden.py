@@ -15,12 +15,15 @@ from loopwarden.codecs import (
     ApprovalRouted,
     Custom,
     Evidence,
+    EventsDropped,
     HealthTransition,
     LoopFinished,
     OutcomeReceipt,
     Policy,
+    RunActive,
     RunEnded,
     RunStarted,
+    SegmentStarted,
     StepCount,
     StepFinished,
     TokenBudget,
@@ -50,7 +53,9 @@ def vectors() -> list:
         StepFinished(run_id="g-1", ts=TS + 1, step=0, finish_reason="stop"),
         StepFinished(run_id="g-2", ts=TS + 2, step=3, segment=1, finish_reason="tool-calls",
                      tool_calls=tuple(ToolCall(id=f"tc-{s}", name="lookup", status=s)
-                                      for s in ("result", "error", "pending", "approval_requested", "denied")),
+                                      for s in ("result", "error", "pending", "approval_requested", "denied",
+                                                "cancelled")) + (
+                         ToolCall(id="tc-p", name="web_search", status="result", provider_executed=True),),
                      usage=Usage(input_tokens=100, output_tokens=20, total_tokens=120)),
         StepFinished(run_id="g-2", ts=TS + 3, step=4, segment=1, finish_reason="length", usage=Usage(input_tokens=7)),
     ]
@@ -70,6 +75,13 @@ def vectors() -> list:
         ApprovalRouted(run_id="g-a2", ts=TS + 33, approval_id="ap-2", owner=None, deadline_ts=None, resume_token=None),
         ApprovalResolved(run_id="g-a1", ts=TS + 34, approval_id="ap-1", approved=True),
         ApprovalResolved(run_id="g-a2", ts=TS + 35, approval_id="ap-2", approved=False),
+        # spec.md section 11
+        SegmentStarted(run_id="g-a1", ts=TS + 36, segment=3,
+                       policy=Policy(version="v1-resume", stop_when=(StepCount(count=1),))),
+        SegmentStarted(run_id="g-a2", ts=TS + 36, segment=1, policy=None),
+        RunActive(run_id="g-a1", ts=TS + 37, segment=3, in_="tool", tool_call_id="tc-9"),
+        RunActive(run_id="g-a1", ts=TS + 38, segment=3, in_="model", tool_call_id=None),
+        EventsDropped(run_id="g-a1", ts=TS + 39, count=17),
     ]
     for i, (kind, verifier, verified) in enumerate((("file", "destination", True), ("record", "validator", False),
                                                      ("message", "human", True), ("deployment", "destination", True),
@@ -82,7 +94,8 @@ def vectors() -> list:
         from_state="RUNNING", to_state="WAITING", reason="approval_required",
         evidence=Evidence(reported_cause="approval_required", derived_cause="approval_required", fired=(),
                           step_count=2, segments=3, tool_errors=1, finish_reason="tool-calls", disagreements=(),
-                          receipt_ids=("rc-0",), approval=ROUTED, ignored={"duplicate_step": 1})))
+                          receipt_ids=("rc-0",), approval=ROUTED, ignored={"duplicate_step": 1},
+                          events_dropped=17)))
     out.append(HealthTransition(
         run_id="g-1", seq=1, ts=TS, emitted_ts=TS, agent=None, policy_version=None, from_state=None,
         to_state="RUNNING", reason="started",

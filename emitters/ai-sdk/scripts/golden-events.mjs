@@ -71,7 +71,11 @@ export function goldenEvents() {
     segment: 1,
     step: 0,
     finish_reason: 'tool-calls',
-    tool_calls: TOOL_CALL_STATUSES.map((status) => ({ id: `tc-${status}`, name: 'lookup', status })),
+    tool_calls: [
+      ...TOOL_CALL_STATUSES.map((status) => ({ id: `tc-${status}`, name: 'lookup', status })),
+      { id: 'tc-provider', name: 'web_search', status: 'result', provider_executed: true },
+      { id: 'tc-client', name: 'lookup', status: 'result', provider_executed: false },
+    ],
     usage: { input_tokens: 100, output_tokens: 20, total_tokens: 120 },
   });
   events.push({ type: 'step_finished', run_id: 'ts-s', ts: at(), segment: 1, step: 1, finish_reason: 'length', usage: {} });
@@ -128,6 +132,20 @@ export function goldenEvents() {
   events.push({ type: 'approval_routed', run_id: 'ts-e-unrouted', ts: at(), approval_id: 'ap-2', owner: null, deadline_ts: null, resume_token: null });
   events.push({ type: 'approval_resolved', run_id: 'ts-e-unrouted', ts: at(), approval_id: 'ap-2', approved: true });
   events.push({ type: 'approval_resolved', run_id: 'ts-e-unrouted', ts: at(), approval_id: 'ap-2', approved: false });
+
+  // spec.md section 11: segment_started (a policy, null), run_active (model, tool), events_dropped
+  events.push({
+    type: 'segment_started',
+    run_id: 'ts-e-unrouted',
+    ts: at(),
+    segment: 3,
+    policy: { version: 'v1-resume', stop_when: [{ kind: 'step_count', count: 1 }], inactivity_timeout_s: 300, receipt_window_s: 600, required_outcomes: [] },
+  });
+  events.push({ type: 'segment_started', run_id: 'ts-e-unrouted', ts: at(), segment: 4, policy: null });
+  events.push({ type: 'run_active', run_id: 'ts-e-unrouted', ts: at(), segment: 3, in: 'model', tool_call_id: null });
+  events.push({ type: 'run_active', run_id: 'ts-e-unrouted', ts: at(), segment: 3, in: 'tool', tool_call_id: 'tc-9' });
+  events.push({ type: 'run_active', run_id: 'ts-e-unrouted', ts: at(), segment: 3, in: 'model' });
+  events.push({ type: 'events_dropped', run_id: 'ts-e-unrouted', ts: at(), count: 17 });
 
   // outcome_receipt: every kind and verifier; evidence unset, empty, every value type.
   events.push({ type: 'outcome_receipt', run_id: 'ts-r', ts: at(), receipt_id: 'rc-unset', kind: 'file', verifier: 'destination', verified: true });

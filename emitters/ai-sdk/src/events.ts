@@ -25,6 +25,7 @@ export const TOOL_CALL_STATUSES = [
   'pending',
   'approval_requested',
   'denied',
+  'cancelled',
 ] as const;
 export type ToolCallStatus = (typeof TOOL_CALL_STATUSES)[number];
 
@@ -84,6 +85,8 @@ export interface ToolCallRecord {
   id: string;
   name: string;
   status: ToolCallStatus;
+  /** The provider ran it (default false); the SDK still counts it in hasToolCall. */
+  provider_executed?: boolean;
 }
 
 export interface Usage {
@@ -157,6 +160,34 @@ export interface ApprovalResolved {
   approved: boolean;
 }
 
+/** spec.md section 11: the policy of a segment that does not run under the run's. */
+export interface SegmentStarted {
+  type: 'segment_started';
+  run_id: string;
+  ts: number;
+  segment: number;
+  /** null: the run's policy */
+  policy: Policy | null;
+}
+
+/** spec.md section 11: a model call or tool is still going (activity, nothing else). */
+export interface RunActive {
+  type: 'run_active';
+  run_id: string;
+  ts: number;
+  segment: number;
+  in: 'model' | 'tool';
+  tool_call_id?: string | null;
+}
+
+/** spec.md section 11: the producer lost `count` events of this run. */
+export interface EventsDropped {
+  type: 'events_dropped';
+  run_id: string;
+  ts: number;
+  count: number;
+}
+
 export type EvidenceValue = string | number | boolean;
 
 export interface OutcomeReceipt {
@@ -186,7 +217,15 @@ export interface HealthTransition {
 }
 
 /** Events on `agent.steps`. */
-export type StepsEvent = RunStarted | StepFinished | RunEnded | ApprovalRouted | ApprovalResolved;
+export type StepsEvent =
+  | RunStarted
+  | StepFinished
+  | RunEnded
+  | ApprovalRouted
+  | ApprovalResolved
+  | SegmentStarted
+  | RunActive
+  | EventsDropped;
 /** Every event type of the wire contract. */
 export type LoopwardenEvent = StepsEvent | OutcomeReceipt | HealthTransition;
 export type EventType = LoopwardenEvent['type'];
@@ -197,6 +236,9 @@ export const EVENT_TYPES: readonly EventType[] = [
   'run_ended',
   'approval_routed',
   'approval_resolved',
+  'segment_started',
+  'run_active',
+  'events_dropped',
   'outcome_receipt',
   'health_transition',
 ];
@@ -258,6 +300,9 @@ const KEYS = {
   run_ended: ['type', 'run_id', 'ts', 'segment', 'cause', 'fired', 'step_count', 'approval', 'error_name', 'steered'],
   approval_routed: ['type', 'run_id', 'ts', 'approval_id', 'owner', 'deadline_ts', 'resume_token'],
   approval_resolved: ['type', 'run_id', 'ts', 'approval_id', 'approved'],
+  segment_started: ['type', 'run_id', 'ts', 'segment', 'policy'],
+  run_active: ['type', 'run_id', 'ts', 'segment', 'in', 'tool_call_id'],
+  events_dropped: ['type', 'run_id', 'ts', 'count'],
   outcome_receipt: ['type', 'run_id', 'ts', 'receipt_id', 'kind', 'verifier', 'verified', 'evidence'],
   health_transition: [
     'type',
@@ -282,7 +327,7 @@ const CONDITION_KEYS: Record<Condition['kind'], readonly string[]> = {
   token_budget: ['kind', 'max_tokens'],
   custom: ['kind', 'name', 'role'],
 };
-const TOOL_CALL_KEYS = ['id', 'name', 'status'];
+const TOOL_CALL_KEYS = ['id', 'name', 'status', 'provider_executed'];
 const USAGE_KEYS = ['input_tokens', 'output_tokens', 'total_tokens'];
 const APPROVAL_KEYS = ['approval_id', 'tool_call_id', 'tool_name', 'owner', 'deadline_ts', 'resume_token'];
 
@@ -309,6 +354,9 @@ export function canonicalEvent(event: LoopwardenEvent): Obj {
       break;
     case 'run_ended':
       if (event.approval) out.approval = pick(event.approval as unknown as Obj, APPROVAL_KEYS);
+      break;
+    case 'segment_started':
+      if (event.policy) out.policy = canonicalPolicy(event.policy);
       break;
     default:
       break;
@@ -566,11 +614,15 @@ export function decodeEvent(input: string | unknown): LoopwardenEvent {
       };
       if (r.has('segment')) event.segment = r.int('segment', { min: 0 });
       if (r.has('tool_calls')) {
-        event.tool_calls = r.items('tool_calls', L.toolCalls).map((c) => ({
-          id: c.str('id', ID),
-          name: c.str('name', ID),
-          status: c.oneOf('status', TOOL_CALL_STATUSES),
-        }));
+        event.tool_calls = r.items('tool_calls', L.toolCalls).map((c) => {
+          const call: ToolCallRecord = {
+            id: c.str('id', ID),
+            name: c.str('name', ID),
+            status: c.oneOf('status', TOOL_CALL_STATUSES),
+          };
+          if (c.has('provider_executed')) call.provider_executed = c.bool('provider_executed');
+          return call;
+        });
       }
       if (r.has('usage')) event.usage = decodeUsage(r.object('usage'));
       return canonicalEvent(event) as unknown as StepFinished;
@@ -606,6 +658,21 @@ export function decodeEvent(input: string | unknown): LoopwardenEvent {
       };
     case 'approval_resolved':
       return { type, run_id, ts, approval_id: r.str('approval_id', ID), approved: r.bool('approved') };
+    case 'segment_started':
+      return {
+        type,
+        run_id,
+        ts,
+        segment: r.int('segment', { min: 0 }),
+        policy: r.raw('policy') === null ? null : decodePolicy(r.object('policy')),
+      };
+    case 'run_active': {
+      const event: RunActive = { type, run_id, ts, segment: r.int('segment', { min: 0 }), in: r.oneOf('in', ['model', 'tool'] as const) };
+      if (r.has('tool_call_id')) event.tool_call_id = r.nullableStr('tool_call_id', ID);
+      return event;
+    }
+    case 'events_dropped':
+      return { type, run_id, ts, count: r.int('count', { min: 1 }) };
     case 'outcome_receipt': {
       const event: OutcomeReceipt = {
         type,

@@ -29,8 +29,8 @@ export {
   type AnyStopCondition,
 } from './conditions.js';
 export { MemorySink, KafkaSink, RateLimitedLog, kafkaLogLine, type Sink, type SinkRecord, type KafkaSinkOptions, type SinkLogger } from './sinks.js';
-export { Publisher, type PublisherOptions, type PublisherStats } from './publisher.js';
+export { Publisher, PRIORITY, type PublisherOptions, type PublisherStats } from './publisher.js';
 export { summarizeStep, deriveBoundaryCause, clipId, type StepSummary, type CallOutcome, type BoundaryVerdict } from './steps.js';
 export { sdkEvaluatesAfter } from './sdk-internals.js';
-export { LoopwardenConfigError } from './errors.js';
+export { LoopwardenConfigError, LoopwardenResumeError } from './errors.js';
 export * from './events.js';

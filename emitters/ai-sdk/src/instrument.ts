@@ -12,9 +12,10 @@
  * Everything it does is guarded: an internal failure is counted, the agent call proceeds as if
  * uninstrumented, and nothing waits for Kafka.
  */
+import { AsyncLocalStorage } from 'node:async_hooks';
 import { generateText, streamText, type ToolLoopAgent } from 'ai';
 import { describeCondition, firedIds, type AnyStopCondition } from './conditions.js';
-import { LoopwardenConfigError } from './errors.js';
+import { LoopwardenConfigError, LoopwardenResumeError } from './errors.js';
 import {
   encodeEvent,
   LIMITS,
@@ -28,7 +29,7 @@ import {
   type StepsEvent,
   type Verifier,
 } from './events.js';
-import { Publisher, type PublisherOptions, type PublisherStats } from './publisher.js';
+import { Publisher, PRIORITY, type PublisherOptions, type PublisherStats } from './publisher.js';
 import type { Sink } from './sinks.js';
 import {
   agentStopWhen,
@@ -37,6 +38,7 @@ import {
   sdkEvaluatesAfter,
   streamStepsPromise,
   textDefaultStopWhen,
+  withPrepareCall,
 } from './sdk-internals.js';
 import { approvalOf, clipId, deriveBoundaryCause, summarizeStep, type CallOutcome, type StepSummary } from './steps.js';
 
@@ -74,6 +76,11 @@ export interface PolicyOptions {
 }
 
 export interface LoopwardenOptions extends PolicyOptions, PublisherOptions {
+  /**
+   * How long a segment may go without a step while run_active keeps it from looking stuck
+   * (seconds, default 3600): a model call or tool that hangs longer is left to go STUCK.
+   */
+  runActiveMaxS?: number;
   sink: Sink;
   /** Topic names; defaults `agent.steps` and `agent.outcomes`. */
   topics?: { steps?: string; outcomes?: string };
@@ -84,7 +91,11 @@ export interface LoopwardenOptions extends PolicyOptions, PublisherOptions {
 }
 
 export interface RunOptions {
-  /** Segment number of the first call made through this handle (default 0). */
+  /**
+   * Segment number of the first call made through this handle. Default: where this client's last
+   * handle of the same run id left off, else 0. A first call that resumes an approval on a handle
+   * that would start at 0 throws LoopwardenConfigError (its events would be ignored as duplicates).
+   */
   segment?: number;
   /** Publish run_started before the first call (default: only when `segment` is 0). */
   publishRunStarted?: boolean;
@@ -197,6 +208,8 @@ export class Loopwarden {
   private readonly publisher: Publisher;
   private readonly now: () => number;
   private internalErrors = 0;
+  /** next segment and run policy per run id, for handles made later for the same run (bounded) */
+  private readonly segments = new Map<string, { next: number; policy: Policy | null }>();
 
   constructor(readonly options: LoopwardenOptions) {
     if (options == null || options.sink == null || typeof options.sink.send !== 'function') {
@@ -208,8 +221,28 @@ export class Loopwarden {
       outcomes: options.topics?.outcomes ?? 'agent.outcomes',
     };
     if (!this.topics.steps || !this.topics.outcomes) throw new LoopwardenConfigError('topic names must not be empty');
-    this.publisher = new Publisher(options.sink, options);
+    this.publisher = new Publisher(options.sink, {
+      ...options,
+      // spec.md section 11: a run that lost events is told so (events_dropped), on the steps topic
+      lossReport: (key, count) => ({
+        topic: this.topics.steps,
+        key,
+        value: encodeEvent({ type: 'events_dropped', run_id: key, ts: this.clock(), count }),
+      }),
+    });
     this.now = options.now ?? Date.now;
+  }
+
+  /** @internal The next segment of a run this client has seen, if it remembers it. */
+  nextSegmentOf(runId: string): { next: number; policy: Policy | null } | undefined {
+    return this.segments.get(runId);
+  }
+
+  /** @internal */
+  rememberSegment(runId: string, next: number, policy: Policy | null): void {
+    this.segments.delete(runId);
+    this.segments.set(runId, { next, policy });
+    if (this.segments.size > 10_000) this.segments.delete(this.segments.keys().next().value as string);
   }
 
   /** Guard for everything that runs inside an agent call. */
@@ -229,7 +262,10 @@ export class Loopwarden {
   /** Queue one agent.steps event. Never throws, never waits. */
   emit(event: StepsEvent): boolean {
     try {
-      return this.publisher.enqueue({ topic: this.topics.steps, key: event.run_id, value: encodeEvent(event) });
+      // The queue policy's ranks: run_active goes first when the queue is full, run_ended last.
+      const priority =
+        event.type === 'run_active' ? PRIORITY.liveness : event.type === 'run_ended' ? PRIORITY.end : PRIORITY.normal;
+      return this.publisher.enqueue({ topic: this.topics.steps, key: event.run_id, value: encodeEvent(event) }, priority);
     } catch (error) {
       this.internalError(error);
       return false;
@@ -260,7 +296,20 @@ export class Loopwarden {
     const described = describeStopWhen(settings.stopWhen, toolNames, 'stopWhen');
     const name = options.agent ?? this.options.agent ?? agent.id ?? 'agent';
     checkPolicyOptions({ agent: name });
-    return new WatchedAgent(this, agent, name, described, this.policyFor(described, options), options);
+    // An agent with prepareCall may swap stopWhen per call: run it through a copy that tells us
+    // what prepareCall returned (sdk-internals.ts, item 6).
+    let runner: AGENT = agent;
+    try {
+      const copy = withPrepareCall(agent, (original) => async (args: Record<string, unknown>) => {
+        const prepared = await original(args);
+        const tracker = CURRENT_SEGMENT.getStore();
+        return tracker ? tracker.prepared(args, prepared) : prepared;
+      });
+      if (copy) runner = copy as AGENT;
+    } catch (error) {
+      this.internalError(error);
+    }
+    return new WatchedAgent(this, agent, name, described, this.policyFor(described, options), options, runner);
   }
 
   /** A run driven by `generateText`/`streamText` directly (policy read from each call's options). */
@@ -355,6 +404,10 @@ class RunState {
   nextSegment: number;
   pendingApprovalId: string | null;
   readonly resolved = new Set<string>();
+  /** the policy this handle published in run_started; null: not known here (another handle did) */
+  private runPolicy: Policy | null = null;
+  /** the first segment number was given or continued, not assumed to be 0 */
+  private readonly numbered: boolean;
 
   constructor(
     readonly lw: Loopwarden,
@@ -362,20 +415,37 @@ class RunState {
     readonly agent: string,
     readonly options: RunOptions & PolicyOptions,
   ) {
-    const first = options.segment ?? 0;
+    const known = options.segment === undefined ? lw.nextSegmentOf(runId) : undefined;
+    const first = options.segment ?? known?.next ?? 0;
+    this.runPolicy = known?.policy ?? null;
     if (!Number.isSafeInteger(first) || first < 0) throw new LoopwardenConfigError(`segment must be an integer >= 0, got ${first}`);
     this.nextSegment = first;
+    this.numbered = options.segment !== undefined || known !== undefined;
     this.started = !(options.publishRunStarted ?? first === 0);
     this.pendingApprovalId = options.pendingApprovalId ?? null;
   }
 
-  /** Start a segment: run_started (first time), approval_resolved for the answers carried. */
+  /**
+   * Start a segment: run_started (first time), approval_resolved for the answers carried, and
+   * segment_started when the segment's policy is not the run's (or the run's is not known here).
+   */
   begin(policy: Policy, described: DescribedPolicy, messages: unknown): SegmentTracker {
+    const responses = approvalResponsesIn(messages);
+    if (!this.numbered && this.nextSegment === 0 && responses.length > 0) {
+      // A resume (the messages answer an approval) on a handle that would number it segment 0:
+      // loopwarden would ignore every event of it as a duplicate of the run's first segment.
+      throw new LoopwardenResumeError(
+        `run ${JSON.stringify(this.runId)}: this call resumes approval ${JSON.stringify(responses[0]!.approvalId)} ` +
+          `(its messages carry a tool-approval-response) on a new run handle that starts at segment 0; ` +
+          `resume through the run's own handle, or pass { segment: <the original handle's nextSegment> } to run()`,
+      );
+    }
     if (!this.started) {
       this.started = true;
+      this.runPolicy = policy;
       this.lw.emit({ type: 'run_started', run_id: this.runId, ts: this.lw.clock(), agent: this.agent, policy });
     }
-    for (const { approvalId, approved } of approvalResponsesIn(messages)) {
+    for (const { approvalId, approved } of responses) {
       if (this.resolved.has(approvalId)) continue;
       if (this.pendingApprovalId !== null && approvalId !== this.pendingApprovalId) continue;
       this.resolved.add(approvalId);
@@ -384,7 +454,12 @@ class RunState {
     this.pendingApprovalId = null;
     const segment = this.nextSegment;
     this.nextSegment += 1;
-    return new SegmentTracker(this, segment, described);
+    this.lw.rememberSegment(this.runId, this.nextSegment, this.runPolicy);
+    if (this.runPolicy === null || !samePolicy(policy, this.runPolicy)) {
+      // spec.md section 11: e.g. a generateText resume without stopWhen runs under one step
+      this.lw.emit({ type: 'segment_started', run_id: this.runId, ts: this.lw.clock(), segment, policy });
+    }
+    return new SegmentTracker(this, segment, described, policy);
   }
 
   approvalRouted(approvalId: string, routing: ApprovalRouting): boolean {
@@ -398,6 +473,17 @@ class RunState {
   }
 }
 
+/** The segment whose agent call is running (for the agent copy's prepareCall, see instrument()). */
+const CURRENT_SEGMENT = new AsyncLocalStorage<SegmentTracker>();
+
+function samePolicy(a: Policy, b: Policy): boolean {
+  return encodePolicy(a) === encodePolicy(b);
+}
+
+function encodePolicy(policy: Policy): string {
+  return encodeEvent({ type: 'segment_started', run_id: '-', ts: 0, segment: 0, policy });
+}
+
 /** One `generate()`/`stream()` call. */
 class SegmentTracker {
   readonly steps: StepSummary[] = [];
@@ -406,12 +492,51 @@ class SegmentTracker {
   private ended = false;
   /** the call passed `experimental_steering` */
   private steering = false;
+  /** the first error part of the stream (a provider failure the call did not reject for) */
+  private streamError: unknown = undefined;
+
+  /** a streaming call: reads of its consumer streams waiting now (undefined: not a stream) */
+  private reads: number | undefined;
+  /** tools running now (onToolExecutionStart/End), by tool call id */
+  private readonly running = new Set<string>();
+  private lastSignTs: number;
+  private readonly startedTs: number;
+  private activeTimer: ReturnType<typeof setInterval> | undefined;
 
   constructor(
     readonly run: RunState,
     readonly segment: number,
-    readonly described: DescribedPolicy,
-  ) {}
+    public described: DescribedPolicy,
+    policy: Policy,
+  ) {
+    this.startedTs = this.lastSignTs = run.lw.clock();
+    // spec.md section 11: a model call or tool longer than a third of the inactivity timeout is
+    // told as run_active, so loopwarden does not call it STUCK; checked twice per third.
+    const thirdMs = ((policy.inactivity_timeout_s ?? 300) * 1000) / 3;
+    const maxMs = (run.lw.options.runActiveMaxS ?? 3600) * 1000;
+    this.activeTimer = setInterval(() => this.guard(() => this.active(thirdMs, maxMs)), Math.max(10, thirdMs / 2));
+    this.activeTimer.unref?.(); // never what keeps a process alive
+  }
+
+  private active(thirdMs: number, maxMs: number): void {
+    if (this.ended) return;
+    // A stream only moves while its consumer reads: one that nobody is reading (not yet, or any
+    // more) is not active, whatever the timer says, and may go STUCK.
+    if (this.reads !== undefined && this.reads === 0) return;
+    const now = this.run.lw.clock();
+    if (now - this.startedTs > maxMs && now - this.lastSignTs > maxMs) return; // hung: let it go STUCK
+    if (now - this.lastSignTs < thirdMs) return;
+    const [tool] = this.running;
+    this.lastSignTs = now;
+    this.run.lw.emit({
+      type: 'run_active',
+      run_id: this.run.runId,
+      ts: now,
+      segment: this.segment,
+      in: tool === undefined ? 'model' : 'tool',
+      tool_call_id: tool === undefined ? null : clipId(tool),
+    });
+  }
 
   private guard(fn: () => void): void {
     try {
@@ -426,6 +551,7 @@ class SegmentTracker {
       if (this.ended) return;
       const summary = summarizeStep(step, this.steps.length);
       this.steps.push(summary);
+      this.lastSignTs = this.run.lw.clock();
       this.run.lw.emit({
         type: 'step_finished',
         run_id: this.run.runId,
@@ -467,6 +593,36 @@ class SegmentTracker {
     });
   }
 
+  private noteStreamError(error: unknown): void {
+    if (this.streamError === undefined) this.streamError = error ?? new Error('stream error');
+  }
+
+  /**
+   * The agent's prepareCall ran with `args` (our wrapped stopWhen among them) and returned
+   * `prepared`. When it swapped stopWhen, the segment runs under that policy: describe it, tell
+   * loopwarden (segment_started, before the first step), and wrap the new conditions so their
+   * evaluation is observed as the agent's own are. Returns what the SDK should use.
+   */
+  prepared(args: Record<string, unknown>, prepared: unknown): unknown {
+    try {
+      if (prepared == null || typeof prepared !== 'object') return prepared;
+      const out = prepared as Record<string, unknown>;
+      if (out.stopWhen === args.stopWhen) return prepared;
+      const toolNames = Object.keys((out.tools ?? args.tools ?? {}) as object);
+      // generateText's own default when prepareCall dropped stopWhen
+      const described = describeStopWhen(out.stopWhen ?? textDefaultStopWhen(), toolNames, 'prepareCall stopWhen');
+      this.described = described;
+      this.evaluatedLength = -1;
+      this.evaluatedFired.clear();
+      const policy = this.run.lw.policyFor(described, this.run.options);
+      this.run.lw.emit({ type: 'segment_started', run_id: this.run.runId, ts: this.run.lw.clock(), segment: this.segment, policy });
+      return { ...out, stopWhen: this.wrappedStopWhen() };
+    } catch (error) {
+      this.run.lw.internalError(error);
+      return prepared;
+    }
+  }
+
   /** Whether stopWhen was evaluated after the last step, and the ids that were true then. */
   private lastEvaluation(): { evaluatedAtLast: boolean; fired: string[] } {
     if (this.described.entries === null) {
@@ -484,6 +640,8 @@ class SegmentTracker {
     this.guard(() => {
       if (this.ended) return;
       this.ended = true;
+      clearInterval(this.activeTimer);
+      this.activeTimer = undefined;
       const evaluation =
         outcome.kind === 'resolved' ? this.lastEvaluation() : { evaluatedAtLast: false, fired: [] as string[] };
       const fired = evaluation.fired;
@@ -535,13 +693,40 @@ class SegmentTracker {
     };
     const stopWhen = this.wrappedStopWhen();
     if (stopWhen !== undefined) out.stopWhen = stopWhen;
+    // Which tools run now, for run_active's `in`/`tool_call_id`.
+    const { onToolExecutionStart, onToolExecutionEnd } = original;
+    out.onToolExecutionStart = (event: unknown) => {
+      const id = (event as { toolCall?: { toolCallId?: unknown } } | null)?.toolCall?.toolCallId;
+      if (typeof id === 'string') this.running.add(id);
+      return (onToolExecutionStart as Callback)?.(event);
+    };
+    out.onToolExecutionEnd = (event: unknown) => {
+      const id = (event as { toolCall?: { toolCallId?: unknown } } | null)?.toolCall?.toolCallId;
+      if (typeof id === 'string') this.running.delete(id);
+      return (onToolExecutionEnd as Callback)?.(event);
+    };
     if (opts.hookEnd) {
       const { onFinish, onEnd } = original;
       const userEnd = (onEnd ?? onFinish) as Callback;
       delete out.onFinish;
       out.onEnd = (event: unknown) => {
-        this.end({ kind: 'resolved' });
+        this.end(this.streamError === undefined ? { kind: 'resolved' } : { kind: 'resolved', streamError: this.streamError });
         return userEnd?.(event);
+      };
+      // A provider failure in a stream does not reject anything: the SDK puts an `error` part in
+      // the stream (also when doStream throws at a later step) and ends normally. onChunk sees
+      // every part, including those (errors a stream retry handles are not shown to it);
+      // onStepError sees a step that failed before producing a result.
+      const userChunk = original.onChunk as Callback;
+      out.onChunk = (event: unknown) => {
+        const chunk = (event as { chunk?: { type?: unknown; error?: unknown } } | null)?.chunk;
+        if (chunk?.type === 'error') this.noteStreamError(chunk.error);
+        return userChunk?.(event);
+      };
+      const userStepError = original.onStepError as Callback;
+      out.onStepError = (event: unknown) => {
+        this.noteStreamError((event as { error?: unknown } | null)?.error);
+        return userStepError?.(event);
       };
     }
     return out as P;
@@ -561,6 +746,41 @@ class SegmentTracker {
     });
   }
 
+  /**
+   * The streaming result as the caller sees it: the same object, except that the streams its
+   * public getters hand out report a consumer that stops reading (cancels, e.g. `break` out of a
+   * `for await`, or an HTTP client that went away under `toUIMessageStreamResponse`) as the end
+   * of the run: cause `aborted`, error_name `StreamCancelled` (or the cancel reason's name).
+   * Without this, a run nobody reads any more just stops, and loopwarden would call it STUCK.
+   */
+  watchConsumer<R>(result: R): R {
+    if (result == null || typeof result !== 'object') return result;
+    this.reads = 0;
+    const reading = (delta: number) => {
+      this.reads = (this.reads ?? 0) + delta;
+    };
+    try {
+      const onCancel = (reason: unknown) =>
+        this.end({
+          kind: 'rejected',
+          error:
+            reason instanceof Error
+              ? reason
+              : Object.assign(new Error('the stream consumer stopped reading'), { name: 'StreamCancelled' }),
+          signalAborted: true,
+        });
+      return new Proxy(result as object, {
+        get(target, prop, receiver) {
+          const value = Reflect.get(target, prop, receiver);
+          return typeof prop === 'string' && CONSUMER_STREAMS.has(prop) ? reportingCancel(value, onCancel, reading) : value;
+        },
+      }) as R;
+    } catch (error) {
+      this.run.lw.internalError(error);
+      return result;
+    }
+  }
+
   /** Wrap a generate-style promise. Same value, same error; run_ended on the way. */
   follow<T>(promise: PromiseLike<T>, abortSignal: AbortSignal | undefined): Promise<T> {
     return Promise.resolve(promise).then(
@@ -576,6 +796,46 @@ class SegmentTracker {
   }
 }
 
+// The getters of a streaming result that hand a stream to its consumer. The response helpers
+// (toUIMessageStream, toTextStreamResponse …) and textStream read `stream` themselves, so they are
+// covered through it (a stream wrapped twice reports once: the run ends once).
+const CONSUMER_STREAMS = new Set([
+  'stream', 'fullStream', 'textStream', 'partialOutputStream', 'experimental_partialOutputStream', 'elementStream',
+]);
+
+/**
+ * `stream` as is, except that cancelling it calls `onCancel` first and `reading` counts the reads
+ * waiting (+1 / -1). Not a stream: returned as is.
+ */
+function reportingCancel(stream: unknown, onCancel: (reason: unknown) => void, reading: (delta: number) => void): unknown {
+  if (!(stream instanceof ReadableStream)) return stream;
+  const reader = stream.getReader();
+  return new ReadableStream(
+    {
+      async pull(controller) {
+        reading(1);
+        try {
+          const { done, value } = await reader.read();
+          if (done) controller.close();
+          else controller.enqueue(value);
+        } catch (error) {
+          controller.error(error);
+        } finally {
+          reading(-1);
+        }
+      },
+      cancel(reason) {
+        try {
+          onCancel(reason);
+        } finally {
+          return reader.cancel(reason);
+        }
+      },
+    },
+    { highWaterMark: 0 },
+  );
+}
+
 /** A ToolLoopAgent with loopwarden attached; `run(runId)` gives the per-run handle. */
 export class WatchedAgent<AGENT extends ToolLoopAgent<any, any, any, any>> {
   constructor(
@@ -586,13 +846,15 @@ export class WatchedAgent<AGENT extends ToolLoopAgent<any, any, any, any>> {
     /** The policy published in run_started. */
     readonly policy: Policy,
     private readonly options: PolicyOptions,
+    /** what the calls go through: the agent, or its copy that reports prepareCall's stopWhen */
+    private readonly runner: AGENT = agent,
   ) {}
 
   /** The handle for one application-level run; each generate()/stream() on it is a segment. */
   run(runId: string, options: RunOptions = {}): AgentRun<AGENT> {
     checkRunId(runId);
     const state = new RunState(this.lw, runId, this.name, { ...this.options, ...options });
-    return new AgentRun(this.lw, state, this.agent, this.described, this.policy);
+    return new AgentRun(this.lw, state, this.runner, this.described, this.policy);
   }
 }
 
@@ -656,25 +918,36 @@ export class AgentRun<AGENT extends ToolLoopAgent<any, any, any, any>> extends R
       try {
         return state.begin(policy, described, (params as { messages?: unknown } | null)?.messages);
       } catch (error) {
+        if (error instanceof LoopwardenResumeError) throw error; // a usage error: told at once
         lw.internalError(error);
         return undefined;
       }
     };
     this.generate = ((params: Parameters<AGENT['generate']>[0]) => {
-      const tracker = begin(params);
+      let tracker: SegmentTracker | undefined;
+      try {
+        tracker = begin(params);
+      } catch (error) {
+        return Promise.reject(error);
+      }
       const callParams = hooked(lw, tracker, params, false);
-      const promise = agent.generate(callParams);
+      const promise = tracker ? CURRENT_SEGMENT.run(tracker, () => agent.generate(callParams)) : agent.generate(callParams);
       return tracker ? tracker.follow(promise, abortSignalOf(params)) : promise;
     }) as AGENT['generate'];
     this.stream = ((params: Parameters<AGENT['stream']>[0]) => {
-      const tracker = begin(params);
+      let tracker: SegmentTracker | undefined;
+      try {
+        tracker = begin(params);
+      } catch (error) {
+        return Promise.reject(error);
+      }
       const callParams = hooked(lw, tracker, params, true);
-      const promise = agent.stream(callParams);
+      const promise = tracker ? CURRENT_SEGMENT.run(tracker, () => agent.stream(callParams)) : agent.stream(callParams);
       if (!tracker) return promise;
       return Promise.resolve(promise).then(
         (result) => {
           tracker.watchStream(result, abortSignalOf(params));
-          return result;
+          return tracker.watchConsumer(result);
         },
         (error: unknown) => {
           tracker.end({ kind: 'rejected', error, signalAborted: abortSignalOf(params)?.aborted === true });
@@ -711,12 +984,18 @@ export class TextRun extends RunHandle {
         const described = describeStopWhen(stopWhen, toolNames, 'stopWhen');
         return this.state.begin(lw.policyFor(described, this.options), described, params.messages);
       } catch (error) {
+        if (error instanceof LoopwardenResumeError) throw error; // a usage error: told at once
         lw.internalError(error);
         return undefined;
       }
     };
     this.generateText = ((params: Record<string, unknown>) => {
-      const tracker = begin(params);
+      let tracker: SegmentTracker | undefined;
+      try {
+        tracker = begin(params);
+      } catch (error) {
+        return Promise.reject(error);
+      }
       const callParams = hooked(lw, tracker, params, false);
       const promise = generateText(callParams as never);
       return tracker ? tracker.follow(promise, abortSignalOf(params)) : promise;
@@ -741,7 +1020,7 @@ export class TextRun extends RunHandle {
       }
       const result = streamText(callParams as never);
       tracker?.watchStream(result, abortSignalOf(params));
-      return result;
+      return tracker ? tracker.watchConsumer(result) : result;
     }) as typeof streamText;
   }
 

@@ -22,6 +22,11 @@
  * 5. `streamText` results' `_steps` delayed promise: it rejects on abort, timeout and error
  *    without consuming the stream (the public `steps` getter starts consuming it; the public
  *    `onError`/`onAbort` options would replace the caller's and change `streamRetries`' behaviour).
+ * 6. `agent.settings.prepareCall` (same private field as item 1): a ToolLoopAgent's `prepareCall` may
+ *    return another `stopWhen` per call, and no hook shows what it returned. An agent that has one
+ *    is run through a copy made from its own settings (`new agent.constructor(settings)`, the
+ *    documented constructor) whose `prepareCall` calls the user's and tells the emitter what it
+ *    returned; the user's agent object is never modified.
  */
 import {
   hasToolCall as sdkHasToolCall,
@@ -41,6 +46,18 @@ export function agentStopWhen(agent: unknown): { found: true; stopWhen: unknown 
   return { found: true, stopWhen: (settings as { stopWhen?: unknown }).stopWhen };
 }
 
+/**
+ * A copy of the agent whose `prepareCall` is `wrap(the agent's own)`, or undefined when the agent
+ * has no `prepareCall` (item 6).
+ */
+export function withPrepareCall(agent: unknown, wrap: (original: (args: any) => unknown) => (args: any) => unknown): unknown {
+  const settings = (agent as { settings?: Record<string, unknown> } | null)?.settings;
+  const original = settings?.prepareCall;
+  if (typeof original !== 'function') return undefined;
+  const Agent = (agent as { constructor: new (settings: Record<string, unknown>) => unknown }).constructor;
+  return new Agent({ ...settings, prepareCall: wrap(original.bind(undefined) as (args: any) => unknown) });
+}
+
 // --- 2. and 3. the default cap and when the SDK evaluates -----------------------------------------
 
 /** ToolLoopAgent's default `stopWhen`: `isStepCount(DEFAULT_AGENT_STEP_CAP)`. */
@@ -49,20 +66,26 @@ export const DEFAULT_AGENT_STEP_CAP = 20;
 /** What `sdkEvaluatesAfter` needs of a step. */
 export interface EvaluatedStep {
   finish_reason: string;
-  tool_calls: ReadonlyArray<{ status: string }>;
+  tool_calls: ReadonlyArray<{ status: string; provider_executed?: boolean }>;
 }
 
 /**
  * Whether the SDK evaluates `stopWhen` after this step (ai 7, `shouldStartNextStep`): the finish
  * reason is not `interrupted`, and either the step has client tool calls and every one of them
- * has a result, an error or a denial, or (experimental steering, ai >= 7.0.154) it has none, a
+ * has a result, an error (cancelled included) or a denial, or a provider-executed call awaits its
+ * deferred result, or (experimental steering, ai >= 7.0.154) it has none, a
  * steering message was waiting and it did not finish with `error`. Unlike spec.md's rule, any
  * other finish reason qualifies (measured by test/oracle/sdk-oracle.mjs).
  */
 export function sdkEvaluatesAfter(step: EvaluatedStep | undefined, steered = false): boolean {
   if (step === undefined || step.finish_reason === 'interrupted') return false;
-  if (step.tool_calls.length === 0) return steered && step.finish_reason !== 'error';
-  return step.tool_calls.every((c) => c.status === 'result' || c.status === 'error' || c.status === 'denied');
+  // Provider-executed calls need no outcome of their own; one still awaiting its deferred result
+  // makes the SDK evaluate as a client call would (`pendingDeferredToolCalls`).
+  const client = step.tool_calls.filter((c) => c.provider_executed !== true);
+  const deferred = step.tool_calls.some((c) => c.provider_executed === true && c.status === 'pending');
+  if (client.length === 0) return deferred || (steered && step.finish_reason !== 'error');
+  // A tool interrupted by the run's abort or timeout ends as a tool-error part: an outcome too.
+  return client.every((c) => c.status === 'result' || c.status === 'error' || c.status === 'denied' || c.status === 'cancelled');
 }
 
 /** generateText/streamText's default `stopWhen` (one step), as the SDK's own closure. */

@@ -22,6 +22,11 @@ export interface Sink {
    * publisher's close budget; should settle within it (the publisher stops waiting then anyway).
    */
   close(timeoutMs?: number): Promise<void>;
+  /**
+   * Optional: drop the connection after a send the publisher gave up waiting for (a broker that
+   * accepts and never answers), so that the next send starts afresh.
+   */
+  reset?(): void;
 }
 
 /** Keeps every record in memory, in delivery order. `down = true` makes `send` fail (Kafka down). */
@@ -84,6 +89,12 @@ export interface KafkaSinkOptions {
   /** Lines let through per interval (default 5) and the interval (default 60 000 ms). */
   logBurst?: number;
   logIntervalMs?: number;
+  /**
+   * Disconnect after this long without a send (default 1 000 ms; 0 = stay connected). A connected
+   * kafkajs client keeps a timer running that holds the event loop, so without this a process
+   * whose work is done would not exit while the connection stays open; the next send reconnects.
+   */
+  idleDisconnectMs?: number;
 }
 
 /**
@@ -100,6 +111,8 @@ export class RateLimitedLog {
     private readonly burst = 5,
     private readonly intervalMs = 60_000,
     private readonly now: () => number = Date.now,
+    /** what a line is, in the note about held-back lines */
+    private readonly noun = 'Kafka client line',
   ) {}
 
   write(level: 'error' | 'warn' | 'info' | 'debug', line: string): void {
@@ -114,7 +127,7 @@ export class RateLimitedLog {
     }
     this.inWindow += 1;
     if (this.suppressed > 0) {
-      line += ` (${this.suppressed} more Kafka client line${this.suppressed === 1 ? '' : 's'} suppressed before this one)`;
+      line += ` (${this.suppressed} more ${this.noun}${this.suppressed === 1 ? '' : 's'} suppressed before this one)`;
       this.suppressed = 0;
     }
     try {
@@ -159,6 +172,8 @@ export class KafkaSink implements Sink {
   private connecting: Promise<Producer> | undefined;
   private closed = false;
   private readonly sockets = new Set<import('node:net').Socket>();
+  private sending = 0;
+  private idleTimer: ReturnType<typeof setTimeout> | undefined;
   readonly log: RateLimitedLog;
 
   constructor(private readonly options: KafkaSinkOptions) {
@@ -191,6 +206,9 @@ export class KafkaSink implements Sink {
       }
       this.sockets.add(socket);
       socket.once('close', () => this.sockets.delete(socket));
+      // A connection to Kafka is never what keeps the process alive: an application that is done
+      // exits (the publisher flushes within its bound on the way out, see Publisher).
+      socket.unref();
       return socket;
     };
   }
@@ -211,6 +229,9 @@ export class KafkaSink implements Sink {
         logCreator: () => (entry: LogEntry) => {
           if (!this.closed) this.log.write(LEVELS[entry.level] ?? 'info', kafkaLogLine(entry));
         },
+        // kafkajs enforces request timeouts with an interval that holds the event loop for as long
+        // as a connection is open; the publisher times its sends out itself (sendTimeoutMs, unref'd).
+        enforceRequestTimeout: false,
         ...this.options.kafka,
         socketFactory,
       });
@@ -232,6 +253,32 @@ export class KafkaSink implements Sink {
 
   async send(records: readonly SinkRecord[]): Promise<void> {
     if (this.closed) throw new Error('KafkaSink is closed');
+    clearTimeout(this.idleTimer);
+    this.sending += 1;
+    try {
+      await this.sendNow(records);
+    } finally {
+      this.sending -= 1;
+      this.armIdle();
+    }
+  }
+
+  private armIdle(): void {
+    const ms = this.options.idleDisconnectMs ?? 1_000;
+    if (ms <= 0 || this.sending > 0 || this.closed) return;
+    clearTimeout(this.idleTimer);
+    this.idleTimer = setTimeout(() => {
+      if (this.sending > 0 || this.closed) return;
+      const producer = this.producer ?? this.created;
+      this.producer = undefined;
+      this.created = undefined;
+      this.connecting = undefined;
+      if (producer) void settleWithin(() => producer.disconnect(), 5_000);
+    }, ms);
+    this.idleTimer.unref?.();
+  }
+
+  private async sendNow(records: readonly SinkRecord[]): Promise<void> {
     const producer = await this.connect();
     const byTopic = new Map<string, SinkRecord[]>();
     for (const record of records) {
@@ -247,6 +294,16 @@ export class KafkaSink implements Sink {
     });
   }
 
+  /** Forget the producer and destroy its sockets: the next send connects again. */
+  reset(): void {
+    if (this.closed) return;
+    this.producer = undefined;
+    this.created = undefined;
+    this.connecting = undefined;
+    for (const socket of this.sockets) socket.destroy(new Error('KafkaSink reset after a send timed out'));
+    this.sockets.clear();
+  }
+
   /** Sockets open now (for tests and diagnostics). */
   openSockets(): number {
     return this.sockets.size;
@@ -258,6 +315,7 @@ export class KafkaSink implements Sink {
    */
   async close(timeoutMs = 5_000): Promise<void> {
     this.closed = true;
+    clearTimeout(this.idleTimer);
     const producer = this.producer ?? this.created;
     this.producer = undefined;
     if (producer) await settleWithin(() => producer.disconnect(), timeoutMs);

@@ -22,6 +22,8 @@ export interface StepSummary {
   usage: Usage;
   /** approval id per tool call id, for calls whose status is `approval_requested`. */
   approvalIds: Map<string, string>;
+  /** what interrupted the step's `cancelled` calls (a timeout wins over an abort), or null */
+  cancelledBy: 'aborted' | 'timeout' | null;
 }
 
 type Part = Record<string, unknown> & { type?: unknown };
@@ -47,15 +49,19 @@ function finishReasonOf(value: unknown): FinishReason {
 /**
  * Summarise an SDK StepResult (from `onStepEnd`/`onStepFinish` or `result.steps`).
  *
- * Status of each client-executed tool call, from the step's content parts:
- * `tool-error` → error; `tool-result` → result; a denying `tool-approval-response` → denied;
- * a user (non-automatic) `tool-approval-request` → approval_requested; otherwise pending.
+ * Status of each tool call, from the step's content parts: a `tool-error` whose error is an
+ * abort or timeout (`AbortError`, `TimeoutError`, or wrapping one) → cancelled (the run's own
+ * abort or timeout interrupted the tool: not a tool error); another `tool-error` → error;
+ * `tool-result` → result; a denying `tool-approval-response` → denied; a user (non-automatic)
+ * `tool-approval-request` → approval_requested; otherwise pending. Provider-executed calls are
+ * listed with `provider_executed: true` (the SDK counts them in hasToolCall).
  */
 export function summarizeStep(step: unknown, fallbackStepNumber = 0): StepSummary {
   const s = (step ?? {}) as Record<string, unknown>;
   const content = Array.isArray(s.content) ? (s.content as Part[]) : [];
-  const calls: Array<{ id: string; name: string }> = [];
+  const calls: Array<{ id: string; name: string; provider: boolean }> = [];
   const errors = new Set<string>();
+  const cancelled = new Map<string, 'aborted' | 'timeout'>();
   const results = new Set<string>();
   const denied = new Set<string>();
   const requested = new Map<string, string>();
@@ -63,12 +69,17 @@ export function summarizeStep(step: unknown, fallbackStepNumber = 0): StepSummar
     if (part == null || typeof part !== 'object') continue;
     switch (part.type) {
       case 'tool-call':
-        if (part.providerExecuted !== true && typeof part.toolCallId === 'string') {
-          calls.push({ id: part.toolCallId, name: clipId(part.toolName) });
+        if (typeof part.toolCallId === 'string') {
+          calls.push({ id: part.toolCallId, name: clipId(part.toolName), provider: part.providerExecuted === true });
         }
         break;
       case 'tool-error':
-        if (typeof part.toolCallId === 'string') errors.add(part.toolCallId);
+        if (typeof part.toolCallId === 'string') {
+          const names = errorNames(part.error);
+          if (names.includes('TimeoutError')) cancelled.set(part.toolCallId, 'timeout');
+          else if (names.includes('AbortError')) cancelled.set(part.toolCallId, 'aborted');
+          else errors.add(part.toolCallId);
+        }
         break;
       case 'tool-result':
         if (typeof part.toolCallId === 'string' && part.preliminary !== true) results.add(part.toolCallId);
@@ -90,16 +101,20 @@ export function summarizeStep(step: unknown, fallbackStepNumber = 0): StepSummar
     }
   }
   const approvalIds = new Map<string, string>();
-  const toolCalls = calls.slice(0, LIMITS.toolCalls).map(({ id, name }): ToolCallRecord => {
+  let cancelledBy: StepSummary['cancelledBy'] = null;
+  const toolCalls = calls.slice(0, LIMITS.toolCalls).map(({ id, name, provider }): ToolCallRecord => {
     let status: ToolCallRecord['status'] = 'pending';
-    if (errors.has(id)) status = 'error';
+    if (cancelled.has(id)) {
+      status = 'cancelled';
+      if (cancelledBy !== 'timeout') cancelledBy = cancelled.get(id)!;
+    } else if (errors.has(id)) status = 'error';
     else if (results.has(id)) status = 'result';
     else if (denied.has(id)) status = 'denied';
     else if (requested.has(id)) {
       status = 'approval_requested';
       approvalIds.set(clipId(id), requested.get(id)!);
     }
-    return { id: clipId(id), name, status };
+    return provider ? { id: clipId(id), name, status, provider_executed: true } : { id: clipId(id), name, status };
   });
   const usage = (s.usage ?? {}) as Record<string, unknown>;
   return {
@@ -112,6 +127,7 @@ export function summarizeStep(step: unknown, fallbackStepNumber = 0): StepSummar
       total_tokens: tokenCount(usage.totalTokens),
     },
     approvalIds,
+    cancelledBy,
   };
 }
 
@@ -133,7 +149,8 @@ function errorNames(error: unknown): string[] {
 
 /** What ended a `generate()`/`stream()` call, as observed at the boundary. */
 export type CallOutcome =
-  | { kind: 'resolved' }
+  /** `streamError`: an error part the stream carried (a provider failure the call survived) */
+  | { kind: 'resolved'; streamError?: unknown }
   | { kind: 'rejected'; error: unknown; signalAborted: boolean };
 
 export interface BoundaryVerdict {
@@ -149,9 +166,12 @@ export interface BoundaryVerdict {
  *
  * A rejected call: TimeoutError → timeout; an aborted signal or AbortError → aborted; else error.
  * A resolved call, on its last step L: no steps → unknown; an approval request →
- * approval_required; a tool error → tool_error; stopWhen evaluated after L (observed by the
- * wrapped conditions) → stop_condition when something fired, else unknown; no tool calls or a
- * finish reason other than stop/tool-calls → natural_finish; a pending call → unexecuted_tool.
+ * approval_required; a call cancelled by an abort or timeout → aborted / timeout (the SDK turned
+ * it into a tool error and may even have stopped on a condition: the run was still interrupted);
+ * an error part in the stream, or L finished with `error` → error (the provider failed); a tool
+ * error → tool_error; stopWhen evaluated after L (observed by the wrapped conditions) →
+ * stop_condition when something fired, else unknown; no client tool calls or a finish reason
+ * other than stop/tool-calls → natural_finish; a pending call → unexecuted_tool.
  */
 export function deriveBoundaryCause(
   outcome: CallOutcome,
@@ -182,12 +202,20 @@ export function deriveBoundaryCause(
     };
   }
   const verdict = (cause: Cause): BoundaryVerdict => ({ cause, errorName: null, approvalRequest: null });
-  if (last.tool_calls.some((call) => call.status === 'error')) return verdict('tool_error');
+  if (last.cancelledBy === 'timeout') return { cause: 'timeout', errorName: 'TimeoutError', approvalRequest: null };
+  if (last.cancelledBy === 'aborted') return { cause: 'aborted', errorName: 'AbortError', approvalRequest: null };
+  if (outcome.streamError !== undefined || last.finish_reason === 'error') {
+    const names = errorNames(outcome.streamError);
+    const first = names[0] === undefined ? null : [...names[0]].slice(0, LIMITS.errorName).join('');
+    return { cause: 'error', errorName: first, approvalRequest: null };
+  }
+  const client = last.tool_calls.filter((call) => call.provider_executed !== true);
+  if (client.some((call) => call.status === 'error')) return verdict('tool_error');
   if (evaluation.evaluatedAtLast) return verdict(evaluation.fired.length > 0 ? 'stop_condition' : 'unknown');
-  if (last.tool_calls.length === 0 || (last.finish_reason !== 'stop' && last.finish_reason !== 'tool-calls')) {
+  if (client.length === 0 || (last.finish_reason !== 'stop' && last.finish_reason !== 'tool-calls')) {
     return verdict('natural_finish');
   }
-  if (last.tool_calls.some((call) => call.status === 'pending')) return verdict('unexecuted_tool');
+  if (client.some((call) => call.status === 'pending')) return verdict('unexecuted_tool');
   return verdict('unknown');
 }
 

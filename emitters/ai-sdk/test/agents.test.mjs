@@ -105,6 +105,21 @@ test('causes, fired ids and error names per case of the research note', () => {
     'timeout-step': ['timeout', [], 'TimeoutError'],
     'stream-natural': ['natural_finish', [], null],
     'generate-text-done': ['stop_condition', ['tool_call:done'], null],
+    // issue 20: provider errors on every path, aborts and timeouts inside tools, provider tools,
+    // a stream whose consumer stops reading
+    'stream-provider-error': ['error', [], 'Error'],
+    'agent-stream-provider-error': ['error', [], 'Error'],
+    'stream-throws-later': ['error', [], 'AI_APICallError'],
+    'abort-in-tool': ['aborted', [], 'AbortError'],
+    'timeout-in-tool': ['timeout', [], 'TimeoutError'],
+    'stream-timeout-in-tool': ['timeout', [], 'TimeoutError'],
+    'provider-executed-tool': ['stop_condition', ['tool_call:web_search'], null],
+    'stream-consumer-stops': ['aborted', [], 'StreamCancelled'],
+    'resume-without-stopwhen': ['stop_condition', ['step_count:1'], null],
+    'fresh-handle-resume': ['natural_finish', [], null],
+    'long-tool-run-active': ['natural_finish', [], null],
+    'long-model-call-run-active': ['natural_finish', [], null],
+    'prepare-call-swaps-stopwhen': ['stop_condition', ['step_count:1'], null],
   };
   for (const [run, [cause, fired, errorName]] of Object.entries(want)) {
     const [end] = ended(run).slice(-1);
@@ -112,6 +127,85 @@ test('causes, fired ids and error names per case of the research note', () => {
     assert.equal(end.steered, undefined, `${run} ran without steering`);
   }
   assert.deepEqual(Object.keys(expected).sort(), [...byRun.keys()].sort());
+});
+
+test('a tool interrupted by the run\'s abort or timeout is cancelled, not a tool error; a provider tool keeps its flag', () => {
+  const calls = (run) => byRun.get(run).filter((e) => e.type === 'step_finished').flatMap((e) => e.tool_calls);
+  assert.deepEqual(calls('abort-in-tool').map((c) => [c.name, c.status]), [['slow', 'cancelled']]);
+  assert.deepEqual(calls('timeout-in-tool').map((c) => [c.name, c.status]), [['slow', 'cancelled']]);
+  assert.deepEqual(
+    calls('provider-executed-tool').map((c) => [c.name, c.status, c.provider_executed ?? false]),
+    [['search', 'result', false], ['web_search', 'result', true]],
+  );
+  for (const run of byRun.keys()) {
+    for (const call of calls(run)) assert.notEqual(call.status === 'error' && /abort|timeout/.test(run), true, run);
+  }
+});
+
+test('a segment whose policy is not the run\'s is announced by segment_started before its first step', () => {
+  const events = byRun.get('resume-without-stopwhen');
+  const started = events.find((e) => e.type === 'run_started');
+  const segment = events.find((e) => e.type === 'segment_started');
+  assert.deepEqual(started.policy.stop_when, [{ kind: 'step_count', count: 10 }, { kind: 'tool_call', tools: ['done'] }]);
+  assert.deepEqual([segment.segment, segment.policy.stop_when], [1, [{ kind: 'step_count', count: 1 }]]);
+  assert.ok(events.indexOf(segment) < events.findIndex((e) => e.type === 'step_finished' && e.segment === 1));
+  // a prepareCall that swaps stopWhen: announced before the first step, with what it returned
+  const swapped = byRun.get('prepare-call-swaps-stopwhen');
+  const announced = swapped.find((e) => e.type === 'segment_started');
+  assert.deepEqual([announced.segment, announced.policy.stop_when], [0, [{ kind: 'step_count', count: 1 }]]);
+  assert.ok(swapped.indexOf(announced) < swapped.findIndex((e) => e.type === 'step_finished'));
+  // runs whose every segment runs under the run's policy send none
+  for (const run of ['approval-resumed', 'approval-denied', 'natural-verified', 'fresh-handle-resume']) {
+    assert.equal(byRun.get(run).filter((e) => e.type === 'segment_started').length, 0, run);
+  }
+});
+
+test('a resume through a fresh handle of the same client continues the run\'s segment numbering', () => {
+  const events = byRun.get('fresh-handle-resume');
+  assert.deepEqual(events.filter((e) => e.type === 'run_started').length, 1);
+  assert.deepEqual(ended('fresh-handle-resume').map((e) => [e.segment, e.cause]), [[0, 'approval_required'], [1, 'natural_finish']]);
+});
+
+test('a resume on a handle that would start at segment 0 is refused at once, before anything is published', async () => {
+  const { LoopwardenResumeError } = await import('../dist/index.js');
+  const other = new MemorySink();
+  const lw = createLoopwarden({ sink: other });
+  const agent = new ToolLoopAgent({
+    model: scriptedModel([modelStep({ text: 'deployed' })]),
+    tools: { deploy: tool({ inputSchema: jsonSchema({ type: 'object' }), execute: async () => 'ok' }) },
+    toolApproval: { deploy: 'user-approval' },
+    stopWhen: isStepCount(3),
+  });
+  const resume = [
+    { role: 'user', content: 'deploy' },
+    {
+      role: 'assistant',
+      content: [
+        { type: 'tool-call', toolCallId: 'c1', toolName: 'deploy', input: {} },
+        { type: 'tool-approval-request', approvalId: 'ap-7', toolCallId: 'c1' },
+      ],
+    },
+    { role: 'tool', content: [{ type: 'tool-approval-response', approvalId: 'ap-7', approved: true }] },
+  ];
+  const started = Date.now();
+  await assert.rejects(lw.instrument(agent).run('elsewhere').generate({ messages: resume }), (error) =>
+    error instanceof LoopwardenResumeError && /resumes approval "ap-7".*segment 0.*\{ segment:/.test(error.message));
+  assert.ok(Date.now() - started < 500, 'at once');
+  // with the segment given, it runs and publishes segment 1 (and no run_started)
+  await lw.instrument(agent).run('elsewhere', { segment: 1 }).generate({ messages: resume });
+  await lw.flush();
+  assert.deepEqual(other.events().map((e) => [e.type, e.segment]), [
+    ['approval_resolved', undefined], ['segment_started', 1], ['step_finished', 1], ['run_ended', 1],
+  ]);
+});
+
+test('run_active during a tool longer than a third of the inactivity timeout, naming the tool call', () => {
+  const active = byRun.get('long-tool-run-active').filter((e) => e.type === 'run_active');
+  assert.ok(active.length >= 2, JSON.stringify(active));
+  assert.ok(active.every((e) => e.in === 'tool' && e.tool_call_id === 'c1' && e.segment === 0), JSON.stringify(active));
+  assert.equal(byRun.get('natural-verified').filter((e) => e.type === 'run_active').length, 0);
+  const model = byRun.get('long-model-call-run-active').filter((e) => e.type === 'run_active');
+  assert.ok(model.length >= 2 && model.every((e) => e.in === 'model' && e.tool_call_id === null), JSON.stringify(model));
 });
 
 test('steering: a stop evaluated after a text-only step is published as steered (ai >= 7.0.154)', async (t) => {
@@ -338,7 +432,11 @@ test('on 300 random scripts the emitted steps, cause and fired ids match what th
     assert.equal(end.step_count, result.steps.length, where);
     const evaluatedAtLast = evaluatedAt === result.steps.length;
     const last = steps.at(-1);
-    if (evaluatedAtLast) {
+    if (last.finish_reason === 'error' && !last.tool_calls.some((c) => c.status === 'approval_requested')) {
+      // the provider failed in the last step (spec rule 2b, after rule 2: approvals): error
+      assert.deepEqual([end.cause, end.fired], ['error', []], where);
+      seen[evaluatedAtLast ? 'stopped' : 'other'] += 1;
+    } else if (evaluatedAtLast) {
       // the loop stopped right after an evaluation: something fired, and `fired` says what
       const truth = [];
       for (const c of drawn.stopWhen) {
@@ -357,4 +455,64 @@ test('on 300 random scripts the emitted steps, cause and fired ids match what th
     }
   }
   assert.ok(seen.stopped >= 30 && seen.other >= 30, `both kinds of ending are exercised: ${JSON.stringify(seen)}`);
+});
+
+test('a client that goes away under toUIMessageStreamResponse cancels the run (aborted); one that reads it all does not', async () => {
+  const usage = { inputTokens: { total: 10 }, outputTokens: { total: 5 } };
+  const model = () =>
+    new MockLanguageModelV4({
+      doStream: async () => ({
+        stream: new ReadableStream({
+          start(c) {
+            for (const p of [
+              { type: 'stream-start', warnings: [] },
+              { type: 'text-start', id: 't' },
+              { type: 'text-delta', id: 't', delta: 'hello' },
+              { type: 'text-end', id: 't' },
+              { type: 'finish', finishReason: { unified: 'stop', raw: undefined }, usage },
+            ]) c.enqueue(p);
+            c.close();
+          },
+        }),
+      }),
+    });
+  const sink = new MemorySink();
+  const lw = createLoopwarden({ sink });
+  const full = await lw.instrument(new ToolLoopAgent({ model: model(), stopWhen: isStepCount(3) })).run('ui-full').stream({ prompt: 'p' });
+  assert.ok((await full.toUIMessageStreamResponse().text()).length > 0);
+  const gone = await lw.instrument(new ToolLoopAgent({ model: model(), stopWhen: isStepCount(3) })).run('ui-gone').stream({ prompt: 'p' });
+  const reader = gone.toUIMessageStreamResponse().body.getReader();
+  await reader.read();
+  await reader.cancel();
+  await lw.flush();
+  const ends = Object.fromEntries(sink.events().filter((e) => e.type === 'run_ended').map((e) => [e.run_id, [e.cause, e.error_name]]));
+  assert.deepEqual(ends, { 'ui-full': ['natural_finish', null], 'ui-gone': ['aborted', 'StreamCancelled'] });
+});
+
+test('run_active on the streaming path: while the consumer reads and a tool runs, never for a stream nobody reads', async () => {
+  const usage = { inputTokens: { total: 10 }, outputTokens: { total: 5 } };
+  const streaming = () => {
+    let next = 0;
+    return new MockLanguageModelV4({
+      doStream: async () => {
+        const parts = next++ === 0
+          ? [{ type: 'tool-call', toolCallId: 'c1', toolName: 'lengthy', input: '{}' }, { type: 'finish', finishReason: { unified: 'tool-calls', raw: undefined }, usage }]
+          : [{ type: 'text-start', id: 't' }, { type: 'text-delta', id: 't', delta: 'ok' }, { type: 'text-end', id: 't' }, { type: 'finish', finishReason: { unified: 'stop', raw: undefined }, usage }];
+        return { stream: new ReadableStream({ start(c) { c.enqueue({ type: 'stream-start', warnings: [] }); for (const p of parts) c.enqueue(p); c.close(); } }) };
+      },
+    });
+  };
+  const lengthy = tool({ inputSchema: jsonSchema({ type: 'object' }), execute: () => new Promise((resolve) => setTimeout(() => resolve('ok'), 1000)) });
+  const sink = new MemorySink();
+  const lw = createLoopwarden({ sink, inactivityTimeoutS: 0.3 });
+  const read = await lw.instrument(new ToolLoopAgent({ model: streaming(), tools: { lengthy }, stopWhen: isStepCount(5) })).run('s-read').stream({ prompt: 'p' });
+  await read.consumeStream();
+  const idle = await lw.instrument(new ToolLoopAgent({ model: streaming(), tools: { lengthy }, stopWhen: isStepCount(5) })).run('s-idle').stream({ prompt: 'p' });
+  await new Promise((resolve) => setTimeout(resolve, 1000)); // nobody reads it
+  await idle.fullStream.cancel();
+  await lw.flush();
+  const active = (run) => sink.events().filter((e) => e.run_id === run && e.type === 'run_active');
+  assert.ok(active('s-read').length >= 2 && active('s-read').every((e) => e.in === 'tool' && e.tool_call_id === 'c1'), JSON.stringify(active('s-read')));
+  assert.deepEqual(active('s-idle'), []);
+  assert.deepEqual(sink.events().filter((e) => e.type === 'run_ended').map((e) => [e.run_id, e.cause]), [['s-read', 'natural_finish'], ['s-idle', 'aborted']]);
 });

@@ -91,7 +91,9 @@ test('KafkaSink with no broker listening: agent runs are unaffected, events are 
   }
   assert.ok(Date.now() - started < 2000, 'runs do not wait for Kafka');
   const stats = await lw.close(1500);
-  assert.deepEqual([stats.enqueued, stats.published, stats.dropped, stats.pending], [5, 0, 9, 0]);
+  // 9 events into a queue of 5: each run_ended evicts the newest queued step or run_started, and
+  // at close two events_dropped evict the last two; nothing was delivered, all 9 events are dropped.
+  assert.deepEqual([stats.enqueued, stats.published, stats.dropped, stats.pending], [9, 0, 9, 0]);
   assert.ok(errors.length >= 1 && stats.sinkErrors >= 1);
 });
 
@@ -132,7 +134,10 @@ test('Kafka down: the client logs a few single lines through the sink logger, ne
   const { code, out, stderr } = await trouble('down', 4000);
   assert.equal(code, 0);
   assert.ok(out.stats.sinkErrors >= 3, 'the sink kept failing');
-  const lines = stderr.split('\n').filter((l) => l.trim());
+  const all = stderr.split('\n').filter((l) => l.trim());
+  // the publisher's own closing line counts what was lost (tested below); the Kafka client's are few
+  const lines = all.filter((l) => !l.startsWith('loopwarden: closing: '));
+  assert.equal(all.length - lines.length, 1, stderr);
   assert.ok(lines.length >= 1 && lines.length <= 5, `${lines.length} lines:\n${stderr}`);
   for (const line of lines) {
     assert.match(line, /^loopwarden KafkaSink: kafkajs ERROR \[\w+\] /);
@@ -166,4 +171,86 @@ test('KafkaSink hands kafkajs lines to the logger it is given', async () => {
   assert.ok(lines.every((l) => l.startsWith('loopwarden KafkaSink: kafkajs ERROR') && !l.includes('\n')));
   assert.equal(sink.openSockets(), 0);
   await assert.rejects(sink.send([{ topic: 't', key: 'k', value: '{}' }]), /closed/);
+});
+
+// --- loss is never silent (spec.md section 11, issue 20) -------------------------------------------
+
+const ev = (key, type, n = 0) => ({ topic: 'agent.steps', key, value: JSON.stringify({ type, run_id: key, n }) });
+const lossReport = (key, count) => ({ topic: 'agent.steps', key, value: JSON.stringify({ type: 'events_dropped', run_id: key, count }) });
+const kinds = (sink) => sink.records.map((r) => JSON.parse(r.value)).map((e) => `${e.run_id}:${e.type}${e.count ? `:${e.count}` : ''}`);
+
+test('queue policy: a full queue drops run_active first, then the newest other event; run_ended last', async () => {
+  const { PRIORITY } = await import('../dist/index.js');
+  const sink = new MemorySink();
+  sink.down = true;
+  const lines = [];
+  const publisher = new Publisher(sink, { maxQueue: 4, initialBackoffMs: 5, lossReport, logger: { warn: (m) => lines.push(m), error: (m) => lines.push(m) } });
+  assert.equal(publisher.enqueue(ev('a', 'step_finished', 0)), true);
+  assert.equal(publisher.enqueue(ev('a', 'run_active'), PRIORITY.liveness), true);
+  assert.equal(publisher.enqueue(ev('b', 'step_finished', 0)), true);
+  assert.equal(publisher.enqueue(ev('b', 'step_finished', 1)), true);
+  // full: a step evicts the run_active (the lowest rank)
+  assert.equal(publisher.enqueue(ev('a', 'step_finished', 1)), true);
+  // full of steps: a new step is refused (same rank: the new one goes) ...
+  assert.equal(publisher.enqueue(ev('b', 'step_finished', 2)), false);
+  // ... and a run_ended evicts the newest step (a's step 1), with a's loss report before it
+  assert.equal(publisher.enqueue(ev('a', 'run_ended'), PRIORITY.end), true);
+  assert.equal(publisher.stats().dropped, 4);
+  assert.ok(lines.length >= 1 && /dropped an event of run "a" \(1 of this run not yet reported, 1 in all\)/.test(lines[0]), lines.join('\n'));
+  sink.down = false;
+  assert.equal(await publisher.flush(1000), true);
+  // a's report (run_active and step 1: 2) goes right before its run_ended; b's (steps 1, 2 ... as
+  // counted) once there was room again
+  const delivered = kinds(sink);
+  assert.deepEqual(delivered.slice(0, 2), ['a:step_finished', 'b:step_finished']);
+  assert.ok(delivered.indexOf('a:events_dropped:2') === delivered.indexOf('a:run_ended') - 1, delivered.join(' '));
+  const reported = sink.records.map((r) => JSON.parse(r.value)).filter((e) => e.type === 'events_dropped');
+  assert.equal(reported.reduce((n, e) => n + e.count, 0), publisher.stats().dropped);
+});
+
+test('a run_ended is dropped only when the queue holds nothing but run_ended and loss reports', async () => {
+  const { PRIORITY } = await import('../dist/index.js');
+  const sink = new MemorySink();
+  sink.down = true;
+  const publisher = new Publisher(sink, { maxQueue: 2, initialBackoffMs: 5, lossReport, logger: { warn() {}, error() {} } });
+  publisher.enqueue(ev('a', 'run_ended'), PRIORITY.end);
+  publisher.enqueue(ev('b', 'run_ended'), PRIORITY.end);
+  assert.equal(publisher.enqueue(ev('c', 'run_ended'), PRIORITY.end), false);
+  assert.equal(publisher.enqueue(ev('c', 'step_finished')), false);
+  assert.equal(publisher.stats().dropped, 2);
+  sink.down = false;
+  await publisher.close(2000);
+  assert.deepEqual(kinds(sink), ['a:run_ended', 'b:run_ended', 'c:events_dropped:2']);
+});
+
+test('a sink that cannot keep up (20 ms a batch, small queue): every run that lost events is told so, the counts add up to stats().dropped', async () => {
+  const { lossyFleet } = await import('./e2e/slow-sink.mjs');
+  const { sink, stats, ids, lines } = await lossyFleet({ runs: 60, maxQueue: 20 });
+  const events = sink.events();
+  const lost = new Map();
+  for (const e of events) if (e.type === 'events_dropped') lost.set(e.run_id, (lost.get(e.run_id) ?? 0) + e.count);
+  assert.ok(stats.dropped > 0 && lost.size > 0, JSON.stringify(stats));
+  assert.equal([...lost.values()].reduce((a, b) => a + b, 0), stats.dropped);
+  assert.equal(stats.pending, 0);
+  for (const id of ids) {
+    const mine = events.filter((e) => e.run_id === id);
+    const delivered = mine.filter((e) => e.type !== 'events_dropped').length;
+    // four steps, run_started and run_ended: what was not delivered was reported
+    assert.equal(delivered + (lost.get(id) ?? 0), 6, `${id}: ${JSON.stringify(mine)}`);
+  }
+  assert.ok(lines.length >= 1 && lines.length <= 6, `rate-limited loss lines, naming run and count:\n${lines.join('\n')}`);
+  assert.match(lines[0], /dropped an event of run "loss-\d+" \(\d+ of this run not yet reported, \d+ in all\)/);
+});
+
+test('process.exit() with events queued: nothing can be sent, but the loss is logged with its runs', async () => {
+  const { spawnSync } = await import('node:child_process');
+  const code = `
+    import { MemorySink, createLoopwarden } from './dist/index.js';
+    const sink = new MemorySink(); sink.down = true;
+    const lw = createLoopwarden({ sink, initialBackoffMs: 1000 });
+    for (let i = 0; i < 4; i++) lw.emit({ type: 'run_active', run_id: 'r' + (i % 2), ts: 1, segment: 0, in: 'model' });
+    setTimeout(() => process.exit(0), 50);`;
+  const child = spawnSync(process.execPath, ['--input-type=module', '-e', code], { cwd: new URL('..', import.meta.url), encoding: 'utf8', timeout: 30_000 });
+  assert.equal(child.status, 0, child.stderr);
+  assert.match(child.stderr, /^loopwarden: process exiting: 4 event\(s\) of 2 run\(s\) were lost and could not be reported \(sink unavailable\): "r0" \(2\), "r1" \(2\)$/m);
 });

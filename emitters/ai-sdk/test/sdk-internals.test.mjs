@@ -12,6 +12,7 @@ import {
   sdkEvaluatesAfter,
   streamStepsPromise,
   textDefaultStopWhen,
+  withPrepareCall,
 } from '../dist/sdk-internals.js';
 import { modelStep, scriptedModel } from './e2e/scenarios.mjs';
 import { runCase } from './oracle/sdk-oracle.mjs';
@@ -97,4 +98,28 @@ test("5. a streamText result's _steps promise settles without the stream being c
   controller.abort();
   await aborted.consumeStream().catch(() => undefined);
   await assert.rejects(pending, loud('_steps no longer rejects when the stream is aborted'));
+});
+
+test('6. a ToolLoopAgent copied from its settings with a wrapped prepareCall runs the same, and the wrapper sees what prepareCall returned', async () => {
+  globalThis.AI_SDK_LOG_WARNINGS = false;
+  const seen = [];
+  const swapped = isStepCount(1);
+  const agent = new ToolLoopAgent({
+    model: scriptedModel(callsForever(5)),
+    tools: { search: search() },
+    stopWhen: isStepCount(4),
+    prepareCall: (args) => ({ ...args, stopWhen: swapped }),
+  });
+  const copy = withPrepareCall(agent, (original) => async (args) => {
+    const out = await original(args);
+    seen.push([args.stopWhen, out.stopWhen]);
+    return out;
+  });
+  assert.ok(copy instanceof ToolLoopAgent && copy !== agent, loud('the agent cannot be copied from its settings'));
+  assert.equal(agent.settings.prepareCall.name, 'prepareCall', 'the user agent is left as it was');
+  const result = await copy.generate({ prompt: 'p' });
+  assert.equal(result.steps.length, 1, loud('a copy made from settings does not run under its prepareCall stopWhen'));
+  assert.equal(seen.length, 1, loud('prepareCall is not called once per generate()'));
+  assert.equal(seen[0][1], swapped);
+  assert.equal(withPrepareCall(new ToolLoopAgent({ model: scriptedModel([]) }), (f) => f), undefined);
 });

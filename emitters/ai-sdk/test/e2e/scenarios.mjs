@@ -34,8 +34,14 @@ function usage(input, output) {
 export function modelStep({ text, calls = [], finish, input = 10, output = 5 }) {
   const content = [];
   if (text !== undefined) content.push({ type: 'text', text: `${text} ${LEAK_MARKER}` });
-  for (const [toolCallId, toolName] of calls) {
-    content.push({ type: 'tool-call', toolCallId, toolName, input: JSON.stringify({ q: LEAK_MARKER }) });
+  for (const [toolCallId, toolName, providerExecuted] of calls) {
+    if (providerExecuted) {
+      // a provider-executed tool: the provider ran it and returned its result in the same response
+      content.push({ type: 'tool-call', toolCallId, toolName, input: JSON.stringify({ q: LEAK_MARKER }), providerExecuted: true });
+      content.push({ type: 'tool-result', toolCallId, toolName, result: { note: LEAK_MARKER }, providerExecuted: true });
+    } else {
+      content.push({ type: 'tool-call', toolCallId, toolName, input: JSON.stringify({ q: LEAK_MARKER }) });
+    }
   }
   return {
     content,
@@ -93,6 +99,22 @@ const tools = {
       },
     }),
   deploy: () => tool({ description: 'deploy', inputSchema: schema, execute: ok() }),
+  // a tool that takes 2 s unless the call's signal aborts it (then it rejects with the reason, as
+  // fetch does); `started` is called once it runs
+  slow: (started) =>
+    tool({
+      description: 'slow',
+      inputSchema: schema,
+      execute: (_input, { abortSignal }) =>
+        new Promise((resolve, reject) => {
+          const timer = setTimeout(() => resolve({ ok: true, note: LEAK_MARKER }), 2000);
+          abortSignal?.addEventListener('abort', () => {
+            clearTimeout(timer);
+            reject(abortSignal.reason);
+          }, { once: true });
+          started?.();
+        }),
+    }),
 };
 
 function receipt(lw, runId, verified, extra = {}) {
@@ -455,6 +477,215 @@ export const SCENARIOS = {
     lw.publishReceipt({ runId: id, receiptId: `${id}/v1`, kind: 'analysis', verifier: 'validator', verified: false });
     return 'FALSE_COMPLETE';
   },
+
+  // --- producer fidelity II (issue 20): provider errors, aborts inside tools, provider tools, ---
+  // --- streams nobody reads --------------------------------------------------------------------
+
+  // streamText whose second step carries an `error` part ("overloaded") and then finishes: the
+  // call does not reject, the SDK only logs it. A provider failure → error → FAILED.
+  async 'stream-provider-error'(lw, id) {
+    const result = lw.run(id, { agent: 'text-agent' }).streamText({
+      model: streamingModel([{ calls: [['c1', 'search']] }, { text: 'partial', error: 'overloaded' }]),
+      tools: { search: tools.search() },
+      stopWhen: isStepCount(5),
+      onError: () => {},
+      prompt: `invoice ${LEAK_MARKER}`,
+    });
+    await result.consumeStream();
+    return 'FAILED';
+  },
+
+  // agent.stream, the same error part in its only step → FAILED.
+  async 'agent-stream-provider-error'(lw, id) {
+    const agent = new ToolLoopAgent({
+      model: streamingModel([{ text: 'partial', error: 'overloaded' }]),
+      tools: { search: tools.search() },
+      onError: () => {},
+    });
+    const result = await lw.instrument(agent).run(id).stream({ prompt: `invoice ${LEAK_MARKER}` });
+    await result.consumeStream();
+    return 'FAILED';
+  },
+
+  // doStream throws at the second step: the stream ends with an error part, nothing rejects → FAILED.
+  async 'stream-throws-later'(lw, id) {
+    const result = lw.run(id, { agent: 'text-agent' }).streamText({
+      model: streamingModel([{ calls: [['c1', 'search']] }, { throws: 'overloaded' }]),
+      tools: { search: tools.search() },
+      stopWhen: isStepCount(5),
+      maxRetries: 0,
+      onError: () => {},
+      prompt: `invoice ${LEAK_MARKER}`,
+    });
+    await result.consumeStream();
+    return 'FAILED';
+  },
+
+  // The caller aborts while a tool runs; the SDK turns the abort into a tool-error part, evaluates
+  // hasToolCall('slow') after it, and resolves. The call is `cancelled`, the cause aborted: a
+  // bounded stop, never FAILED (tool_error) and never a completion.
+  async 'abort-in-tool'(lw, id) {
+    const controller = new AbortController();
+    const agent = new ToolLoopAgent({
+      model: scriptedModel([modelStep({ calls: [['c1', 'slow']] }), modelStep({ text: 'after' })]),
+      tools: { slow: tools.slow(() => controller.abort()) },
+      stopWhen: [isStepCount(5), hasToolCall('slow')],
+    });
+    await lw.instrument(agent).run(id).generate({ prompt: `invoice ${LEAK_MARKER}`, abortSignal: controller.signal });
+    return 'BOUNDED_STOP';
+  },
+
+  // The call's total timeout fires while a tool runs: the call is `cancelled`, the cause timeout → STUCK.
+  async 'timeout-in-tool'(lw, id) {
+    const agent = new ToolLoopAgent({
+      model: scriptedModel([modelStep({ calls: [['c1', 'slow']] }), modelStep({ text: 'after' })]),
+      tools: { slow: tools.slow() },
+      stopWhen: isStepCount(5),
+    });
+    const error = await lw.instrument(agent).run(id).generate({ prompt: `invoice ${LEAK_MARKER}`, timeout: { totalMs: 150 } }).catch((e) => e);
+    assertName(error, 'TimeoutError');
+    return 'STUCK';
+  },
+
+  // The same timeout on the streaming path → STUCK as well.
+  async 'stream-timeout-in-tool'(lw, id) {
+    const agent = new ToolLoopAgent({
+      model: streamingModel([{ calls: [['c1', 'slow']] }, { text: 'after' }]),
+      tools: { slow: tools.slow() },
+      stopWhen: isStepCount(5),
+    });
+    const result = await lw.instrument(agent).run(id).stream({ prompt: `invoice ${LEAK_MARKER}`, timeout: { totalMs: 150 } });
+    await result.consumeStream({ onError: () => {} });
+    return 'STUCK';
+  },
+
+  // A provider-executed tool (web search) beside a client tool: published with its flag, and the
+  // SDK's hasToolCall('web_search') fires on it → stop_condition (completion); verified → complete.
+  async 'provider-executed-tool'(lw, id) {
+    const agent = new ToolLoopAgent({
+      model: scriptedModel([
+        modelStep({ calls: [['c1', 'search'], ['p1', 'web_search', true]] }),
+        modelStep({ text: 'never reached' }),
+      ]),
+      tools: { search: tools.search() },
+      stopWhen: [isStepCount(5), hasToolCall('web_search')],
+    });
+    await lw.instrument(agent).run(id).generate({ prompt: `invoice ${LEAK_MARKER}` });
+    receipt(lw, id, true);
+    return 'VERIFIED_COMPLETE';
+  },
+
+  // The consumer reads one part of agent.stream() and stops (`break`): the run is cancelled →
+  // aborted (StreamCancelled) → BOUNDED_STOP, instead of a run that never ends (STUCK).
+  async 'stream-consumer-stops'(lw, id) {
+    const agent = new ToolLoopAgent({
+      model: streamingModel([{ calls: [['c1', 'search']] }, { text: 'after' }]),
+      tools: { search: tools.search() },
+      stopWhen: isStepCount(5),
+    });
+    const result = await lw.instrument(agent).run(id).stream({ prompt: `invoice ${LEAK_MARKER}` });
+    for await (const part of result.fullStream) {
+      if (part) break;
+    }
+    return 'BOUNDED_STOP';
+  },
+
+  // --- segments under their own policy, resumes on a fresh handle, long tools ------------------
+
+  // generateText resumed after an approval *without* stopWhen runs under the SDK's one-step
+  // default, not the run's [isStepCount(10), hasToolCall('done')]: segment_started says so, and the
+  // resume's isStepCount(1) stop is a bound → BOUNDED_STOP (it was UNCERTAIN: the run's policy
+  // could not explain it).
+  async 'resume-without-stopwhen'(lw, id) {
+    const run = lw.run(id, { agent: 'text-agent' });
+    const model = scriptedModel([modelStep({ calls: [['c1', 'deploy']] }), modelStep({ calls: [['c2', 'search']] }), modelStep({ text: 'done' })]);
+    const common = { model, tools: { deploy: tools.deploy(), search: tools.search() }, toolApproval: { deploy: 'user-approval' } };
+    const messages = userPrompt('deploy');
+    const first = await run.generateText({ ...common, stopWhen: [isStepCount(10), hasToolCall('done')], messages });
+    const request = first.steps.at(-1).content.find((p) => p.type === 'tool-approval-request');
+    await run.generateText({
+      ...common,
+      messages: [
+        ...messages,
+        ...first.response.messages,
+        { role: 'tool', content: [{ type: 'tool-approval-response', approvalId: request.approvalId, approved: true }] },
+      ],
+    });
+    return 'BOUNDED_STOP';
+  },
+
+  // The resume goes through a *new* handle of the same client (e.g. the request that resumes is
+  // another request): it continues the run's segment numbering (segment 1), so the resumed
+  // segment counts → natural finish, verified → VERIFIED_COMPLETE (it was STUCK: a duplicate).
+  async 'fresh-handle-resume'(lw, id) {
+    const agent = new ToolLoopAgent({
+      model: scriptedModel([modelStep({ calls: [['c1', 'deploy']] }), modelStep({ text: 'deployed' })]),
+      tools: { deploy: tools.deploy() },
+      toolApproval: { deploy: 'user-approval' },
+      stopWhen: [isStepCount(10)],
+    });
+    const watched = lw.instrument(agent);
+    const messages = userPrompt('deploy');
+    const first = await watched.run(id).generate({ messages });
+    const request = first.steps.at(-1).content.find((p) => p.type === 'tool-approval-request');
+    await watched.run(id).generate({
+      messages: [
+        ...messages,
+        ...first.response.messages,
+        { role: 'tool', content: [{ type: 'tool-approval-response', approvalId: request.approvalId, approved: true }] },
+      ],
+    });
+    receipt(lw, id, true, { kind: 'deployment' });
+    return 'VERIFIED_COMPLETE';
+  },
+
+  // A tool that runs 1 s under an inactivity timeout of 0.3 s: run_active keeps the run from
+  // passing through STUCK (checked on the path by the e2e test) → natural finish, verified.
+  async 'long-tool-run-active'(lw, id) {
+    const agent = new ToolLoopAgent({
+      model: scriptedModel([modelStep({ calls: [['c1', 'lengthy']] }), modelStep({ text: 'done' })]),
+      tools: {
+        lengthy: tool({
+          description: 'takes a while',
+          inputSchema: schema,
+          execute: () => new Promise((resolve) => setTimeout(() => resolve({ ok: true, note: LEAK_MARKER }), 1000)),
+        }),
+      },
+      stopWhen: isStepCount(5),
+    });
+    await lw.instrument(agent, { inactivityTimeoutS: 0.3 }).run(id).generate({ prompt: `invoice ${LEAK_MARKER}` });
+    receipt(lw, id, true);
+    return 'VERIFIED_COMPLETE';
+  },
+
+  // The agent's prepareCall swaps stopWhen for this call (SDK's own isStepCount(1) instead of the
+  // agent's isStepCount(10)): segment_started carries the policy that ran, and its step cap is a
+  // bound → BOUNDED_STOP (it was UNCERTAIN: the agent's policy could not explain the stop).
+  async 'prepare-call-swaps-stopwhen'(lw, id) {
+    const agent = new ToolLoopAgent({
+      model: scriptedModel([modelStep({ calls: [['c1', 'search']] }), modelStep({ text: 'never reached' })]),
+      tools: { search: tools.search() },
+      stopWhen: isStepCount(10),
+      prepareCall: (args) => ({ ...args, stopWhen: ai.isStepCount(1) }),
+    });
+    await lw.instrument(agent).run(id).generate({ prompt: `invoice ${LEAK_MARKER}` });
+    return 'BOUNDED_STOP';
+  },
+
+  // A model call of 1 s under the same 0.3 s timeout: run_active `in: model` → never STUCK.
+  async 'long-model-call-run-active'(lw, id) {
+    const script = scriptedModel([modelStep({ text: 'done' })]);
+    const model = new MockLanguageModelV4({
+      doGenerate: async (options) => {
+        await new Promise((resolve) => setTimeout(resolve, 1000));
+        return script.doGenerate(options);
+      },
+    });
+    const agent = new ToolLoopAgent({ model, stopWhen: isStepCount(5) });
+    await lw.instrument(agent, { inactivityTimeoutS: 0.3 }).run(id).generate({ prompt: `invoice ${LEAK_MARKER}` });
+    receipt(lw, id, true);
+    return 'VERIFIED_COMPLETE';
+  },
 };
 
 function assertName(error, name) {
@@ -468,6 +699,7 @@ function streamingModel(steps) {
     doStream: async () => {
       const spec = steps[next];
       next += 1;
+      if (spec.throws) throw Object.assign(new Error(`${spec.throws} ${LEAK_MARKER}`), { name: 'AI_APICallError' });
       const parts = [{ type: 'stream-start', warnings: [] }];
       if (spec.text !== undefined) {
         parts.push({ type: 'text-start', id: 't' }, { type: 'text-delta', id: 't', delta: `${spec.text} ${LEAK_MARKER}` }, { type: 'text-end', id: 't' });
@@ -475,6 +707,7 @@ function streamingModel(steps) {
       for (const [toolCallId, toolName] of spec.calls ?? []) {
         parts.push({ type: 'tool-call', toolCallId, toolName, input: JSON.stringify({ q: LEAK_MARKER }) });
       }
+      if (spec.error) parts.push({ type: 'error', error: new Error(`${spec.error} ${LEAK_MARKER}`) });
       parts.push({
         type: 'finish',
         finishReason: { unified: spec.calls ? 'tool-calls' : 'stop', raw: undefined },

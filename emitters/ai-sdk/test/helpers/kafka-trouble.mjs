@@ -21,6 +21,8 @@ if (mode === 'hung') {
 }
 const publisher = new Publisher(new KafkaSink({ brokers }), { initialBackoffMs: 50, maxBackoffMs: 400 });
 let n = 0;
+// three at once (a loaded machine may run few interval ticks), then one every 50 ms
+for (; n < 3; ) publisher.enqueue({ topic: 'agent.steps', key: 'r', value: `{"n":${n++}}` });
 const feed = setInterval(() => publisher.enqueue({ topic: 'agent.steps', key: 'r', value: `{"n":${n++}}` }), 50);
 await new Promise((resolve) => setTimeout(resolve, mode === 'hung' ? 300 : Number(arg)));
 clearInterval(feed);
