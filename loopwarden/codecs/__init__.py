@@ -15,10 +15,12 @@ from loopwarden.codecs.events import (
     HealthTransition,
     InputEvent,
     LoopFinished,
+    OutcomeExpected,
     OutcomeReceipt,
     Policy,
     RunEnded,
     RunStarted,
+    Signature,
     StepCount,
     StepFinished,
     TokenBudget,
@@ -26,6 +28,7 @@ from loopwarden.codecs.events import (
     ToolCallCondition,
     Usage,
 )
+from loopwarden.codecs.canonical import NotCanonical, canonical_json, receipt_signing_bytes
 from loopwarden.codecs.exceptions import InvalidEvent
 from loopwarden.codecs.wire import (
     JSON,
@@ -41,9 +44,9 @@ from loopwarden.codecs.wire import (
 __all__ = [
     "CAUSES", "FINISH_REASONS", "RECEIPT_KINDS", "STATES", "TOOL_STATUSES",
     "Approval", "ApprovalResolved", "ApprovalRouted", "Condition", "Custom", "Evidence",
-    "HealthTransition", "InputEvent", "InvalidEvent", "LoopFinished", "OutcomeReceipt",
-    "Policy", "RunEnded", "RunStarted", "StepCount", "StepFinished", "TokenBudget",
+    "HealthTransition", "InputEvent", "InvalidEvent", "LoopFinished", "NotCanonical", "OutcomeExpected",
+    "OutcomeReceipt", "Policy", "RunEnded", "RunStarted", "Signature", "StepCount", "StepFinished", "TokenBudget",
     "ToolCall", "ToolCallCondition", "Usage",
-    "JSON", "MSGPACK", "decode_input", "decode_outcome_event", "decode_step_event",
-    "decode_transition", "encode", "json_schema",
+    "JSON", "MSGPACK", "canonical_json", "decode_input", "decode_outcome_event", "decode_step_event",
+    "decode_transition", "encode", "json_schema", "receipt_signing_bytes",
 ]

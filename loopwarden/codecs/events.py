@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Literal, Union
 
 import msgspec
-from msgspec import Meta, Struct, field
+from msgspec import UNSET, Meta, Struct, UnsetType, field
 
 # -- reusable limits ---------------------------------------------------------
 # ts fits in a JavaScript number exactly, so TypeScript producers and consumers agree.
@@ -228,19 +228,50 @@ class ApprovalResolved(_Event, tag="approval_resolved"):
     approved: bool
 
 
+class Signature(Struct, frozen=True, gc=False):
+    """Who vouches for a receipt (spec.md section 10): an Ed25519 signature by a verifier's key.
+
+    ``sig`` is the base64url (no padding) of the 64-byte signature over
+    ``loopwarden.codecs.canonical.receipt_signing_bytes`` of the receipt.
+    """
+
+    key_id: Ident
+    sig: Annotated[str, Meta(min_length=1, max_length=200)]
+
+
 class OutcomeReceipt(_Event, tag="outcome_receipt"):
     receipt_id: Ident
     kind: ReceiptKind
     verifier: Verifier
     verified: bool
     evidence: Annotated[dict[Annotated[str, Meta(max_length=100)], EvidenceValue], Meta(max_length=64)] = {}
+    # UNSET (absent on the wire) when not signed, so unsigned receipts encode exactly as before.
+    signature: Signature | UnsetType = UNSET
 
 
-StepEvent = Union[RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved]
+# A check's value: a scalar, or named scalars (`row` key, `fields`, `header`, `json` pointers).
+CheckValue = Union[
+    EvidenceValue,
+    Annotated[dict[Annotated[str, Meta(max_length=200)], EvidenceValue], Meta(max_length=64)],
+]
+
+
+class OutcomeExpected(_Event, tag="outcome_expected"):
+    """What a run must produce (spec.md section 10), declared by the application, checked by a verifier."""
+
+    expectation_id: Ident
+    kind: ReceiptKind
+    target: Annotated[str, Meta(min_length=1, max_length=2000)]
+    checks: Annotated[dict[Annotated[str, Meta(max_length=100)], CheckValue], Meta(max_length=64)] = {}
+
+
+StepEvent = Union[RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved, OutcomeExpected]
 OutcomeEvent = OutcomeReceipt
-InputEvent = Union[RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved, OutcomeReceipt]
+InputEvent = Union[RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved, OutcomeExpected,
+                   OutcomeReceipt]
 
-STEP_EVENT_TYPES: tuple[type, ...] = (RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved)
+STEP_EVENT_TYPES: tuple[type, ...] = (RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved,
+                                      OutcomeExpected)
 INPUT_EVENT_TYPES: tuple[type, ...] = STEP_EVENT_TYPES + (OutcomeReceipt,)
 
 
@@ -261,6 +292,10 @@ class Evidence(Struct, frozen=True, gc=False):
     # Beyond the spec's list: events that were ignored and counted (duplicates,
     # steps after their segment ended, approvals for another id), by kind.
     ignored: dict[str, int] = {}
+    # spec.md section 10, present only when non-empty (so transitions without them encode as before):
+    # receipts kept but not counted (unsigned, unknown key, bad signature) and the run's expectations.
+    untrusted_receipt_ids: tuple[str, ...] | UnsetType = UNSET
+    expectation_ids: tuple[str, ...] | UnsetType = UNSET
 
 
 class HealthTransition(Struct, frozen=True, gc=False, tag_field="type", tag="health_transition"):

@@ -45,8 +45,9 @@ _msgpack_encoder = msgspec.msgpack.Encoder()
 _PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
 _TYPES_BY_UNION = {
-    "input": ("run_started", "step_finished", "run_ended", "approval_routed", "approval_resolved", "outcome_receipt"),
-    "steps": ("run_started", "step_finished", "run_ended", "approval_routed", "approval_resolved"),
+    "input": ("run_started", "step_finished", "run_ended", "approval_routed", "approval_resolved", "outcome_expected",
+              "outcome_receipt"),
+    "steps": ("run_started", "step_finished", "run_ended", "approval_routed", "approval_resolved", "outcome_expected"),
     "outcomes": ("outcome_receipt",),
 }
 

@@ -177,6 +177,8 @@ class _State(Struct, array_like=True, omit_defaults=True):
     ignored: dict[Word, int] = {}
     history: list[tuple[int, int, Word, Word]] = []
     tomb: bool = False  # added later: older records lack it (array_like: the default fills in)
+    untrusted_receipt_ids: list[str] = []  # added later, likewise
+    expectation_ids: list[str] = []  # added later, likewise
 
 
 assert _State.__struct_fields__ == RunState.__struct_fields__, "codec out of step with RunState"
@@ -307,6 +309,8 @@ def encode_state(state: RunState) -> bytes:
         {_INDEX.get(k, k): n for k, n in s.ignored.items()} if s.ignored else {},
         [(seq, ts, _INDEX.get(to, to), _INDEX.get(why, why)) for seq, ts, to, why in s.history],
         s.tomb,
+        s.untrusted_receipt_ids,
+        s.expectation_ids,
     ))
 
 
@@ -352,4 +356,6 @@ def decode_state(data: bytes) -> RunState:
         {_s(k): n for k, n in s.ignored.items()} if s.ignored else {},
         [(seq, ts, _s(to), _s(why)) for seq, ts, to, why in s.history],
         s.tomb,
+        s.untrusted_receipt_ids,
+        s.expectation_ids,
     )

@@ -9,16 +9,19 @@ from loopwarden.codecs import CAUSES, STATES, InvalidEvent
 TOPIC_ROLES = ("steps", "outcomes", "ticks")
 EVENT_TYPES = (
     "run_started", "step_finished", "run_ended", "approval_routed", "approval_resolved", "outcome_receipt", "tick",
+    "outcome_expected",
 )
 INVALID_REASONS = InvalidEvent.REASONS + ("key_mismatch", "ts_in_future", "wrong_topic", "internal_error")
 DISAGREEMENTS = (
     "cause_mismatch", "fired_mismatch", "step_count_mismatch", "policy_overrun", "policy_unknown",
     "step_gap", "cause_not_recorded", "tool_error_unseen",
 )
-RECEIPT_OUTCOMES = ("on_time", "late", "negative", "held", "duplicate", "orphan", "untracked")
+RECEIPT_OUTCOMES = ("on_time", "late", "negative", "held", "duplicate", "orphan", "untracked",
+                    # spec.md section 10, with LOOPWARDEN_TRUSTED_VERIFIERS: kept as untrusted, changed nothing
+                    "untrusted_unsigned", "untrusted_unknown_key", "untrusted_bad_signature", "untrusted_not_canonical")
 IGNORED = (
     "duplicate_step", "step_after_end", "duplicate_run_ended", "duplicate_run_started",
-    "unmatched_approval", "duplicate_receipt", "untracked_step",
+    "unmatched_approval", "duplicate_receipt", "untracked_step", "duplicate_expectation",
 )
 TIMER_KINDS = ("no_progress", "approval_expired", "receipt_window_expired", "retention")
 # Agent names become label values as they are first seen, up to this many per worker; later

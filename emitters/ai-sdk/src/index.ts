@@ -33,4 +33,5 @@ export { Publisher, type PublisherOptions, type PublisherStats } from './publish
 export { summarizeStep, deriveBoundaryCause, clipId, type StepSummary, type CallOutcome, type BoundaryVerdict } from './steps.js';
 export { sdkEvaluatesAfter } from './sdk-internals.js';
 export { LoopwardenConfigError } from './errors.js';
+export * from './receipts.js';
 export * from './events.js';
