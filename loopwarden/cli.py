@@ -119,6 +119,8 @@ KAFKA_COMMANDS = {
     "simulate": "publish a realistic mixed fleet (every state, receipts, bad messages)",
     "tail": "print transitions from agent.health",
     "tick": "send one timer tick to every partition (with --clock event: advance the clock)",
+    "verify": "check declared outcomes at their destinations; publish signed receipts",
+    "receipt": "publish a person's signed decision on a run's outcome (verifier: human)",
 }
 
 

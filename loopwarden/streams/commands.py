@@ -171,6 +171,10 @@ def add_commands(sub) -> None:
                    help="only receipts signed by these keys count (LOOPWARDEN_TRUSTED_VERIFIERS; unset: every receipt)")
     p.set_defaults(func=cmd_worker)
 
+    from loopwarden.verify.commands import add_verify_commands  # verify, receipt (spec.md section 10)
+
+    add_verify_commands(sub)
+
     p = sub.add_parser("simulate", help="publish a realistic mixed fleet (every state, receipts, bad messages)")
     _common(p)
     p.add_argument("--runs", type=int, default=200, help="number of runs (default 200)")
