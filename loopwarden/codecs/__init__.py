@@ -4,6 +4,7 @@ from loopwarden.codecs.events import (
     CAUSES,
     FINISH_REASONS,
     RECEIPT_KINDS,
+    ReceiptKind,
     STATES,
     TOOL_STATUSES,
     Approval,
@@ -42,7 +43,7 @@ from loopwarden.codecs.wire import (
 )
 
 __all__ = [
-    "CAUSES", "FINISH_REASONS", "RECEIPT_KINDS", "STATES", "TOOL_STATUSES",
+    "CAUSES", "FINISH_REASONS", "RECEIPT_KINDS", "ReceiptKind", "STATES", "TOOL_STATUSES",
     "Approval", "ApprovalResolved", "ApprovalRouted", "Condition", "Custom", "Evidence",
     "HealthTransition", "InputEvent", "InvalidEvent", "LoopFinished", "NotCanonical", "OutcomeExpected",
     "OutcomeReceipt", "Policy", "RunEnded", "RunStarted", "Signature", "StepCount", "StepFinished", "TokenBudget",
