@@ -14,6 +14,8 @@ cannot be verified, so it never counts as trusted).
 
 from __future__ import annotations
 
+import json
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -31,7 +33,15 @@ class NotCanonical(ValueError):
     """A value that has no canonical form both languages agree on (named in the message)."""
 
 
+_dumps_str = json.JSONEncoder(ensure_ascii=False).encode
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
 def _string(s: str) -> str:
+    # Python's JSON string escapes are JSON.stringify's (the short ones, other controls as
+    # lower-case \u00xx, nothing else) except for lone surrogates, which take the slow path.
+    if not _SURROGATES.search(s):
+        return _dumps_str(s)
     out = ['"']
     for ch in s:
         code = ord(ch)
@@ -87,7 +97,9 @@ def _value(v: Any, out: list[str]) -> None:
         out.append(_string(v))
     elif isinstance(v, dict):
         out.append("{")
-        for i, key in enumerate(sorted(v, key=_utf16)):
+        # Code-point order is UTF-16 order unless a key holds a character above U+FFFF.
+        keys = sorted(v) if all(isinstance(k, str) and k.isascii() for k in v) else sorted(v, key=_utf16)
+        for i, key in enumerate(keys):
             if not isinstance(key, str):
                 raise NotCanonical(f"object key {key!r} is not a string")
             if i:

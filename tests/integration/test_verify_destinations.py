@@ -23,7 +23,7 @@ from loopwarden.trust import SigningKey, TrustedVerifiers
 from loopwarden.verify.checkers.http import ssl_context
 from loopwarden.verify.config import Database, VerifyConfig
 from loopwarden.verify.service import Verifier
-from tests.destinations import PostgresCluster, endless, free_port, make_ca_and_server_cert, start_https
+from dev.destinations import PostgresCluster, endless, free_port, make_ca_and_server_cert, start_https
 
 PDF = b"%PDF-1.7\n" + b"x" * 5000
 REPORT_SCHEMA = {"type": "object", "required": ["summary", "sections"],

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loopwarden.codecs import OutcomeReceipt, encode
 from loopwarden.trust import SigningKey
-from tests.destinations import PostgresCluster, free_port, make_ca_and_server_cert, start_https
+from dev.destinations import PostgresCluster, free_port, make_ca_and_server_cert, start_https
 from tests.integration.harness import (
     events_consumed, final_states, make_worker, publish, read_topic, run, transitions, unique_config,
 )

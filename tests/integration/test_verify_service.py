@@ -22,7 +22,7 @@ from loopwarden.verify.checkers import Measured, builtin_checkers, choose
 from loopwarden.verify.config import VerifyConfig
 from loopwarden.verify.service import Verifier, serve_http
 from tests.builders import ended, started, step, timed
-from tests.destinations import free_port
+from dev.destinations import free_port
 
 LW = [sys.executable, "-m", "loopwarden.cli"]
 
