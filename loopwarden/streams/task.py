@@ -252,13 +252,13 @@ class PartitionTask:
         verifiers = self.verifiers
         for role, event, rec in merged:
             out.counts["event", role, event.__struct_config__.tag] += 1
-            if verifiers is not None and role == "outcomes":
-                event = verifiers.classify(event)
             now = self._now(event.ts if role == "steps" else None)
             state = self.load(event.run_id)
             if event.run_id not in self._before:
                 self._before[event.run_id] = state.health if state is not None else None
             try:
+                if verifiers is not None and role == "outcomes":  # trust is decided here, before the core
+                    event = verifiers.classify(event)
                 res = apply(state, event, now)
             except Exception as exc:  # a bug of ours must not stop the partition nor lose the message
                 log.exception("internal error on %s[%d]@%d; dead-lettered", rec.topic, rec.partition, rec.offset)

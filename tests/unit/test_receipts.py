@@ -11,11 +11,14 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from loopwarden.codecs import (
     NotCanonical,
     OutcomeExpected,
     OutcomeReceipt,
+    Signature,
     canonical_json,
     decode_input,
     decode_outcome_event,
@@ -242,3 +245,18 @@ def test_the_worker_task_classifies_receipts_before_the_core_and_counts_the_untr
     second = task.fold([Rec("agent.outcomes", 0, 1, b"r", encode(signed))])
     assert [(t.to_state, t.reason) for t in second.transitions] == [("VERIFIED_COMPLETE", "receipt")]
     assert second.transitions[0].evidence.untrusted_receipt_ids == ("exp-1",)
+
+
+_scalar = st.one_of(st.text(max_size=30), st.booleans(), st.integers(min_value=-(2**63), max_value=2**63),
+                    st.floats(allow_nan=True, allow_infinity=True))
+
+
+@settings(max_examples=300, deadline=None)
+@given(evidence=st.dictionaries(st.text(max_size=20), _scalar, max_size=8),
+       key_id=st.sampled_from(["dest-1", "other"]), sig=st.text(max_size=120))
+def test_no_receipt_a_producer_can_send_makes_the_trust_check_raise(evidence, key_id, sig) -> None:
+    """Any evidence (huge ints, NaN, surrogates) and any signature text: a why, never an exception."""
+    trusted = TrustedVerifiers.parse(SigningKey.generate("dest-1").setting)
+    r = OutcomeReceipt(run_id="r", ts=1, receipt_id="x", kind="file", verifier="destination", verified=True,
+                       evidence=evidence, signature=Signature(key_id=key_id, sig=sig or "x"))
+    assert trusted.why_untrusted(r) in ("unknown_key", "bad_signature", "not_canonical")
