@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import re
 from decimal import Decimal
+
+import msgspec
 from typing import Any
 
 from loopwarden.codecs.events import OutcomeReceipt
@@ -34,6 +36,7 @@ class NotCanonical(ValueError):
 
 
 _dumps_str = json.JSONEncoder(ensure_ascii=False).encode
+_sorted_json = msgspec.json.Encoder(order="sorted").encode
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
@@ -144,7 +147,8 @@ def receipt_signing_bytes(receipt: OutcomeReceipt) -> bytes:
     NotCanonical
         When the receipt's evidence holds a value without a canonical form.
     """
-    return canonical_json({
+    evidence = receipt.evidence
+    doc = {
         "type": "outcome_receipt",
         "run_id": receipt.run_id,
         "ts": receipt.ts,
@@ -152,6 +156,17 @@ def receipt_signing_bytes(receipt: OutcomeReceipt) -> bytes:
         "kind": receipt.kind,
         "verifier": receipt.verifier,
         "verified": receipt.verified,
-        "evidence": receipt.evidence,
-    })
+        "evidence": evidence,
+    }
+    # The common case, in C: ASCII keys (code-point order is then UTF-16 order) and no floats (their
+    # notation differs) nor integers beyond 2**53: msgspec's sorted JSON is then exactly RFC 8785
+    # (its string escapes are JSON.stringify's; a lone surrogate raises and takes the slow path).
+    if all(k.isascii() for k in evidence) and all(
+        type(v) is not float and (type(v) is not int or -MAX_SAFE_INT <= v <= MAX_SAFE_INT) for v in evidence.values()
+    ):
+        try:
+            return _sorted_json(doc)
+        except UnicodeEncodeError:
+            pass
+    return canonical_json(doc)
 

@@ -260,3 +260,18 @@ def test_no_receipt_a_producer_can_send_makes_the_trust_check_raise(evidence, ke
     r = OutcomeReceipt(run_id="r", ts=1, receipt_id="x", kind="file", verifier="destination", verified=True,
                        evidence=evidence, signature=Signature(key_id=key_id, sig=sig or "x"))
     assert trusted.why_untrusted(r) in ("unknown_key", "bad_signature", "not_canonical")
+
+
+@settings(max_examples=400, deadline=None)
+@given(evidence=st.dictionaries(st.text(max_size=12), st.one_of(st.text(max_size=30), st.booleans(),
+                                                                st.integers(-(2**53 - 1), 2**53 - 1),
+                                                                st.floats(allow_nan=False, allow_infinity=False)),
+                                max_size=8),
+       run_id=st.text(min_size=1, max_size=20))
+def test_the_fast_canonical_path_gives_the_same_bytes_as_the_reference(evidence, run_id) -> None:
+    """receipt_signing_bytes (msgspec for the common case) equals the RFC 8785 reference, byte for byte."""
+    r = OutcomeReceipt(run_id=run_id, ts=7, receipt_id="x", kind="file", verifier="destination", verified=False,
+                       evidence=evidence)
+    reference = canonical_json({"type": "outcome_receipt", "run_id": run_id, "ts": 7, "receipt_id": "x", "kind": "file",
+                                "verifier": "destination", "verified": False, "evidence": evidence})
+    assert receipt_signing_bytes(r) == reference
