@@ -188,13 +188,9 @@ def bench_signature_cost(runs: int, rounds: int) -> dict:
             "per_event_us_plain": p / len(recs) * 1e6}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.verify")
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--concurrency", type=int, default=256)
-    args = parser.parse_args()
-    checks = bench_checks(2000 if args.quick else 10000, args.concurrency)
-    cost = bench_signature_cost(2000 if args.quick else 10000, 3 if args.quick else 5)
+def measure(quick: bool, concurrency: int = 512) -> tuple[dict, dict, list[tuple[str, str, str, str]]]:
+    checks = bench_checks(2000 if quick else 10000, concurrency)
+    cost = bench_signature_cost(2000 if quick else 10000, 3 if quick else 5)
     rows = [
         ("a checks", f"http checker vs a 50 ms HTTPS destination, {checks['concurrency']} in flight",
          f"{checks['per_s']:.0f} checks/s", f"{checks['checks']} checks in {checks['seconds']:.2f} s; target >= 1000"),
@@ -204,6 +200,22 @@ def main() -> None:
          f"{cost['trusted_ev_s'] / 1000:.1f} kev/s with / {cost['plain_ev_s'] / 1000:.1f} kev/s without",
          f"ratio {cost['ratio']:.3f} (target >= 0.95); cost {100 * (1 - cost['ratio']):.1f} % of ingest"),
     ]
+    return checks, cost, rows
+
+
+def verify_rows(report, quick: bool) -> None:
+    """The rows of `python -m bench.run --only verify`."""
+    _checks, _cost, rows = measure(quick)
+    for bench, what, result, note in rows:
+        report.add(f"v {bench}", what, result, note)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.verify")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--concurrency", type=int, default=512)
+    args = parser.parse_args()
+    checks, cost, rows = measure(args.quick, args.concurrency)
     print(f"{'bench':<14} {'what':<78} {'result':<34} notes")
     for r in rows:
         print(f"{r[0]:<14} {r[1]:<78} {r[2]:<34} {r[3]}")
