@@ -275,3 +275,11 @@ def test_the_fast_canonical_path_gives_the_same_bytes_as_the_reference(evidence,
     reference = canonical_json({"type": "outcome_receipt", "run_id": run_id, "ts": 7, "receipt_id": "x", "kind": "file",
                                 "verifier": "destination", "verified": False, "evidence": evidence})
     assert receipt_signing_bytes(r) == reference
+
+
+def test_the_worker_refuses_to_start_with_a_malformed_setting_naming_it() -> None:
+    """`loopwarden worker` with a bad LOOPWARDEN_TRUSTED_VERIFIERS exits before connecting, naming the entry."""
+    env = {**os.environ, "LOOPWARDEN_TRUSTED_VERIFIERS": "dest-1=czxHtgkygQzkk8IBi085hH_mI55pEE6lZswFFPfSlG4,oops"}
+    proc = subprocess.run([*LW, "worker", "--broker", "127.0.0.1:1"], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode != 0
+    assert "LOOPWARDEN_TRUSTED_VERIFIERS: entry 'oops' is not KEY_ID=PUBLIC_KEY" in proc.stderr
