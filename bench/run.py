@@ -22,7 +22,7 @@ FULL = dict(core_runs=20_000, core_repeats=5, state_runs=20_000, heap_runs=10_00
 QUICK = dict(core_runs=5_000, core_repeats=3, state_runs=5_000, heap_runs=5_000,
              kafka_runs=1_000, kafka_rounds=1, txn_count=60, paced_runs=150, paced_s=4, pace_eps=5000.0, timer_sizes=(5_000, 50_000), timer_rounds=100,
              ingest_events=50_000, ingest_rounds=1)
-BENCHES = ("core", "state", "timers", "txn", "ingest", "kafka")
+BENCHES = ("core", "state", "timers", "txn", "ingest", "kafka", "verify")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
             pace = args.pace_eps or (max_eps / 2 if max_eps else size["pace_eps"])
             processor_e2e(report, workdir, size["kafka_runs"], size["kafka_rounds"], partitions=4,
                           paced_runs=max(size["paced_runs"], int(pace * size["paced_s"] / 6.5)), pace_eps=pace)
+        if "verify" in only:  # issue 21: checks/s of `loopwarden verify`, signature checks in the worker's fold
+            from bench.verify import verify_rows
+
+            verify_rows(report, quick=args.quick)
     finally:
         if args.keep:
             progress(f"logs kept in {workdir}")

@@ -46,7 +46,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise SystemExit(f"loopwarden replay: --advance-s must be >= 0, got {args.advance_s}")
     gctune.for_streaming()
     out = sys.stdout.buffer
-    replay = Replay(Settings(retention_s=args.retention_s))
+    replay = Replay(Settings(retention_s=args.retention_s), verifiers=_verifiers(args.trusted_verifiers))
 
     def emit(t):
         out.write(encode(t) + b"\n")
@@ -63,6 +63,37 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if invalid:
         print(f"loopwarden replay: {invalid} invalid line(s) skipped", file=sys.stderr)
         return 1
+    return 0
+
+
+def _verifiers(text: str | None):
+    """The trusted verifiers of a ``--trusted-verifiers`` flag, else of LOOPWARDEN_TRUSTED_VERIFIERS; None when neither."""
+    import os
+
+    from loopwarden.trust import ENV, TrustConfigError, TrustedVerifiers
+
+    try:
+        if text is not None:
+            return TrustedVerifiers.parse(text, "--trusted-verifiers")
+        return TrustedVerifiers.from_env(os.environ) if os.environ.get(ENV) else None
+    except TrustConfigError as exc:
+        raise SystemExit(f"loopwarden: {exc}") from None
+
+
+def cmd_keys_new(args: argparse.Namespace) -> int:
+    from loopwarden.trust import SigningKey, TrustConfigError
+
+    try:
+        key = SigningKey.generate(args.key_id)
+        key.save(args.out)
+    except TrustConfigError as exc:
+        raise SystemExit(f"loopwarden keys new: {exc}") from None
+    except FileExistsError:
+        raise SystemExit(f"loopwarden keys new: {args.out!r} exists; refusing to overwrite a key") from None
+    except OSError as exc:
+        raise SystemExit(f"loopwarden keys new: cannot write {args.out!r}: {exc.strerror}") from None
+    print(f"loopwarden keys new: private key written to {args.out} (mode 0600); trust it with:", file=sys.stderr)
+    print(key.setting)
     return 0
 
 
@@ -90,6 +121,8 @@ KAFKA_COMMANDS = {
     "tick": "send one timer tick to every partition (with --clock event: advance the clock)",
     "topics": "check the topic layout, or repair it",
     "deadletters": "print agent.deadletter: reason, source, offset, a preview",
+    "verify": "check declared outcomes at their destinations; publish signed receipts",
+    "receipt": "publish a person's signed decision on a run's outcome (verifier: human)",
 }
 
 
@@ -130,7 +163,16 @@ def build_parser(processor: bool | None = None) -> argparse.ArgumentParser:
     p.add_argument("--summary", action="store_true", help="print a table of final states and reasons on stderr")
     p.add_argument("--retention-s", type=_positive_float, default=7 * 86400, metavar="SECONDS",
                    help="drop settled runs and orphan receipts after this long without events (default 7 days)")
+    p.add_argument("--trusted-verifiers", metavar="KEY_ID=PUBLIC_KEY[,...]", default=None,
+                   help="only receipts signed by these keys count (default: LOOPWARDEN_TRUSTED_VERIFIERS; unset: all)")
     p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("keys", help="signing keys of verifiers and people (signed receipts)")
+    keys = p.add_subparsers(dest="keys_command", required=True, metavar="SUBCOMMAND")
+    k = keys.add_parser("new", help="make an Ed25519 key pair: private key file (0600), public key printed")
+    k.add_argument("--key-id", required=True, help="the id receipts name in signature.key_id")
+    k.add_argument("--out", required=True, metavar="FILE", help="where to write the private key (must not exist)")
+    k.set_defaults(func=cmd_keys_new)
 
     p = sub.add_parser("schema", help="print the JSON Schema of every input and output event")
     p.set_defaults(func=cmd_schema)

@@ -15,7 +15,7 @@ import time
 
 from aiokafka import AIOKafkaProducer
 
-from loopwarden.codecs import JSON, MSGPACK, InputEvent, OutcomeReceipt, encode
+from loopwarden.codecs import JSON, MSGPACK, InputEvent, OutcomeExpected, OutcomeReceipt, ReceiptKind, encode
 
 
 class PublishError(RuntimeError):
@@ -96,6 +96,25 @@ class Publisher:
         if errors:
             self.failed += len(errors)
             raise PublishError(f"{len(errors)} of {len(pending)} events were not acked by Kafka: {errors[0]!r}") from errors[0]
+
+    async def expect_outcome(self, run_id: str, expectation_id: str, kind: ReceiptKind, target: str,
+                             checks: dict | None = None, ts: int | None = None, wait: bool = False) -> OutcomeExpected:
+        """Declare what the run must produce (spec.md section 10), for ``loopwarden verify`` to check.
+
+        The application says it, never the model: e.g. ``expect_outcome(run_id, "invoice-pdf", "file",
+        "file:///srv/out/inv-7.pdf", {"min_size": 1000, "content_type": "application/pdf"})``.
+        """
+        event = OutcomeExpected(run_id=run_id, ts=now_ms() if ts is None else ts, expectation_id=expectation_id,
+                                kind=kind, target=target, checks=checks or {})
+        await self.publish(event, wait=wait)
+        return event
+
+    async def publish_receipt(self, receipt: OutcomeReceipt, key=None, wait: bool = False) -> OutcomeReceipt:
+        """Publish a receipt, signed first with ``key`` (a ``loopwarden.trust.SigningKey``) when given."""
+        if key is not None:
+            receipt = key.sign(receipt)
+        await self.publish(receipt, wait=wait)
+        return receipt
 
     async def partitions(self, topic: str) -> set[int]:
         return set(await self._producer.partitions_for(topic))

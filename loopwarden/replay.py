@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from loopwarden.codecs import HealthTransition, InputEvent, InvalidEvent, decode_input
+from loopwarden.codecs import HealthTransition, InputEvent, InvalidEvent, OutcomeReceipt, decode_input
 from loopwarden.rules import DEFAULT_SETTINGS, RunState, Settings, apply, fire_next, next_deadline
 from loopwarden.rules.machine import DEADLINE_KEEPING, Result
 from loopwarden.rules.timers import TimerQueue
@@ -39,8 +39,10 @@ class Replay:
     and, measured on the bench fleet, about 6 % of replay's time.
     """
 
-    def __init__(self, settings: Settings = DEFAULT_SETTINGS, keep_final: bool = False) -> None:
+    def __init__(self, settings: Settings = DEFAULT_SETTINGS, keep_final: bool = False, verifiers=None) -> None:
         self.settings = settings
+        # loopwarden.trust.TrustedVerifiers or None (spec.md section 10): receipts are classified before apply.
+        self.verifiers = verifiers
         self.states: dict[str, RunState] = {}
         self.final: dict[str, HealthTransition] = {}  # filled only with keep_final
         self.keep_final = keep_final
@@ -117,6 +119,8 @@ class Replay:
         return out
 
     def feed(self, event: InputEvent) -> list[HealthTransition]:
+        if self.verifiers is not None and event.__class__ is OutcomeReceipt:
+            event = self.verifiers.classify(event)
         ts = event.ts
         clock = self.clock
         if clock is None or ts > clock:

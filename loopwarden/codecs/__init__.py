@@ -4,6 +4,7 @@ from loopwarden.codecs.events import (
     CAUSES,
     FINISH_REASONS,
     RECEIPT_KINDS,
+    ReceiptKind,
     STATES,
     TOOL_STATUSES,
     Approval,
@@ -16,12 +17,14 @@ from loopwarden.codecs.events import (
     HealthTransition,
     InputEvent,
     LoopFinished,
+    OutcomeExpected,
     OutcomeReceipt,
     Policy,
     RunActive,
     RunEnded,
     RunStarted,
     SegmentStarted,
+    Signature,
     StepCount,
     StepFinished,
     TokenBudget,
@@ -29,6 +32,7 @@ from loopwarden.codecs.events import (
     ToolCallCondition,
     Usage,
 )
+from loopwarden.codecs.canonical import NotCanonical, canonical_json, receipt_signing_bytes
 from loopwarden.codecs.exceptions import InvalidEvent
 from loopwarden.codecs.wire import (
     JSON,
@@ -42,11 +46,12 @@ from loopwarden.codecs.wire import (
 )
 
 __all__ = [
-    "CAUSES", "FINISH_REASONS", "RECEIPT_KINDS", "STATES", "TOOL_STATUSES",
+    "CAUSES", "FINISH_REASONS", "RECEIPT_KINDS", "ReceiptKind", "STATES", "TOOL_STATUSES",
     "Approval", "ApprovalResolved", "ApprovalRouted", "Condition", "Custom", "Evidence", "EventsDropped",
-    "HealthTransition", "InputEvent", "InvalidEvent", "LoopFinished", "OutcomeReceipt",
-    "Policy", "RunActive", "RunEnded", "SegmentStarted", "RunStarted", "StepCount", "StepFinished", "TokenBudget",
+    "HealthTransition", "InputEvent", "InvalidEvent", "LoopFinished", "NotCanonical", "OutcomeExpected",
+    "OutcomeReceipt", "Policy", "RunActive", "RunEnded", "RunStarted", "SegmentStarted", "Signature", "StepCount",
+    "StepFinished", "TokenBudget",
     "ToolCall", "ToolCallCondition", "Usage",
-    "JSON", "MSGPACK", "decode_input", "decode_outcome_event", "decode_step_event",
-    "decode_transition", "encode", "json_schema",
+    "JSON", "MSGPACK", "canonical_json", "decode_input", "decode_outcome_event", "decode_step_event",
+    "decode_transition", "encode", "json_schema", "receipt_signing_bytes",
 ]

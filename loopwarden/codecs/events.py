@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Literal, Union
 
 import msgspec
-from msgspec import Meta, Struct, field
+from msgspec import UNSET, Meta, Struct, UnsetType, field
 
 # -- reusable limits ---------------------------------------------------------
 # ts fits in a JavaScript number exactly, so TypeScript producers and consumers agree.
@@ -231,12 +231,25 @@ class ApprovalResolved(_Event, tag="approval_resolved"):
     approved: bool
 
 
+class Signature(Struct, frozen=True, gc=False):
+    """Who vouches for a receipt (spec.md section 10): an Ed25519 signature by a verifier's key.
+
+    ``sig`` is the base64url (no padding) of the 64-byte signature over
+    ``loopwarden.codecs.canonical.receipt_signing_bytes`` of the receipt.
+    """
+
+    key_id: Ident
+    sig: Annotated[str, Meta(min_length=1, max_length=200)]
+
+
 class OutcomeReceipt(_Event, tag="outcome_receipt"):
     receipt_id: Ident
     kind: ReceiptKind
     verifier: Verifier
     verified: bool
     evidence: Annotated[dict[Annotated[str, Meta(max_length=100)], EvidenceValue], Meta(max_length=64)] = {}
+    # UNSET (absent on the wire) when not signed, so unsigned receipts encode exactly as before.
+    signature: Signature | UnsetType = UNSET
 
 
 # -- what producers must also tell (spec.md section 11) -----------------------
@@ -262,17 +275,35 @@ class EventsDropped(_Event, tag="events_dropped"):
     count: Annotated[int, Meta(ge=1, le=MAX_SAFE_INT)]
 
 
+# A check's value: a scalar, or named scalars (`row` key, `fields`, `header`, `json` pointers).
+CheckValue = Union[
+    EvidenceValue,
+    Annotated[dict[Annotated[str, Meta(max_length=200)], EvidenceValue], Meta(max_length=64)],
+]
+
+
+class OutcomeExpected(_Event, tag="outcome_expected"):
+    """What a run must produce (spec.md section 10), declared by the application, checked by a verifier."""
+
+    expectation_id: Ident
+    kind: ReceiptKind
+    target: Annotated[str, Meta(min_length=1, max_length=2000)]
+    checks: Annotated[dict[Annotated[str, Meta(max_length=100)], CheckValue], Meta(max_length=64)] = {}
+
+
 StepEvent = Union[
-    RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved, SegmentStarted, RunActive, EventsDropped
+    RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved, SegmentStarted, RunActive, EventsDropped,
+    OutcomeExpected,
 ]
 OutcomeEvent = OutcomeReceipt
 InputEvent = Union[
     RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved, SegmentStarted, RunActive, EventsDropped,
-    OutcomeReceipt,
+    OutcomeExpected, OutcomeReceipt,
 ]
 
 STEP_EVENT_TYPES: tuple[type, ...] = (
-    RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved, SegmentStarted, RunActive, EventsDropped
+    RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved, SegmentStarted, RunActive, EventsDropped,
+    OutcomeExpected,
 )
 INPUT_EVENT_TYPES: tuple[type, ...] = STEP_EVENT_TYPES + (OutcomeReceipt,)
 
@@ -296,6 +327,10 @@ class Evidence(Struct, frozen=True, gc=False):
     ignored: dict[str, int] = {}
     # spec.md section 11: events of the run its producer reported lost (events_dropped), summed.
     events_dropped: int = 0
+    # spec.md section 10, present only when non-empty (so transitions without them encode as before):
+    # receipts kept but not counted (unsigned, unknown key, bad signature) and the run's expectations.
+    untrusted_receipt_ids: tuple[str, ...] | UnsetType = UNSET
+    expectation_ids: tuple[str, ...] | UnsetType = UNSET
 
 
 class HealthTransition(Struct, frozen=True, gc=False, tag_field="type", tag="health_transition"):

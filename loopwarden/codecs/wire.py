@@ -46,9 +46,9 @@ _PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
 _TYPES_BY_UNION = {
     "input": ("run_started", "step_finished", "run_ended", "approval_routed", "approval_resolved",
-              "segment_started", "run_active", "events_dropped", "outcome_receipt"),
+              "segment_started", "run_active", "events_dropped", "outcome_expected", "outcome_receipt"),
     "steps": ("run_started", "step_finished", "run_ended", "approval_routed", "approval_resolved",
-              "segment_started", "run_active", "events_dropped"),
+              "segment_started", "run_active", "events_dropped", "outcome_expected"),
     "outcomes": ("outcome_receipt",),
 }
 

@@ -181,6 +181,8 @@ class _State(Struct, array_like=True, omit_defaults=True):
     history: list[tuple[int, int, Word, Word]] = []
     tomb: bool = False  # added later: older records lack it (array_like: the default fills in)
     dropped: int = 0  # added later (events_dropped), likewise
+    untrusted_receipt_ids: list[str] = []  # added later, likewise
+    expectation_ids: list[str] = []  # added later, likewise
 
 
 assert _State.__struct_fields__ == RunState.__struct_fields__, "codec out of step with RunState"
@@ -314,6 +316,8 @@ def encode_state(state: RunState) -> bytes:
         [(seq, ts, _INDEX.get(to, to), _INDEX.get(why, why)) for seq, ts, to, why in s.history],
         s.tomb,
         s.dropped,
+        s.untrusted_receipt_ids,
+        s.expectation_ids,
     ))
 
 
@@ -360,4 +364,6 @@ def decode_state(data: bytes) -> RunState:
         [(seq, ts, _s(to), _s(why)) for seq, ts, to, why in s.history],
         s.tomb,
         s.dropped,
+        s.untrusted_receipt_ids,
+        s.expectation_ids,
     )

@@ -9,7 +9,7 @@ that the shell must publish and count.
 Notes are ``(kind, label)`` pairs from bounded sets, for metrics:
 ``("ignored", <why>)``, ``("disagreement", <name>)``, ``("cause", <derived cause>)``,
 ``("reported_cause", <cause>)``, ``("receipt", on_time|late|negative|held|duplicate|orphan)``,
-``("timer", <kind>)``, ``("evicted", <state>)``.
+``("timer", <kind>)``, ``("evicted", <state>)``, and ``("receipt", untrusted_<why>)`` for an untrusted receipt.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from operator import itemgetter
 
-from msgspec import Struct
+from msgspec import UNSET, Struct
 
 from loopwarden.codecs.events import (
     Approval,
@@ -27,6 +27,7 @@ from loopwarden.codecs.events import (
     Evidence,
     HealthTransition,
     InputEvent,
+    OutcomeExpected,
     OutcomeReceipt,
     Policy,
     RunActive,
@@ -51,6 +52,7 @@ from loopwarden.rules.precedence import (
     receipt_verdict,
     verdict,
 )
+from loopwarden.rules.trust import UntrustedReceipt
 
 Note = tuple[str, str]
 _lo = itemgetter(0)
@@ -140,6 +142,10 @@ class RunState(Struct, gc=False):
     # Events of the run its producer reported lost (events_dropped), summed: from the first such
     # report on, the run's verdicts are UNCERTAIN (producer_dropped), never STUCK through the silence.
     dropped: int = 0
+    # spec.md section 10: receipts kept as untrusted (ids, at most MAX_RECEIPT_IDS) and the run's
+    # declared expectations (ids, likewise): evidence only, they decide nothing.
+    untrusted_receipt_ids: list[str] = []
+    expectation_ids: list[str] = []
 
 
 class Result(Struct, gc=False):  # never in a reference cycle: one event's output, dropped by the shell
@@ -173,6 +179,8 @@ def evidence_of(state: RunState) -> Evidence:
         state.approval,
         dict(state.ignored) if state.ignored else {},
         state.dropped,
+        tuple(state.untrusted_receipt_ids) if state.untrusted_receipt_ids else UNSET,
+        tuple(state.expectation_ids) if state.expectation_ids else UNSET,
     )
 
 
@@ -536,6 +544,23 @@ def _on_events_dropped(state: RunState, ev: EventsDropped, now_ms: int, res: Res
         if "producer_dropped" not in disagreements:
             state.disagreements = tuple(sorted((*disagreements, "producer_dropped")))
         _move(state, res, *_DROPPED_VERDICT, ev.ts, now_ms)
+def _on_untrusted_receipt(state: RunState, ev: UntrustedReceipt, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
+    # Kept in evidence and counted; it neither decides a verdict nor blocks a trusted receipt of the same id.
+    state.last_seen_ts = max(state.last_seen_ts, ev.ts)  # not activity, like any receipt
+    res.notes.append(("receipt", "untrusted_" + ev.why))
+    ids = state.untrusted_receipt_ids
+    if ev.receipt.receipt_id not in ids and len(ids) < MAX_RECEIPT_IDS:
+        ids.append(ev.receipt.receipt_id)
+
+
+def _on_expected(state: RunState, ev: OutcomeExpected, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
+    # Evidence only: an expectation is for the verifier; it is not activity and never starts a run.
+    state.last_seen_ts = max(state.last_seen_ts, ev.ts)
+    ids = state.expectation_ids
+    if ev.expectation_id in ids:
+        _ignore(state, res, "duplicate_expectation")
+    elif len(ids) < MAX_RECEIPT_IDS:
+        ids.append(ev.expectation_id)
 
 
 # Each handler gets the compiled policy in force when the event arrived (run_started, which
@@ -550,10 +575,12 @@ _HANDLERS = {
     SegmentStarted: _on_segment_started,
     RunActive: _on_run_active,
     EventsDropped: _on_events_dropped,
+    UntrustedReceipt: _on_untrusted_receipt,
+    OutcomeExpected: _on_expected,
 }
 
 
-def apply(state: RunState | None, event: InputEvent, now_ms: int) -> Result:
+def apply(state: RunState | None, event: InputEvent | UntrustedReceipt, now_ms: int) -> Result:
     """Fold one event into its run's state.
 
     Timers of the run that were due by the event's ``ts`` fire first (event time:
@@ -602,7 +629,7 @@ def apply(state: RunState | None, event: InputEvent, now_ms: int) -> Result:
 # (run_started may set a shorter inactivity timeout, approval_routed an earlier deadline.) A
 # shell need not look at the run's queued timer after them; tests/unit/test_core_fast_paths.py
 # checks the claim on every such event of its fleets.
-DEADLINE_KEEPING = frozenset({StepFinished, OutcomeReceipt})
+DEADLINE_KEEPING = frozenset({StepFinished, OutcomeReceipt, UntrustedReceipt, OutcomeExpected})
 
 # -- timers -------------------------------------------------------------------
 _RUN_TIMER_KINDS = {"RUNNING": "no_progress", "WAITING": "approval_expired", "VERIFYING": "receipt_window_expired"}

@@ -181,7 +181,13 @@ def add_commands(sub) -> None:
                    help="largest message produced; dead letters are cut to fit (LOOPWARDEN_MAX_MESSAGE_BYTES; default 1000000)")
     p.add_argument("--session-timeout-s", dest="session_timeout_s", type=float,
                    help="consumer group session timeout (LOOPWARDEN_SESSION_TIMEOUT_S; default 6)")
+    p.add_argument("--trusted-verifiers", dest="trusted_verifiers", metavar="KEY_ID=PUBLIC_KEY[,...]",
+                   help="only receipts signed by these keys count (LOOPWARDEN_TRUSTED_VERIFIERS; unset: every receipt)")
     p.set_defaults(func=cmd_worker)
+
+    from loopwarden.verify.commands import add_verify_commands  # verify, receipt (spec.md section 10)
+
+    add_verify_commands(sub)
 
     p = sub.add_parser("simulate", help="publish a realistic mixed fleet (every state, receipts, bad messages)")
     _common(p)
@@ -243,9 +249,11 @@ def cmd_config_doc(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from loopwarden.cli import _verifiers
     from loopwarden.streams.loop import run_worker
 
     config = _config(args)
+    verifiers = _verifiers(args.trusted_verifiers)  # spec.md section 10; a bad value stops here, named
     if config.store == "rocksdb":
         from loopwarden.streams.store import prepare_data_dir
 
@@ -262,7 +270,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     _watch_startup(passthrough=True)  # the worker logs aiokafka's lines; the last error is kept for the exit line
     try:
-        return run_worker(config)
+        return run_worker(config, verifiers)
     except KafkaConnectionError as exc:
         raise SystemExit(cannot_connect("worker", config, exc)) from None
     except TopicLayoutError as exc:

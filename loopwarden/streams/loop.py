@@ -79,10 +79,12 @@ class _Rebalance(ConsumerRebalanceListener):
 class Worker:
     """One loopwarden worker: the loop, its partitions' tasks, stores and producers, and the read model."""
 
-    def __init__(self, config: Config, metrics: Metrics | None = None) -> None:
+    def __init__(self, config: Config, metrics: Metrics | None = None, verifiers=None) -> None:
         self.config = config
         self.metrics = metrics or Metrics()
         self.settings = Settings(retention_s=config.retention_s, seq_memory_s=config.seq_memory_s)
+        # loopwarden.trust.TrustedVerifiers (spec.md section 10: LOOPWARDEN_TRUSTED_VERIFIERS); None: every receipt counts
+        self.verifiers = verifiers
         self.roles = {config.steps_topic: "steps", config.outcomes_topic: "outcomes", config.ticks_topic: "ticks"}
         self.inputs = (config.steps_topic, config.outcomes_topic, config.ticks_topic)
         self.assignor = CoPartitionedAssignor(config.advertised_url)
@@ -262,7 +264,7 @@ class Worker:
         self.consumer.resume(*tps)
         for p in partitions:
             task = PartitionTask(p, self.stores[p], self.roles, settings=self.settings, clock=c.clock,
-                                 max_future_ms=int(c.max_future_skew_s * 1000))
+                                 max_future_ms=int(c.max_future_skew_s * 1000), verifiers=self.verifiers)
             task.rebuild()
             self._count_runs(task.state_counts)
             # Progress is committed offsets moving: a partition that fails and recovers again and
@@ -660,8 +662,10 @@ class _Outbox:
         return [(topic, n, meta) for (topic, n, _), meta in zip(self.sent, metas)]
 
 
-def run_worker(config: Config) -> int:
-    """Run one worker until SIGTERM/SIGINT; exit by ``shutdown_timeout_s`` after the signal whatever happens."""
+def run_worker(config: Config, verifiers=None) -> int:
+    """Run one worker until SIGTERM/SIGINT; exit by ``shutdown_timeout_s`` after the signal whatever happens.
+
+    ``verifiers``: loopwarden.trust.TrustedVerifiers, or None (every receipt counts)."""
     quiet_repeats()
     for name in ("aiokafka", "aiohttp.access"):  # their INFO lines (joins, coordinators) say nothing a user needs
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(config.log_level.upper())))
@@ -669,7 +673,7 @@ def run_worker(config: Config) -> int:
     gctune.for_streaming()  # fewer collector passes: a batch allocates many short-lived objects
 
     async def main() -> None:
-        worker = Worker(config)
+        worker = Worker(config, verifiers=verifiers)
         from loopwarden.streams.http import serve
 
         loop = asyncio.get_running_loop()

@@ -11,6 +11,7 @@ EVENT_TYPES = (
     "run_started", "step_finished", "run_ended", "approval_routed", "approval_resolved", "outcome_receipt", "tick",
     # spec.md section 11: what producers must also tell
     "segment_started", "run_active", "events_dropped",
+    "outcome_expected",
 )
 INVALID_REASONS = InvalidEvent.REASONS + ("key_mismatch", "ts_in_future", "wrong_topic", "internal_error")
 DISAGREEMENTS = (
@@ -18,10 +19,12 @@ DISAGREEMENTS = (
     "step_gap", "cause_not_recorded", "tool_error_unseen",
     "producer_dropped",  # spec.md section 11: the producer lost events of the run
 )
-RECEIPT_OUTCOMES = ("on_time", "late", "negative", "held", "duplicate", "orphan", "untracked")
+RECEIPT_OUTCOMES = ("on_time", "late", "negative", "held", "duplicate", "orphan", "untracked",
+                    # spec.md section 10, with LOOPWARDEN_TRUSTED_VERIFIERS: kept as untrusted, changed nothing
+                    "untrusted_unsigned", "untrusted_unknown_key", "untrusted_bad_signature", "untrusted_not_canonical")
 IGNORED = (
     "duplicate_step", "step_after_end", "duplicate_run_ended", "duplicate_run_started",
-    "unmatched_approval", "duplicate_receipt", "untracked_step",
+    "unmatched_approval", "duplicate_receipt", "untracked_step", "duplicate_expectation",
     "late_segment_started",  # a segment_started after its segment's first step or end
 )
 TIMER_KINDS = ("no_progress", "approval_expired", "receipt_window_expired", "retention")

@@ -119,6 +119,7 @@ class PartitionTask:
         clock: str = "wall",
         wall_ms: Callable[[], int] = wall_clock_ms,
         max_future_ms: int = 300_000,
+        verifiers=None,
     ) -> None:
         self.partition = partition
         self.store = store  # committed states: run id (UTF-8) -> encode_state bytes
@@ -130,6 +131,8 @@ class PartitionTask:
         # message would move the event clock (or its run's timers) to the end of time. Ticks are
         # the operator's tool to move the clock (backfills, tests): trusted, not bounded.
         self.max_future_ms = max_future_ms
+        # loopwarden.trust.TrustedVerifiers or None: receipts are classified before the core applies them.
+        self.verifiers = verifiers
         self._ts_limit = 0
         self.timers = TimerQueue()
         self.clock = 0  # event-time clock (clock == "event"), committed with the batch that moved it
@@ -246,6 +249,7 @@ class PartitionTask:
             merged: Iterator = heapq.merge(*inputs.values(), key=_ts)
         else:
             merged = iter(next(iter(inputs.values()), ()))
+        verifiers = self.verifiers
         for role, event, rec in merged:
             out.counts["event", role, event.__struct_config__.tag] += 1
             now = self._now(event.ts if role == "steps" else None)
@@ -253,6 +257,8 @@ class PartitionTask:
             if event.run_id not in self._before:
                 self._before[event.run_id] = state.health if state is not None else None
             try:
+                if verifiers is not None and role == "outcomes":  # trust is decided here, before the core
+                    event = verifiers.classify(event)
                 res = apply(state, event, now)
             except Exception as exc:  # a bug of ours must not stop the partition nor lose the message
                 log.exception("internal error on %s[%d]@%d; dead-lettered", rec.topic, rec.partition, rec.offset)

@@ -140,7 +140,8 @@ def test_positional_construction_follows_the_field_order() -> None:
         "evidence")
     assert Evidence.__struct_fields__ == (
         "reported_cause", "derived_cause", "fired", "step_count", "segments", "tool_errors", "finish_reason",
-        "disagreements", "receipt_ids", "approval", "ignored", "events_dropped")
+        "disagreements", "receipt_ids", "approval", "ignored", "events_dropped", "untrusted_receipt_ids",
+        "expectation_ids")
     assert Facts.__struct_fields__ == (
         "cause", "derived_cause", "fired", "roles", "disagreements", "last_tool_error", "approval",
         "receipt_state")

@@ -33,4 +33,5 @@ export { Publisher, PRIORITY, type PublisherOptions, type PublisherStats } from 
 export { summarizeStep, deriveBoundaryCause, clipId, type StepSummary, type CallOutcome, type BoundaryVerdict } from './steps.js';
 export { sdkEvaluatesAfter } from './sdk-internals.js';
 export { LoopwardenConfigError, LoopwardenResumeError } from './errors.js';
+export * from './receipts.js';
 export * from './events.js';

@@ -1,0 +1,35 @@
+"""Where trust in a receipt is decided (spec.md section 10), as the core sees it.
+
+The shells decide trust, not the core: before a decoded ``outcome_receipt`` is applied, a shell
+with ``LOOPWARDEN_TRUSTED_VERIFIERS`` set checks its signature (``loopwarden.trust``) and hands the
+core either the receipt itself (trusted) or an :class:`UntrustedReceipt` naming why not. Checking a
+signature is pure computation, but the keys are configuration, and the core stays a function of
+events alone: the same untrusted receipt gives the same result in the worker and in replay.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from msgspec import Struct
+
+from loopwarden.codecs.events import OutcomeReceipt
+
+# Why a receipt is not trusted; a bounded set (metric label).
+UntrustedWhy = Literal["unsigned", "unknown_key", "bad_signature", "not_canonical"]
+UNTRUSTED_WHY: tuple[str, ...] = UntrustedWhy.__args__  # type: ignore[attr-defined]
+
+
+class UntrustedReceipt(Struct, frozen=True, gc=False):
+    """A receipt a shell found untrusted: kept in the run's evidence, counted, and changes no state."""
+
+    receipt: OutcomeReceipt
+    why: UntrustedWhy
+
+    @property
+    def run_id(self) -> str:
+        return self.receipt.run_id
+
+    @property
+    def ts(self) -> int:
+        return self.receipt.ts
