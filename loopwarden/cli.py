@@ -88,6 +88,7 @@ KAFKA_COMMANDS = {
     "simulate": "publish a realistic mixed fleet (every state, receipts, bad messages)",
     "tail": "print transitions from agent.health",
     "tick": "send one timer tick to every partition (with --clock event: advance the clock)",
+    "board": "serve the runs board: the whole fleet's runs from agent.health, live in a browser",
 }
 
 
@@ -142,6 +143,9 @@ def build_parser(processor: bool | None = None) -> argparse.ArgumentParser:
         from loopwarden.streams.commands import add_commands
 
         add_commands(sub)
+        from loopwarden.board.command import add_command as add_board
+
+        add_board(sub)
     else:  # listed anyway, so that asking for one says what to install instead of "invalid choice"
         for name, text in KAFKA_COMMANDS.items():
             p = sub.add_parser(name, help=f"{text} [needs loopwarden[processor]]", add_help=False)

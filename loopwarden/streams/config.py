@@ -37,6 +37,19 @@ class Config:
     # owner); default http://<web_host>:<web_port>, with the host name for 0.0.0.0.
     canonical_url: str | None = None
     token: str | None = field(default=None, repr=False)
+    # HTTP limits (loopwarden.streams.httplimits): a client's request headers must be complete within
+    # this long and this size; connections beyond the maximum are answered 503 and closed.
+    http_header_timeout_s: float = 10.0
+    http_max_header_bytes: int = 32768
+    http_max_connections: int = 512
+    # The runs board (`loopwarden board`, loopwarden.board): where it listens, how far back it reads
+    # agent.health at start, how long a settled run (VERIFIED_COMPLETE, BOUNDED_STOP) stays on it, how
+    # many runs it holds at most (the longest-settled go first), and where each state's doc lives.
+    board_port: int = 6067
+    board_lookback_s: float = 86400.0
+    board_settled_s: float = 3600.0
+    board_max_runs: int = 100_000
+    states_doc_url: str = "docs/states.md"
     clock: str = "wall"
     tick_interval_s: float = 1.0
     # A worker told to stop exits by then even if its broker is gone.
@@ -102,6 +115,23 @@ class Config:
             raise ConfigError(f"clock: {self.clock!r} must be one of {', '.join(CLOCKS)}")
         if not 0 <= self.web_port <= 65535:
             raise ConfigError(f"web_port: {self.web_port} must be between 0 and 65535")
+        if not 0.1 <= self.http_header_timeout_s <= 3600:
+            raise ConfigError(f"http_header_timeout_s: {self.http_header_timeout_s} must be between 0.1 and 3600")
+        if not 1024 <= self.http_max_header_bytes <= 1_048_576:
+            raise ConfigError(f"http_max_header_bytes: {self.http_max_header_bytes} must be between 1024 and 1048576")
+        if not 1 <= self.http_max_connections <= 100_000:
+            raise ConfigError(f"http_max_connections: {self.http_max_connections} must be between 1 and 100000")
+        if not 0 <= self.board_port <= 65535:
+            raise ConfigError(f"board_port: {self.board_port} must be between 0 and 65535")
+        if not 0 <= self.board_lookback_s <= 365 * 86400:
+            raise ConfigError(f"board_lookback_s: {self.board_lookback_s} must be between 0 and 1 year in seconds")
+        if not 1 <= self.board_settled_s <= 30 * 86400:
+            raise ConfigError(f"board_settled_s: {self.board_settled_s} must be between 1 and 30 days in seconds")
+        if not 100 <= self.board_max_runs <= 10_000_000:
+            raise ConfigError(f"board_max_runs: {self.board_max_runs} must be between 100 and 10000000")
+        if not self.states_doc_url or any(c in self.states_doc_url for c in "\"<> #"):
+            raise ConfigError(f"states_doc_url: {self.states_doc_url!r} must be a URL or path without spaces, "
+                              "quotes, <, > or # (the board appends #<state>)")
         if not 0.05 <= self.tick_interval_s <= 3600:
             raise ConfigError(f"tick_interval_s: {self.tick_interval_s} must be between 0.05 and 3600")
         if not 1 <= self.shutdown_timeout_s <= 3600:

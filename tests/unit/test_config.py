@@ -71,21 +71,25 @@ def test_token_is_not_in_the_repr() -> None:
 
 
 def test_the_readme_lists_every_setting_with_its_default_and_flag(capsys) -> None:
-    """One place lists the settings: each Config field is a row of the README's table (env var, flag,
-    default), and each flag there is one the worker command accepts."""
+    """Each Config field is a row of a settings table (README or docs/: env var, flag, default), and each
+    flag there is one the worker or board command accepts."""
     import re
     from dataclasses import fields
     from pathlib import Path
 
     from loopwarden.cli import build_parser
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    root = Path(__file__).resolve().parents[2]
+    # README's table, and the tables of docs/*.md (settings of the board and the HTTP limits: docs/board.md)
+    readme = "\n".join(p.read_text() for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))])
     rows = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(
         r"^\| `LOOPWARDEN_([A-Z_]+)` \| (?:`(--[a-z-]+)`|—) \| `?([^|`]*?)`? \|", readme, flags=re.M)}
     names = {f.name.upper() for f in fields(Config)}
     assert set(rows) == names, (names - set(rows), set(rows) - names)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["worker", "--help"])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["board", "--help"])
     help_text = capsys.readouterr().out
     for name, (flag, default) in rows.items():
         if flag:
