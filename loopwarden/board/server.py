@@ -122,11 +122,26 @@ class Board:
         finally:
             await consumer.stop()
 
+    async def _partitions(self, topic: str) -> set[int]:
+        """The topic's partitions now (an admin request: never auto-creates the topic)."""
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        from loopwarden.streams.security import client_options
+
+        admin = AIOKafkaAdminClient(**client_options(self.config), request_timeout_ms=30_000)
+        await admin.start()
+        try:
+            if topic not in set(await admin.list_topics()):
+                return set()
+            described = await admin.describe_topics([topic])
+            return {p["partition"] for t in described if t.get("error_code", 0) == 0 for p in t["partitions"]}
+        finally:
+            await admin.close()
+
     async def _assign(self, consumer, assigned: set[int], TopicPartition) -> None:
         """Read every partition of agent.health: at start, and partitions added later (from their start)."""
         topic = self.config.health_topic
-        await consumer.topics()  # a metadata request: partitions added since are seen
-        found = consumer.partitions_for_topic(topic) or set()
+        found = await self._partitions(topic)
         new = sorted(set(found) - assigned)
         if not new:
             if not found:
