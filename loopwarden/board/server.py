@@ -65,6 +65,10 @@ class Board:
         self.ready = False  # caught up with agent.health's end at start
         self.consumed = 0
 
+    def stop(self) -> None:
+        self.stopping.set()
+        self.notify()
+
     def notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
@@ -165,7 +169,8 @@ class Board:
         log.info("reading %s partitions %s", topic, new)
 
 
-def make_app(board: Board) -> web.Application:
+def make_app(board: Board, prefix: str = "") -> web.Application:
+    """The board's routes; ``prefix``: where it is mounted (``/board`` in a worker)."""
     config = board.config
     expected = f"Bearer {config.token}".encode() if config.token else None
     page = (files("loopwarden.board") / "static" / "index.html").read_text()
@@ -175,7 +180,8 @@ def make_app(board: Board) -> web.Application:
 
     @web.middleware
     async def auth(request: web.Request, handler):
-        if expected is not None and request.path.startswith("/api/"):
+        path = request.path[len(prefix):] if request.path.startswith(prefix) else request.path
+        if expected is not None and not (path in ("/", "/healthz", "/docs/states.md") or path.startswith("/static/")):
             if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
                 return _json({"error": "unauthorized: send Authorization: Bearer <token>"}, status=401)
         return await handler(request)

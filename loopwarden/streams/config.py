@@ -50,6 +50,8 @@ class Config:
     board_settled_s: float = 3600.0
     board_max_runs: int = 100_000
     states_doc_url: str = "docs/states.md"
+    # The worker also serves the board at /board/ (its own reader of agent.health, every partition).
+    board_in_worker: bool = False
     clock: str = "wall"
     tick_interval_s: float = 1.0
     # A worker told to stop exits by then even if its broker is gone.

@@ -118,11 +118,16 @@ def make_app(model: ReadModel) -> web.Application:
     expected = f"Bearer {token}".encode() if token else None
     key = peer_key(token) if token else None
 
+    def board_page(path: str) -> bool:
+        """The board's page and files (no data; its /board/api/ routes check the token themselves)."""
+        return model.config.board_in_worker and (
+            path in ("/board/", "/board/healthz", "/board/docs/states.md") or path.startswith("/board/static/"))
+
     @web.middleware
     async def auth(request: web.Request, handler):
         # Only /healthz (liveness probes) answers without the token; every other path, "/" and
         # unknown ones included, answers 401 first, so nothing about the worker shows unauthenticated.
-        if expected is not None and request.path != "/healthz":
+        if expected is not None and request.path != "/healthz" and not board_page(request.path):
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 nonce = signed_by_peer(request, key)
@@ -201,6 +206,18 @@ def make_app(model: ReadModel) -> web.Application:
 
 
 async def serve(model: ReadModel) -> GuardedSite:
-    """Start the HTTP server on the configured host and port, with the ``http_*`` limits;
-    ``await site.cleanup()`` stops it."""
-    return await serve_guarded(make_app(model), model.config.web_host, model.config.web_port, model.config)
+    """Start the HTTP server on the configured host and port, with the ``http_*`` limits (and, with
+    ``board_in_worker``, the runs board at /board/); ``await site.cleanup()`` stops it."""
+    config = model.config
+    app = make_app(model)
+    board = None
+    if config.board_in_worker:
+        from loopwarden.board.server import Board
+        from loopwarden.board.server import make_app as board_app
+
+        board = Board(config)
+        app.add_subapp("/board/", board_app(board, prefix="/board"))
+    site = await serve_guarded(app, config.web_host, config.web_port, config)
+    if board is not None:
+        site.also_run(board.consume(), board.stop)
+    return site

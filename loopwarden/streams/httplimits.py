@@ -151,14 +151,30 @@ class GuardedSite:
         self.runner = runner
         self.server = server
         self.limits = limits
+        self._background: list[tuple[asyncio.Task, object]] = []
+
+    def also_run(self, coro, stop) -> None:
+        """Run ``coro`` beside the server; :meth:`cleanup` calls ``stop()`` and waits for it."""
+        task = asyncio.ensure_future(coro)
+        task.add_done_callback(_log_failure)
+        self._background.append((task, stop))
 
     @property
     def port(self) -> int:
         return self.server.sockets[0].getsockname()[1]
 
     async def cleanup(self) -> None:
+        for task, stop in self._background:
+            stop()
+            task.cancel()
+        await asyncio.gather(*(task for task, _ in self._background), return_exceptions=True)
         self.server.close()
         await self.runner.cleanup()  # aiohttp shuts its handlers (and so their connections) down
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s failed", task.get_coro(), exc_info=task.exception())
 
 
 async def serve_guarded(app: web.Application, host: str, port: int, config) -> GuardedSite:

@@ -7,7 +7,8 @@ partition is large. Instead each :class:`~loopwarden.streams.task.PartitionTask`
 one :class:`RunsIndex`:
 
 - **built from the restored store** (:meth:`RunsIndex.add`, called while the task
-  rebuilds its timers from the same decoded states: no second pass);
+  rebuilds its timers from the same decoded states: no second pass; then one
+  :meth:`RunsIndex.merge` sorts them all at once, during recovery, not on a read);
 - **fed by each committed transaction** (:meth:`RunsIndex.committed`): one dict write
   per transition or dropped run, nothing sorted on the hot path — the changes wait in
   ``pending`` and are merged into the ordered lists (``O(log n)`` each) by the next
@@ -46,6 +47,9 @@ class Entry(NamedTuple):
     reason: str
 
 
+_entry = tuple.__new__  # Entry from a tuple without NamedTuple's Python-level __new__ (several times faster)
+
+
 def iso(ts_ms: int | None) -> str | None:
     """ISO-8601 UTC with milliseconds, e.g. ``2026-12-01T15:05:26.123Z``."""
     if ts_ms is None:
@@ -70,33 +74,34 @@ class RunsIndex:
         self.entries: dict[str, Entry] = {}
         self._by_id: dict[str, SortedList] = {}  # state -> run ids
         self._by_age: dict[str, SortedList] = {}  # state -> entries
-        self.pending: dict[str, Entry | None] = {}  # committed, not merged yet; None: no longer held
+        self.pending: dict[str, tuple | None] = {}  # committed, not merged yet (Entry's fields); None: gone
         self._agents: dict[str, str] = {}  # one str object per agent name, shared by its entries
 
     def clear(self) -> None:
         self.__init__()
 
     def __len__(self) -> int:
-        self._merge()
+        self.merge()
         return len(self.entries)
 
     # -- feeding ----------------------------------------------------------------------
     def add(self, state) -> None:
-        """A run of the restored store (a RunState); merged at the next read."""
+        """A run of the restored store (a RunState); sorted in by the next :meth:`merge`."""
         if state.health is None or state.tomb:
             return
         if state.history:
             _seq, ts, _to, reason = state.history[-1]
         else:  # a state written before history was kept
             ts, reason = state.last_seen_ts, ""
-        self.pending[state.run_id] = Entry(ts, state.run_id, state.health, self._agent(state.agent), state.seq, reason)
+        self.pending[state.run_id] = (ts, state.run_id, state.health, state.agent, state.seq, reason)
 
     def committed(self, transitions: Iterable, states: Mapping[str, object]) -> None:
         """A transaction committed: its transitions (HealthTransitions, in order) and the runs it touched
-        (run id -> RunState, None when dropped by retention). O(1) per transition or dropped run."""
+        (run id -> RunState, None when dropped by retention). A dict write per transition or dropped run
+        (a plain tuple: the Entry is made when merged)."""
         pending = self.pending
         for t in transitions:
-            pending[t.run_id] = Entry(t.ts, t.run_id, t.to_state, self._agent(t.agent), t.seq, t.reason)
+            pending[t.run_id] = (t.ts, t.run_id, t.to_state, t.agent, t.seq, t.reason)
         for run_id, state in states.items():
             if state is None or state.tomb:
                 pending[run_id] = None
@@ -106,32 +111,49 @@ class RunsIndex:
             return None
         return self._agents.setdefault(agent, agent) if len(self._agents) < 10_000 else agent
 
-    def _merge(self) -> None:
+    def merge(self) -> None:
+        """Bring the ordered lists up to date with what was committed since the last read: one by one
+        (O(log n) each), or all at once (a sort in C) when much changed, as after a restore."""
         if not self.pending:
             return
-        entries, by_id, by_age = self.entries, self._by_id, self._by_age
-        for run_id, new in self.pending.items():
+        entries, by_id, by_age, agent = self.entries, self._by_id, self._by_age, self._agent
+        changes, self.pending = self.pending, {}
+        if len(changes) > max(1000, len(entries) // 8):
+            for run_id, new in changes.items():
+                if new is None:
+                    entries.pop(run_id, None)
+                else:
+                    entries[run_id] = _entry(Entry, (new[0], new[1], new[2], agent(new[3]), new[4], new[5]))
+            groups: dict[str, list[Entry]] = {}
+            for e in entries.values():
+                groups.setdefault(e.state, []).append(e)
+            by_id.clear()
+            by_age.clear()
+            for state, group in groups.items():
+                by_age[state] = SortedList(group)
+                by_id[state] = SortedList(e.run_id for e in group)
+            return
+        for run_id, new in changes.items():
             old = entries.pop(run_id, None)
             if old is not None:
                 by_id[old.state].remove(run_id)
                 by_age[old.state].remove(old)
             if new is not None:
-                entries[run_id] = new
-                if new.state not in by_id:
-                    by_id[new.state], by_age[new.state] = SortedList(), SortedList()
-                by_id[new.state].add(run_id)
-                by_age[new.state].add(new)
-        self.pending = {}
+                e = entries[run_id] = _entry(Entry, (new[0], new[1], new[2], agent(new[3]), new[4], new[5]))
+                if e.state not in by_id:
+                    by_id[e.state], by_age[e.state] = SortedList(), SortedList()
+                by_id[e.state].add(run_id)
+                by_age[e.state].add(e)
 
     # -- reading ----------------------------------------------------------------------
     def get(self, run_id: str) -> Entry | None:
-        self._merge()
+        self.merge()
         return self.entries.get(run_id)
 
     def walk(self, state: str | None, order: str, after: tuple | None) -> Iterator[Entry]:
         """Every held entry in ``state`` (all if None) in ``order``, strictly after ``after``:
         ``(run_id,)`` for order ``id``, ``(since_ts, run_id)`` for order ``age``."""
-        self._merge()
+        self.merge()
         states = [state] if state is not None else list(self._by_id)
         if order == "id":
             start = after[0] if after else None

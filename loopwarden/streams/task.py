@@ -161,6 +161,7 @@ class PartitionTask:
             self.state_counts[state.health] += 1
             self.timers.schedule(state.run_id, next_deadline(state, self.settings))
             self.index.add(state)
+        self.index.merge()  # sorted now, during recovery, not by the first read
         return n
 
     # -- state within a batch ---------------------------------------------------------

@@ -283,3 +283,25 @@ def test_the_board_in_a_browser(kafka, tmp_path: Path) -> None:
         publisher.close()
         log.close()
     assert board.returncode == 0, (tmp_path / "board.log").read_text()[-3000:]
+
+
+def test_a_worker_serves_the_board_when_asked(kafka, tmp_path: Path) -> None:
+    """With board_in_worker the worker serves the board at /board/: the page without the token, its
+    data only with it, and every run of the fleet it processed (read back from agent.health)."""
+    from tests.integration.harness import make_worker, publish, run
+
+    config = unique_config(kafka.bootstrap)
+    worker = make_worker(config, tmp_path, token=TOKEN)
+    worker.extra_env = {"LOOPWARDEN_BOARD_IN_WORKER": "true"}
+    worker.start()
+    try:
+        messages = fleet(30, seed=12, bad_every=0)
+        run(publish(worker.config, [(m.topic, m.key, m.value) for m in messages]))
+        status, page = worker.get("/board/")
+        assert status == 200 and b"runs board" in page
+        assert worker.get("/board/static/board.js")[0] == 200
+        assert worker.get("/board/api/snapshot")[0] == 401 and worker.get("/runs")[0] == 401
+        wait(lambda: json.loads(worker.get("/board/api/snapshot", TOKEN)[1])["runs"] == 30, 30, "the worker's board")
+    finally:
+        worker.stop()
+    assert worker.proc.returncode == 0, worker.log_tail()
