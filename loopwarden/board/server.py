@@ -94,7 +94,11 @@ class Board:
         consumer = AIOKafkaConsumer(**client_options(c), group_id=None, enable_auto_commit=False,
                                     isolation_level="read_committed", auto_offset_reset="earliest",
                                     fetch_max_wait_ms=50)
-        await consumer.start()
+        try:
+            await consumer.start()
+        except BaseException:
+            await consumer.stop()
+            raise
         try:
             assigned: set[int] = set()
             checked = 0.0

@@ -118,6 +118,10 @@ def make_app(model: ReadModel) -> web.Application:
     expected = f"Bearer {token}".encode() if token else None
     key = peer_key(token) if token else None
 
+    def state_doc(state: str | None) -> str | None:
+        """Where the state's meaning and what to do about it are: docs/states.md#<state>."""
+        return f"{model.config.states_doc_url}#{state.lower()}" if state else None
+
     def board_page(path: str) -> bool:
         """The board's page and files (no data; its /board/api/ routes check the token themselves)."""
         return model.config.board_in_worker and (
@@ -161,7 +165,7 @@ def make_app(model: ReadModel) -> web.Application:
         state = model.run_state(run_id)
         if state is None:
             return _json({"error": f"run {run_id!r} not found"}, status=404)
-        return _json(run_document(state))
+        return _json({**run_document(state), "state_doc": state_doc(state.health)})
 
     async def runs(request: web.Request) -> web.Response:
         q = request.query
@@ -192,6 +196,8 @@ def make_app(model: ReadModel) -> web.Application:
         now_ms = int(time.time() * 1000)
         found, after = model.runs_page(state=wanted, agent=agent, order=order, cursor=cursor, limit=limit,
                                        now_ms=now_ms)
+        for r in found:
+            r["state_doc"] = state_doc(r["state"])
         return _json({"state": wanted, "agent": agent, "order": order, "partitions": model.owned(),
                       "now_ts": now_ms, "now": iso(now_ms), "runs": found,
                       "next_cursor": encode_cursor(after) if after is not None else None})

@@ -114,6 +114,8 @@ def test_http_routes_metrics_and_token(kafka, tmp_path: Path) -> None:
             path = page["next_cursor"] and f"/runs?order=age&limit=6&cursor={page['next_cursor']}"
         assert [(r["since_ts"], r["run_id"]) for r in oldest] == sorted((r["since_ts"], r["run_id"]) for r in seen)
         assert all(r["in_state_s"] >= 0 and r["reason"] and r["since"] for r in oldest)
+        assert all(r["state_doc"] == "docs/states.md#" + r["state"].lower() for r in oldest)
+        assert doc["state_doc"] == "docs/states.md#verified_complete"
         for bad, named in (("/runs?limit=0", b"limit='0'"), ("/runs?limit=ten", b"limit='ten'"),
                            ("/runs?order=newest", b"order='newest'"),
                            ("/runs?cursor=bm9wZQ", b"cursor='bm9wZQ'")):
