@@ -78,6 +78,7 @@ class Fleet:
         self._settled: OrderedDict[str, int] = OrderedDict()  # run id -> when it settled (now_ms), oldest first
         self._active: OrderedDict[str, None] = OrderedDict()  # the others, least recently updated first
         self._attention = SortedList()  # (since_ts, run_id) of runs in an ATTENTION state: oldest first
+        self._attention_by: dict[tuple[str, str], SortedList] = {}  # ("state"|"agent", name) -> the same, filtered
         self.by_state: Counter = Counter()
         self.by_agent: dict[str, Counter] = {}  # agent -> state -> runs held
         self._minutes: dict[int, Counter] = {}  # minute (ts // 60 s) -> Counter((agent, to_state)), last hour
@@ -131,7 +132,10 @@ class Fleet:
             self._active[run.run_id] = None
             self._active.move_to_end(run.run_id)
         if run.state in ATTENTION:
-            self._attention.add((run.since_ts, run.run_id))
+            key = (run.since_ts, run.run_id)
+            self._attention.add(key)
+            for by in (("state", run.state), ("agent", run.agent or NO_AGENT)):
+                self._attention_by.setdefault(by, SortedList()).add(key)
 
     def _uncount(self, run: Run) -> None:
         self.by_state[run.state] -= 1
@@ -139,7 +143,14 @@ class Fleet:
         if counts is not None:
             counts[run.state] -= 1
         if run.state in ATTENTION:
-            self._attention.discard((run.since_ts, run.run_id))
+            key = (run.since_ts, run.run_id)
+            self._attention.discard(key)
+            for by in (("state", run.state), ("agent", run.agent or NO_AGENT)):
+                listed = self._attention_by.get(by)
+                if listed is not None:
+                    listed.discard(key)
+                    if not listed:
+                        del self._attention_by[by]
 
     def _drop(self, run_id: str) -> None:
         run = self.runs.pop(run_id)
@@ -178,9 +189,12 @@ class Fleet:
         return by_state, by_agent
 
     def attention(self, *, state: str | None = None, agent: str | None = None, limit: int = 200) -> list[Run]:
-        """Runs that need a person (ATTENTION states), oldest in their state first, filtered."""
+        """Runs that need a person (ATTENTION states), oldest in their state first, filtered: walks the
+        smaller of the state's and the agent's lists, never every run."""
+        lists = [self._attention_by.get(by, ()) for by in (("state", state), ("agent", agent)) if by[1] is not None]
+        walk = min(lists, key=len) if lists else self._attention
         out = []
-        for _since, run_id in self._attention:
+        for _since, run_id in walk:
             run = self.runs[run_id]
             if (state is None or run.state == state) and (agent is None or (run.agent or NO_AGENT) == agent):
                 out.append(run)

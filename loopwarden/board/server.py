@@ -164,8 +164,10 @@ class Board:
             consumer.seek_to_beginning(*fresh)
         else:
             since = now_ms() - int(self.config.board_lookback_s * 1000)
-            offsets = await consumer.offsets_for_times({tp: since for tp in fresh})
+            # The ends first: a partition with nothing since `since` starts at its end as it was
+            # before the lookup, so what is written meanwhile is read.
             ends = await consumer.end_offsets(fresh)
+            offsets = await consumer.offsets_for_times({tp: since for tp in fresh})
             for tp in fresh:
                 at = offsets.get(tp)
                 consumer.seek(tp, at.offset if at is not None else ends[tp])

@@ -51,8 +51,11 @@ def test_the_board_counts_what_the_transitions_say_and_lists_the_runs_that_need_
     assert [(r["since_ts"], r["run_id"]) for r in snap["attention"]] == need and need
     assert snap["attention_total"] == len(need)
     assert sum(sum(a["now"].values()) for a in snap["by_agent"]) == len(final)
-    failed = board.attention(state="FAILED")
-    assert all(r.state == "FAILED" for r in failed)
+    for state in (None, "FAILED", "STUCK"):
+        for agent in (None, "deploy-agent", "(none)", "nobody"):
+            want = [r for _ts, r in need if (state is None or final[r]["to_state"] == state)
+                    and (agent is None or (final[r]["agent"] or "(none)") == agent)]
+            assert [r.run_id for r in board.attention(state=state, agent=agent, limit=1000)] == want
     run_id = need[0][1]
     doc = board.run_document(run_id, now)
     assert [t["seq"] for t in doc["transitions"]] == list(range(1, final[run_id]["seq"] + 1))
