@@ -218,7 +218,7 @@ async def serve(model: ReadModel) -> GuardedSite:
     app = make_app(model)
     board = None
     if config.board_in_worker:
-        from loopwarden.board.server import Board
+        from loopwarden.board.reader import Board
         from loopwarden.board.server import make_app as board_app
 
         board = Board(config)
