@@ -130,7 +130,7 @@ class Board:
         for tp, position in kept.items():
             consumer.seek(tp, position)
         if assigned:  # added while running: all of it is new
-            consumer.seek_to_beginning(*fresh)
+            await consumer.seek_to_beginning(*fresh)
         else:
             since = now_ms() - int(self.config.board_lookback_s * 1000)
             # The ends first: a partition with nothing since `since` starts at its end as it was
