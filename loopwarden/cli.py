@@ -123,6 +123,7 @@ KAFKA_COMMANDS = {
     "deadletters": "print agent.deadletter: reason, source, offset, a preview",
     "verify": "check declared outcomes at their destinations; publish signed receipts",
     "receipt": "publish a person's signed decision on a run's outcome (verifier: human)",
+    "board": "serve the runs board: the whole fleet's runs from agent.health, live in a browser",
 }
 
 
@@ -186,6 +187,9 @@ def build_parser(processor: bool | None = None) -> argparse.ArgumentParser:
         from loopwarden.streams.commands import add_commands
 
         add_commands(sub)
+        from loopwarden.board.command import add_command as add_board
+
+        add_board(sub)
     else:  # listed anyway, so that asking for one says what to install instead of "invalid choice"
         for name, text in KAFKA_COMMANDS.items():
             p = sub.add_parser(name, help=f"{text} [needs loopwarden[processor]]", add_help=False)

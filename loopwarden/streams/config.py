@@ -52,6 +52,25 @@ class Config:
     canonical_url: str | None = None
     # When set (16+ characters), every route but /healthz needs `Authorization: Bearer <token>`.
     token: str | None = field(default=None, repr=False)
+    # HTTP limits (loopwarden.streams.httplimits): a client's request headers must be complete within
+    # this long (s)...
+    http_header_timeout_s: float = 10.0
+    # ...and this size (bytes), or the connection is answered 408/431 and closed.
+    http_max_header_bytes: int = 32768
+    # Connections beyond this are answered 503 and closed.
+    http_max_connections: int = 512
+    # The runs board (`loopwarden board`, loopwarden.board): the port it listens on.
+    board_port: int = 6067
+    # How far back the board reads agent.health when it starts.
+    board_lookback_s: float = 86400.0
+    # How long a settled run (VERIFIED_COMPLETE, BOUNDED_STOP) stays on the board.
+    board_settled_s: float = 3600.0
+    # Runs the board holds at most (the longest-settled go first, then the quiet longest).
+    board_max_runs: int = 100_000
+    # Where each state's doc lives (the board and /runs link `<this>#<state>`).
+    states_doc_url: str = "docs/states.md"
+    # The worker also serves the board at /board/ (its own reader of agent.health, every partition).
+    board_in_worker: bool = False
     # Timers on processing time (`wall`) or on the event-time clock (`event`: steps' ts and explicit ticks).
     clock: str = "wall"
     # How often each partition's due timers fire.
@@ -127,6 +146,23 @@ class Config:
             raise ConfigError(f"web_host: {self.web_host!r} is not a host name or IP address")
         if not 0 <= self.web_port <= 65535:
             raise ConfigError(f"web_port: {self.web_port} must be between 0 and 65535")
+        if not 0.1 <= self.http_header_timeout_s <= 3600:
+            raise ConfigError(f"http_header_timeout_s: {self.http_header_timeout_s} must be between 0.1 and 3600")
+        if not 1024 <= self.http_max_header_bytes <= 1_048_576:
+            raise ConfigError(f"http_max_header_bytes: {self.http_max_header_bytes} must be between 1024 and 1048576")
+        if not 1 <= self.http_max_connections <= 100_000:
+            raise ConfigError(f"http_max_connections: {self.http_max_connections} must be between 1 and 100000")
+        if not 0 <= self.board_port <= 65535:
+            raise ConfigError(f"board_port: {self.board_port} must be between 0 and 65535")
+        if not 0 <= self.board_lookback_s <= 365 * 86400:
+            raise ConfigError(f"board_lookback_s: {self.board_lookback_s} must be between 0 and 1 year in seconds")
+        if not 1 <= self.board_settled_s <= 30 * 86400:
+            raise ConfigError(f"board_settled_s: {self.board_settled_s} must be between 1 and 30 days in seconds")
+        if not 100 <= self.board_max_runs <= 10_000_000:
+            raise ConfigError(f"board_max_runs: {self.board_max_runs} must be between 100 and 10000000")
+        if not self.states_doc_url or any(c in self.states_doc_url for c in "\"<> #"):
+            raise ConfigError(f"states_doc_url: {self.states_doc_url!r} must be a URL or path without spaces, "
+                              "quotes, <, > or # (the board appends #<state>)")
         if not 0.05 <= self.tick_interval_s <= 3600:
             raise ConfigError(f"tick_interval_s: {self.tick_interval_s} must be between 0.05 and 3600")
         if not 1 <= self.shutdown_timeout_s <= 3600:

@@ -1,32 +1,24 @@
-"""HTTP routes of a worker (aiohttp): /healthz, /readyz, /metrics, /runs/{run_id}, /runs (paged, ?state=).
+"""HTTP routes of a worker (aiohttp): /healthz, /readyz, /metrics, /runs/{run_id}, /runs (paged).
 
 The routes read a small :class:`ReadModel` (the worker implements it), never the
 loop's internals, so this module imports nothing of the loop. Bound to localhost
 unless configured otherwise. With a token configured, every route but /healthz needs
 ``Authorization: Bearer <token>`` (401 otherwise). ``GET /runs/{id}`` for a run of a
-partition another worker owns is forwarded to that worker (the owner map comes with
-the group's assignment). Responses carry only content-free evidence.
-
-Forwarding never hands the caller's token to a peer: anyone who can join the consumer
-group can advertise a URL. With a token, the forwarded request is signed with a key
-derived from it (HMAC-SHA256 over method, path, time and a nonce) and the owner signs
-its answer (over the nonce, status and body); an answer without a valid signature is
-refused (502), so a member that does not know the token can neither read the token
-nor forge a run. Without a token the API is open and peers are trusted.
+partition another worker owns is forwarded to that worker, signed
+(:mod:`loopwarden.streams.peers`). ``GET /runs`` pages through an ordered index
+(:mod:`loopwarden.streams.readmodel`), never a scan of the store. Responses carry only
+content-free evidence; every time is given in epoch ms (``*_ts``) and ISO-8601 beside it.
+The server enforces header time, header size and connection limits
+(:mod:`loopwarden.streams.httplimits`).
 """
 
 from __future__ import annotations
 
 import base64
-
-import hashlib
 import hmac
-import logging
-import secrets
 import time
 from typing import Protocol
 
-import aiohttp
 import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -35,32 +27,12 @@ from loopwarden.codecs import STATES
 from loopwarden.rules import RunState
 from loopwarden.rules.machine import evidence_of
 from loopwarden.streams.config import Config
+from loopwarden.streams.httplimits import GuardedSite, serve_guarded
 from loopwarden.streams.metrics import Metrics
+from loopwarden.streams.peers import ANSWER_SIGNATURE, FORWARDED, forward, peer_key, sign_answer, signed_by_peer
+from loopwarden.streams.readmodel import ORDERS, iso
 
-log = logging.getLogger("loopwarden.http")
-FORWARDED = "X-Loopwarden-Forwarded"
-PEER_TS = "X-Loopwarden-Peer-Ts"
-PEER_NONCE = "X-Loopwarden-Peer-Nonce"
-PEER_SIGNATURE = "X-Loopwarden-Peer-Signature"
-ANSWER_SIGNATURE = "X-Loopwarden-Answer-Signature"
-PEER_WINDOW_MS = 30_000  # a signed request older (or newer) than this is refused
-
-
-def peer_key(token: str) -> bytes:
-    """The key peers sign forwarded reads with: derived from the token, never the token itself."""
-    return hmac.new(token.encode(), b"loopwarden/peer-signing/v1", hashlib.sha256).digest()
-
-
-def _sign(key: bytes, *parts: bytes) -> str:
-    return hmac.new(key, b"\n".join(parts), hashlib.sha256).hexdigest()
-
-
-def sign_request(key: bytes, method: str, path_qs: str, ts_ms: int, nonce: str) -> str:
-    return _sign(key, method.encode(), path_qs.encode(), str(ts_ms).encode(), nonce.encode())
-
-
-def sign_answer(key: bytes, nonce: str, status: int, body: bytes) -> str:
-    return _sign(key, nonce.encode(), str(status).encode(), body)
+__all__ = ["FORWARDED", "ReadModel", "make_app", "run_document", "serve"]
 
 
 class ReadModel(Protocol):
@@ -73,42 +45,71 @@ class ReadModel(Protocol):
     def partition_of(self, run_id: str) -> int: ...
     def owner_url(self, partition: int) -> str | None: ...
     def run_state(self, run_id: str) -> RunState | None: ...
-    def runs_page(self, state: str | None, cursor: tuple[int, str] | None, limit: int) -> tuple[list[dict], tuple | None]: ...
+    def runs_page(self, *, state: str | None, agent: str | None, order: str, cursor: tuple | None,
+                  limit: int, now_ms: int) -> tuple[list[dict], tuple | None]: ...
 
 
 RUNS_PAGE_DEFAULT = 1000
 RUNS_PAGE_MAX = 10_000
 
 
-def encode_cursor(cursor: tuple[int, str]) -> str:
-    """An opaque page cursor: (partition, last run id) as base64url JSON."""
+def encode_cursor(cursor: tuple) -> str:
+    """An opaque page cursor: ``(partition, last run id)`` or ``("age", since_ts, last run id)``, base64url JSON."""
     return base64.urlsafe_b64encode(msgspec.json.encode(list(cursor))).decode().rstrip("=")
 
 
-def decode_cursor(text: str) -> tuple[int, str] | None:
+def _whole(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+
+
+def decode_cursor(text: str, order: str = "id") -> tuple | None:
+    """The cursor ``text`` stands for, if this API gave it for ``order``; else None."""
     try:
-        p, run_id = msgspec.json.decode(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+        value = msgspec.json.decode(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
     except (ValueError, TypeError, msgspec.DecodeError):
         return None
-    if not isinstance(p, int) or isinstance(p, bool) or p < 0 or not isinstance(run_id, str):
+    if not isinstance(value, list):
         return None
-    return p, run_id
+    if order == "id" and len(value) == 2 and _whole(value[0]) and isinstance(value[1], str):
+        return value[0], value[1]
+    if order == "age" and len(value) == 3 and value[0] == "age" and isinstance(value[1], int) \
+            and not isinstance(value[1], bool) and isinstance(value[2], str):
+        return "age", value[1], value[2]
+    return None
 
 
 def _json(data, status: int = 200) -> web.Response:
     return web.Response(body=msgspec.json.encode(data), status=status, content_type="application/json")
 
 
-def run_document(state: RunState) -> dict:
+def run_document(state: RunState, now_ms: int | None = None) -> dict:
+    """A run for ``GET /runs/{id}``: its state since when and why, its evidence and its transitions."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    evidence = msgspec.to_builtins(evidence_of(state))
+    if evidence.get("approval") and evidence["approval"].get("deadline_ts") is not None:
+        evidence["approval"]["deadline"] = iso(evidence["approval"]["deadline_ts"])
+    transitions, before = [], None
+    for i, (seq, ts, to, reason) in enumerate(state.history):
+        # from_state: the state before; unknown (absent) for the oldest kept when older ones were cut
+        known = i > 0 or seq == 1
+        transitions.append({"seq": seq, "ts": ts, "ts_iso": iso(ts),
+                            **({"from_state": before} if known else {}), "to_state": to, "reason": reason})
+        before = to
+    last = state.history[-1] if state.history else None
     return {
         "run_id": state.run_id,
         "state": state.health,
         "seq": state.seq,
         "agent": state.agent,
         "policy_version": state.policy.version if state.policy else None,
-        "evidence": msgspec.to_builtins(evidence_of(state)),
-        "transitions": [{"seq": seq, "ts": ts, "to_state": to, "reason": reason}
-                        for seq, ts, to, reason in state.history],
+        "since_ts": last[1] if last else None,
+        "since": iso(last[1]) if last else None,
+        "in_state_s": max(0, now_ms - last[1]) // 1000 if last else None,
+        "reason": last[3] if last else None,
+        "last_seen_ts": state.last_seen_ts,
+        "last_seen": iso(state.last_seen_ts),
+        "evidence": evidence,
+        "transitions": transitions,
     }
 
 
@@ -117,24 +118,23 @@ def make_app(model: ReadModel) -> web.Application:
     expected = f"Bearer {token}".encode() if token else None
     key = peer_key(token) if token else None
 
-    def signed_by_peer(request: web.Request) -> str | None:
-        """The nonce of a validly signed forwarded read, else None."""
-        if key is None or not request.path.startswith("/runs/") or FORWARDED not in request.headers:
-            return None
-        ts, nonce, signature = (request.headers.get(h, "") for h in (PEER_TS, PEER_NONCE, PEER_SIGNATURE))
-        if not ts.isdigit() or not 16 <= len(nonce) <= 64 or abs(time.time() * 1000 - int(ts)) > PEER_WINDOW_MS:
-            return None
-        good = sign_request(key, request.method, request.rel_url.path_qs, int(ts), nonce)
-        return nonce if hmac.compare_digest(signature.encode(), good.encode()) else None
+    def state_doc(state: str | None) -> str | None:
+        """Where the state's meaning and what to do about it are: docs/states.md#<state>."""
+        return f"{model.config.states_doc_url}#{state.lower()}" if state else None
+
+    def board_page(path: str) -> bool:
+        """The board's page and files (no data; its /board/api/ routes check the token themselves)."""
+        return model.config.board_in_worker and (
+            path in ("/board/", "/board/healthz", "/board/docs/states.md") or path.startswith("/board/static/"))
 
     @web.middleware
     async def auth(request: web.Request, handler):
         # Only /healthz (liveness probes) answers without the token; every other path, "/" and
         # unknown ones included, answers 401 first, so nothing about the worker shows unauthenticated.
-        if expected is not None and request.path != "/healthz":
+        if expected is not None and request.path != "/healthz" and not board_page(request.path):
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
-                nonce = signed_by_peer(request)
+                nonce = signed_by_peer(request, key)
                 if nonce is None:
                     return _json({"error": "unauthorized: send Authorization: Bearer <token>"}, status=401)
                 response = await handler(request)
@@ -161,11 +161,11 @@ def make_app(model: ReadModel) -> web.Application:
         if partition not in model.owned() and FORWARDED not in request.headers:
             owner = model.owner_url(partition)
             if owner and owner.rstrip("/") != model.config.advertised_url.rstrip("/"):
-                return await _forward(request, owner, key)
+                return await forward(request, owner, key)
         state = model.run_state(run_id)
         if state is None:
             return _json({"error": f"run {run_id!r} not found"}, status=404)
-        return _json(run_document(state))
+        return _json({**run_document(state), "state_doc": state_doc(state.health)})
 
     async def runs(request: web.Request) -> web.Response:
         q = request.query
@@ -173,6 +173,13 @@ def make_app(model: ReadModel) -> web.Application:
         if wanted is not None and wanted not in STATES:
             return _json({"error": f"state={wanted!r}: give one of {', '.join(STATES)} (or none: every state)"},
                          status=400)
+        agent = q.get("agent")
+        if agent is not None and not 1 <= len(agent) <= 200:
+            return _json({"error": f"agent={agent[:100]!r}: give an agent name of 1 to 200 characters"}, status=400)
+        order = q.get("order", "id")
+        if order not in ORDERS:
+            return _json({"error": f"order={order[:100]!r}: give id (run id order, the default) or age "
+                                   "(longest in its state first)"}, status=400)
         raw_limit = q.get("limit", str(RUNS_PAGE_DEFAULT))
         try:
             limit = int(raw_limit)
@@ -182,12 +189,17 @@ def make_app(model: ReadModel) -> web.Application:
             return _json({"error": f"limit={raw_limit!r}: give a whole number from 1 to {RUNS_PAGE_MAX}"}, status=400)
         cursor = None
         if "cursor" in q:
-            cursor = decode_cursor(q["cursor"])
+            cursor = decode_cursor(q["cursor"], order)
             if cursor is None:
-                return _json({"error": f"cursor={q['cursor'][:100]!r}: not a cursor this API gave (next_cursor)"},
-                             status=400)
-        found, after = model.runs_page(wanted, cursor, limit)
-        return _json({"state": wanted, "partitions": model.owned(), "runs": found,
+                return _json({"error": f"cursor={q['cursor'][:100]!r}: not a cursor this API gave (next_cursor) "
+                                       f"for order={order}"}, status=400)
+        now_ms = int(time.time() * 1000)
+        found, after = model.runs_page(state=wanted, agent=agent, order=order, cursor=cursor, limit=limit,
+                                       now_ms=now_ms)
+        for r in found:
+            r["state_doc"] = state_doc(r["state"])
+        return _json({"state": wanted, "agent": agent, "order": order, "partitions": model.owned(),
+                      "now_ts": now_ms, "now": iso(now_ms), "runs": found,
                       "next_cursor": encode_cursor(after) if after is not None else None})
 
     app = web.Application(middlewares=[auth])
@@ -199,38 +211,19 @@ def make_app(model: ReadModel) -> web.Application:
     return app
 
 
-async def _forward(request: web.Request, owner: str, key: bytes | None) -> web.Response:
-    """Ask the owner; its answer is passed on (status and JSON body) once its signature checks out.
+async def serve(model: ReadModel) -> GuardedSite:
+    """Start the HTTP server on the configured host and port, with the ``http_*`` limits (and, with
+    ``board_in_worker``, the runs board at /board/); ``await site.cleanup()`` stops it."""
+    config = model.config
+    app = make_app(model)
+    board = None
+    if config.board_in_worker:
+        from loopwarden.board.reader import Board
+        from loopwarden.board.server import make_app as board_app
 
-    The caller's Authorization header is never sent: with a token the request is signed
-    with the key derived from it (see :func:`peer_key`)."""
-    path_qs = request.rel_url.path_qs
-    headers = {FORWARDED: "1"}
-    nonce = ""
-    if key is not None:
-        ts, nonce = int(time.time() * 1000), secrets.token_hex(16)
-        headers.update({PEER_TS: str(ts), PEER_NONCE: nonce,
-                        PEER_SIGNATURE: sign_request(key, "GET", path_qs, ts, nonce)})
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
-            async with session.get(owner.rstrip("/") + path_qs, headers=headers, allow_redirects=False) as resp:
-                body = await resp.read()
-                signature = resp.headers.get(ANSWER_SIGNATURE, "")
-                status = resp.status
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        log.warning("forwarding %s to %s failed: %s", request.rel_url, owner, exc)
-        return _json({"error": f"owner {owner} of this run did not answer"}, status=502)
-    if key is not None and not hmac.compare_digest(signature.encode(), sign_answer(key, nonce, status, body).encode()):
-        log.warning("the answer of %s for %s is not signed with this deployment's token: refused "
-                    "(a group member that does not know the token?)", owner, path_qs)
-        return _json({"error": f"the answer of owner {owner} for this run could not be verified"}, status=502)
-    return web.Response(status=status, body=body, content_type="application/json")
-
-
-async def serve(model: ReadModel) -> web.AppRunner:
-    """Start the HTTP server on the configured host and port; ``await runner.cleanup()`` stops it."""
-    runner = web.AppRunner(make_app(model), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, model.config.web_host, model.config.web_port)
-    await site.start()
-    return runner
+        board = Board(config)
+        app.add_subapp("/board/", board_app(board, prefix="/board"))
+    site = await serve_guarded(app, config.web_host, config.web_port, config)
+    if board is not None:
+        site.also_run(board.consume(), board.stop)
+    return site

@@ -55,6 +55,7 @@ from loopwarden.streams.logs import quiet_repeats
 from loopwarden.streams.metrics import Metrics
 from loopwarden.streams.security import client_options
 from loopwarden.streams.store import PartitionStore, open_partition
+from loopwarden.streams import readmodel
 from loopwarden.streams.task import Batch, DeadLetter, PartitionTask, header, wall_clock_ms
 from loopwarden.streams.topics import ensure_topics
 
@@ -133,19 +134,9 @@ class Worker:
         """The assignment is recovered and no partition is stalled."""
         return self.ready and not self.stalled
 
-    def runs_page(self, state: str | None, cursor: tuple[int, str] | None, limit: int) -> tuple[list[dict], tuple | None]:
-        """A page of the runs this worker holds, ordered by (partition, run id), after ``cursor``;
-        returns the runs and the cursor of the next page (None: this was the last)."""
-        found: list[dict] = []
-        for p in self.owned():
-            if cursor is not None and p < cursor[0]:
-                continue
-            after = cursor[1] if cursor is not None and p == cursor[0] else None
-            for r in self.tasks[p].runs_page(state, after, limit - len(found)):
-                found.append({**r, "partition": p})
-            if len(found) >= limit:
-                return found, (p, found[-1]["run_id"])
-        return found, None
+    def runs_page(self, **query) -> tuple[list[dict], tuple | None]:
+        """A page of the runs this worker holds (see :func:`loopwarden.streams.readmodel.page`)."""
+        return readmodel.page({p: task.index for p, task in self.tasks.items()}, **query)
 
     # -- lifecycle ----------------------------------------------------------------------
     async def run(self) -> None:

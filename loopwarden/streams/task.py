@@ -19,7 +19,6 @@ the same batch, so their transitions commit with everything else.
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import logging
 import time
@@ -33,6 +32,7 @@ import msgspec
 from loopwarden.codecs import HealthTransition, InvalidEvent, decode_outcome_event, decode_step_event
 from loopwarden.rules import RunState, Settings, apply, decode_state, encode_state, fire_next, next_deadline
 from loopwarden.rules.timers import TimerQueue
+from loopwarden.streams.readmodel import RunsIndex
 
 log = logging.getLogger("loopwarden.task")
 
@@ -145,12 +145,14 @@ class PartitionTask:
         self.seen_ts: dict[str, int] = {}  # input role -> highest event ts folded (its stream time)
         # input topic -> [(record, decoded)] a fold held back, offset order (see fold's ``lagging``)
         self._held: dict[str, list] = {}
+        self.index = RunsIndex()  # the read API's ordered view of the committed runs (dropped with the task)
 
     # -- recovery -------------------------------------------------------------------
     def rebuild(self) -> int:
         """Timer queue, state counts and clock from the committed store (after restore)."""
         self.timers.clear()
         self.state_counts.clear()
+        self.index.clear()
         n = 0
         for key, raw in self.store.items():
             if is_meta(key):
@@ -161,6 +163,8 @@ class PartitionTask:
             n += 1
             self.state_counts[state.health] += 1
             self.timers.schedule(state.run_id, next_deadline(state, self.settings))
+            self.index.add(state)
+        self.index.merge()  # sorted now, during recovery, not by the first read
         return n
 
     # -- state within a batch ---------------------------------------------------------
@@ -359,6 +363,7 @@ class PartitionTask:
                 if after is not None:
                     delta[after] += 1
         self.state_counts.update(delta)
+        self.index.committed(out.transitions, self._live)
         self._live.clear()
         self._before.clear()
         return delta
@@ -376,25 +381,6 @@ class PartitionTask:
     def committed_state(self, run_id: str) -> RunState | None:
         raw = self.store.get(run_id.encode())
         return None if raw is None else decode_state(raw)
-
-    # -- read model (scan) ---------------------------------------------------------------
-    def runs_page(self, state: str | None, after: str | None, limit: int) -> list[dict]:
-        """Up to ``limit`` runs held by this partition (committed; tombs are not runs), in run-id order
-        after ``after``, in ``state`` if given. A scan of the partition's store, for the read API."""
-        keys = sorted(k for k in self.store if not is_meta(k))  # bytes order = the run ids' UTF-8 order
-        start = bisect.bisect_right(keys, after.encode()) if after is not None else 0
-        found = []
-        for key in keys[start:]:
-            raw = self.store.get(key)
-            if raw is None:
-                continue
-            s = decode_state(raw)
-            if s.tomb or s.health is None or (state is not None and s.health != state):
-                continue
-            found.append({"run_id": s.run_id, "state": s.health, "seq": s.seq, "agent": s.agent})
-            if len(found) >= limit:
-                break
-        return found
 
 
 def _ts(item) -> int:

@@ -97,7 +97,27 @@ def test_http_routes_metrics_and_token(kafka, tmp_path: Path) -> None:
         assert {r["run_id"]: r["state"] for r in seen} == expected and len(seen) == len(expected)
         stuck = json.loads(worker.get("/runs?state=VERIFIED_COMPLETE&limit=10000", TOKEN)[1])["runs"]
         assert sorted(r["run_id"] for r in stuck) == sorted(r for r, s in expected.items() if s == "VERIFIED_COMPLETE")
+        # For people and scripts: since when (ms and ISO-8601), how long, why; by agent; oldest first.
+        status, body = worker.get(f"/runs/{run_id}", TOKEN)
+        doc = json.loads(body)
+        assert doc["transitions"][0]["from_state"] is None
+        assert [t["from_state"] for t in doc["transitions"][1:]] == [t["to_state"] for t in doc["transitions"][:-1]]
+        assert doc["since_ts"] == doc["transitions"][-1]["ts"] and doc["reason"] == doc["transitions"][-1]["reason"]
+        assert doc["since"].endswith("Z") and doc["transitions"][-1]["ts_iso"] == doc["since"]
+        agent = next(r["agent"] for r in seen if r["agent"])
+        mine = json.loads(worker.get(f"/runs?agent={agent}&limit=10000", TOKEN)[1])["runs"]
+        assert sorted(r["run_id"] for r in mine) == sorted(r["run_id"] for r in seen if r["agent"] == agent)
+        oldest, path = [], "/runs?order=age&limit=6"
+        while path:
+            page = json.loads(worker.get(path, TOKEN)[1])
+            oldest += page["runs"]
+            path = page["next_cursor"] and f"/runs?order=age&limit=6&cursor={page['next_cursor']}"
+        assert [(r["since_ts"], r["run_id"]) for r in oldest] == sorted((r["since_ts"], r["run_id"]) for r in seen)
+        assert all(r["in_state_s"] >= 0 and r["reason"] and r["since"] for r in oldest)
+        assert all(r["state_doc"] == "docs/states.md#" + r["state"].lower() for r in oldest)
+        assert doc["state_doc"] == "docs/states.md#verified_complete"
         for bad, named in (("/runs?limit=0", b"limit='0'"), ("/runs?limit=ten", b"limit='ten'"),
+                           ("/runs?order=newest", b"order='newest'"),
                            ("/runs?cursor=bm9wZQ", b"cursor='bm9wZQ'")):
             status, body = worker.get(bad, TOKEN)
             assert status == 400 and named in body, (bad, body)

@@ -119,6 +119,8 @@ def test_the_configuration_doc_lists_every_setting_with_its_default_and_flag(cap
     assert set(rows) == names, (names - set(rows), set(rows) - names)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["worker", "--help"])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["board", "--help"])
     help_text = capsys.readouterr().out
     for name, (flag, default) in rows.items():
         if flag:

@@ -283,26 +283,42 @@ def test_an_event_or_tick_from_the_far_future_is_dead_lettered_and_moves_no_cloc
     assert not [t for t in out.transitions if t.to_state == "STUCK"]
 
 
-def test_runs_page_walks_every_held_run_once_in_run_id_order_and_skips_tombs() -> None:
-    """The read API's scan: pages of any size after a run id cover each held run once, a state filter
-    keeps only that state, and a tomb (a dropped run) is not a run."""
-    from loopwarden.rules import RunState, decode_state, encode_state
+def test_runs_index_walks_every_held_run_once_in_run_id_order_and_skips_tombs() -> None:
+    """The read API's index, fed by the committed batches: pages of any size after a run id cover
+    each held run once (what the store holds), a state filter keeps only that state, a run dropped
+    to a tomb leaves it, and an index rebuilt from the store equals the one fed batch by batch."""
+    from loopwarden.rules import decode_state
+    from loopwarden.streams import readmodel
 
     part = run_all(batch_size=50)[0]
     store = part.store
-    held = {decode_state(store[k]).run_id: decode_state(store[k]).health for k in store if not is_meta(k)}
+    live = [decode_state(store[k]) for k in store if not is_meta(k)]
+    held = {s.run_id: s.health for s in live if not s.tomb and s.health is not None}
     assert len(held) > 20
-    store.write({b"zz-dropped": encode_state(RunState(run_id="zz-dropped", seq=4, last_seen_ts=1, tomb=True))}, None)
+    fed = part.task.index
     for size in (1, 7, 1000):
-        seen, after = [], None
-        while page := part.task.runs_page(None, after, size):
+        seen, cursor = [], None
+        while True:
+            page, cursor = readmodel.page({0: fed}, state=None, agent=None, order="id", cursor=cursor,
+                                          limit=size, now_ms=LAST_TS)
             assert len(page) <= size
             seen += page
-            after = page[-1]["run_id"]
+            if cursor is None:
+                break
         assert [r["run_id"] for r in seen] == sorted(held)
         assert {r["run_id"]: r["state"] for r in seen} == held
     state = next(iter(held.values()))
-    assert [r["run_id"] for r in part.task.runs_page(state, None, 1000)] == sorted(r for r, s in held.items() if s == state)
+    page, _ = readmodel.page({0: fed}, state=state, agent=None, order="id", cursor=None, limit=1000, now_ms=LAST_TS)
+    assert [r["run_id"] for r in page] == sorted(r for r, s in held.items() if s == state)
+    assert len(fed) == len(held)
+    fed_entries = dict(fed.entries)
+    part.task.rebuild()  # as after a restore: from the store alone
+    assert len(part.task.index) == len(held) and part.task.index.entries == fed_entries
+    # retention drops a run to a tomb: committed, it leaves the index
+    gone = sorted(held)[0]
+    index = part.task.index
+    index.committed([], {gone: decode_state(store[gone.encode()]).__class__(run_id=gone, seq=3, tomb=True)})
+    assert index.get(gone) is None and len(index) == len(held) - 1
 
 
 def _paths(transitions) -> dict[str, list[str]]:
