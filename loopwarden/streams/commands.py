@@ -68,15 +68,10 @@ def cannot_connect(command: str, config: Config, exc: BaseException) -> str:
 
 
 def _client(command: str, config: Config, coro_fn):
-    """Run a Kafka client command: aiokafka's repeated log lines rate-limited (after the start), and
-    a broker that cannot be reached or refuses the credentials one line saying why (exit 1)."""
+    """Run a Kafka client command: a broker that cannot be reached or refuses the credentials is one line
+    saying why (exit 1). (Its logging is set by ``loopwarden.cli.set_up_process``.)"""
     from aiokafka.errors import KafkaConnectionError
 
-    from loopwarden.streams.logs import quiet_repeats
-
-    logging.basicConfig(level=logging.WARNING, format=f"loopwarden {command}: %(name)s: %(message)s")
-    quiet_repeats()
-    _watch_startup(passthrough=False)
     try:
         return asyncio.run(coro_fn())
     except KafkaConnectionError as exc:
@@ -195,7 +190,7 @@ def add_commands(sub) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from loopwarden.streams.loop import run_worker
+    from loopwarden.streams.worker import run_worker
 
     config = _config(args)
     if config.store == "rocksdb":
@@ -210,9 +205,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
           f"http://{config.web_host}:{config.web_port}", file=sys.stderr, flush=True)
     from aiokafka.errors import KafkaConnectionError
 
-    _watch_startup(passthrough=True)  # the worker logs aiokafka's lines; the last error is kept for the exit line
     try:
-        return run_worker(config)
+        return run_worker(config, on_recovered=getattr(args, "on_recovered", None))
     except KafkaConnectionError as exc:
         raise SystemExit(cannot_connect("worker", config, exc)) from None
 

@@ -30,9 +30,10 @@ from typing import Protocol
 
 import msgspec
 
-from loopwarden.codecs import HealthTransition, InvalidEvent, decode_outcome_event, decode_step_event
+from loopwarden.codecs import HealthTransition, InvalidEvent, decode_outcome_event, decode_step_event, encode
 from loopwarden.rules import RunState, Settings, apply, decode_state, encode_state, fire_next, next_deadline
 from loopwarden.rules.timers import TimerQueue
+from loopwarden.streams.stage import DeadLetter, Output
 
 log = logging.getLogger("loopwarden.task")
 
@@ -78,17 +79,11 @@ def header(headers, name: str) -> str | None:
 
 
 @dataclass
-class DeadLetter:
-    record: Record
-    reason: str
-    error: str
-
-
-@dataclass
 class Batch:
     """A partition's outputs for one batch, to be committed in one transaction, in this order."""
 
     transitions: list[HealthTransition] = field(default_factory=list)
+    outputs: list[Output] = field(default_factory=list)  # the transitions, encoded for the health topic
     deadletters: list[DeadLetter] = field(default_factory=list)
     # changelog/store: key -> the run's last state in the batch, None deletes (retention)
     changes: dict[bytes, bytes | None] = field(default_factory=dict)
@@ -119,8 +114,10 @@ class PartitionTask:
         clock: str = "wall",
         wall_ms: Callable[[], int] = wall_clock_ms,
         max_future_ms: int = 300_000,
+        health_topic: str = "agent.health",
     ) -> None:
         self.partition = partition
+        self.health_topic = health_topic
         self.store = store  # committed states: run id (UTF-8) -> encode_state bytes
         self.roles = roles  # topic -> "steps" | "outcomes" | "ticks"
         self.settings = settings
@@ -339,6 +336,9 @@ class PartitionTask:
             self.timers.schedule(run_id, next_deadline(state, settings))
         if self.clock != self._clock_before:
             out.changes[CLOCK_KEY] = _encode_clock(self.clock)
+        if out.transitions:
+            topic = self.health_topic  # keyed by run id, partitioned like the inputs (the default partitioner)
+            out.outputs = [Output(topic, t.run_id.encode(), encode(t)) for t in out.transitions]
 
     # -- after the transaction ----------------------------------------------------------
     def committed(self, out: Batch) -> Counter:
