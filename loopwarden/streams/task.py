@@ -31,8 +31,8 @@ from typing import Protocol
 import msgspec
 
 from loopwarden.codecs import HealthTransition, InvalidEvent, decode_outcome_event, decode_step_event, encode
-from loopwarden.rules import RunState, Settings, apply, decode_state, encode_state, fire_next, next_deadline
-from loopwarden.rules.timers import TimerQueue
+from loopwarden.rules import RunState, Settings, apply, decode_state, encode_state
+from loopwarden.rules.table import RunTable
 from loopwarden.streams.stage import DeadLetter, Output
 
 log = logging.getLogger("loopwarden.task")
@@ -128,13 +128,14 @@ class PartitionTask:
         # the operator's tool to move the clock (backfills, tests): trusted, not bounded.
         self.max_future_ms = max_future_ms
         self._ts_limit = 0
-        self.timers = TimerQueue()
+        self.timers = RunTable(settings, self.load)  # the runs' due timers: one policy with replay's
         self.clock = 0  # event-time clock (clock == "event"), committed with the batch that moved it
         self.state_counts: Counter = Counter()  # health -> runs, committed
         # States touched by the batch being folded; None: dropped by retention in this batch
         # (the store still holds its committed state, which must not come back).
         self._live: dict[str, RunState | None] = {}
         self._before: dict[str, str | None] = {}  # their committed health
+        self._moved: set[str] = set()  # runs whose health changed in the batch (a new timer: rescheduled)
         self._clock_before = 0
         self.seen_ts: dict[str, int] = {}  # input role -> highest event ts folded (its stream time)
         # input topic -> [(record, decoded)] a fold held back, offset order (see fold's ``lagging``)
@@ -154,7 +155,7 @@ class PartitionTask:
             state = decode_state(raw)
             n += 1
             self.state_counts[state.health] += 1
-            self.timers.schedule(state.run_id, next_deadline(state, self.settings))
+            self.timers.changed(state, True)
         return n
 
     # -- state within a batch ---------------------------------------------------------
@@ -172,6 +173,7 @@ class PartitionTask:
             counts[kind, label] += 1
         if res.transitions:
             out.transitions += res.transitions
+            self._moved.add(run_id)
         self._live[run_id] = res.state
 
     def _now(self, ts: int | None) -> int:
@@ -202,6 +204,7 @@ class PartitionTask:
         out = Batch()
         self._live.clear()
         self._before.clear()
+        self._moved.clear()
         self._clock_before = self.clock
         self._ts_limit = self.wall_ms() + self.max_future_ms
         inputs: dict[str, list] = {}
@@ -313,27 +316,24 @@ class PartitionTask:
 
     def fire_due(self, now_ms: int, out: Batch) -> None:
         """Fire every due timer of the partition in deadline order: O(due timers)."""
-        for deadline, run_id in self.timers.pop_due(now_ms):
-            state = self.load(run_id)
-            if state is None:
-                continue
-            current = next_deadline(state, self.settings)
-            if current != deadline:
-                self.timers.schedule(run_id, current)  # moved since queued
-                continue
-            if run_id not in self._before:
-                self._before[run_id] = state.health
-            self._take(run_id, fire_next(state, now_ms, self.settings), out)
+        timers, before = self.timers, self._before
+        for state, health, res in timers.fire_due(now_ms):
+            run_id = state.run_id
+            if run_id not in before:
+                before[run_id] = health
+            self._take(run_id, res, out)
+            if res.state is not None:
+                timers.changed(res.state, bool(res.transitions))
 
     def _finish(self, out: Batch) -> None:
-        """One changelog record per run touched (its last state); timers rescheduled once per run."""
-        settings = self.settings
+        """One changelog record per run touched (its last state); its timer looked at once per batch."""
+        changed, moved = self.timers.changed, self._moved
         for run_id, state in self._live.items():
             if state is None:
                 out.changes[run_id.encode()] = None  # a tombstone
                 continue
             out.changes[run_id.encode()] = encode_state(state)
-            self.timers.schedule(run_id, next_deadline(state, settings))
+            changed(state, run_id in moved)
         if self.clock != self._clock_before:
             out.changes[CLOCK_KEY] = _encode_clock(self.clock)
         if out.transitions:
@@ -355,6 +355,7 @@ class PartitionTask:
         self.state_counts.update(delta)
         self._live.clear()
         self._before.clear()
+        self._moved.clear()
         return delta
 
     def discard(self) -> None:
@@ -363,6 +364,7 @@ class PartitionTask:
         Timer entries it queued are checked against the committed state when they fall due."""
         self._live.clear()
         self._before.clear()
+        self._moved.clear()
         self._held.clear()  # consumed again from the committed offsets, which stop before them
         self.clock = self._clock_before
 

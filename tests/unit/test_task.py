@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, given, settings
@@ -382,3 +382,13 @@ def test_a_failed_transaction_forgets_what_was_held() -> None:
     assert part.task.holding == 1
     part.task.discard()
     assert part.task.holding == 0
+
+
+def test_the_committed_state_counts_follow_the_store_after_timers_fire() -> None:
+    """state_counts (the runs gauge) equals the health of the states in the store, timer firings included."""
+    from loopwarden.rules import decode_state
+
+    for part in run_all(batch_size=7):
+        held = Counter(decode_state(v).health for k, v in part.store.items() if not is_meta(k))
+        counted = Counter({k: n for k, n in part.task.state_counts.items() if n})
+        assert counted == held
