@@ -56,6 +56,8 @@ WORDS: tuple[str, ...] = (
     "unmatched_approval", "duplicate_receipt",
     "cause_mismatch", "fired_mismatch", "step_count_mismatch", "policy_overrun", "policy_unknown",
     "step_gap", "cause_not_recorded", "tool_error_unseen",
+    # appended (tests/unit/test_vocabulary.py: every word of loopwarden.codecs.vocabulary is here)
+    "untracked_step",
 )
 _INDEX: dict[str, int] = {}
 for _i, _w in enumerate(WORDS):

@@ -4,23 +4,14 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
-from loopwarden.codecs import CAUSES, STATES, InvalidEvent
+from loopwarden.codecs import CAUSES, STATES
+from loopwarden.codecs.vocabulary import DISAGREEMENTS, IGNORED, INVALID_REASONS, RECEIPT_OUTCOMES, TIMER_KINDS
 
+# Label sets: the vocabulary's (imported above, defined once), plus the topic roles and event types.
 TOPIC_ROLES = ("steps", "outcomes", "ticks")
 EVENT_TYPES = (
     "run_started", "step_finished", "run_ended", "approval_routed", "approval_resolved", "outcome_receipt", "tick",
 )
-INVALID_REASONS = InvalidEvent.REASONS + ("key_mismatch", "ts_in_future", "wrong_topic", "internal_error")
-DISAGREEMENTS = (
-    "cause_mismatch", "fired_mismatch", "step_count_mismatch", "policy_overrun", "policy_unknown",
-    "step_gap", "cause_not_recorded", "tool_error_unseen",
-)
-RECEIPT_OUTCOMES = ("on_time", "late", "negative", "held", "duplicate", "orphan", "untracked")
-IGNORED = (
-    "duplicate_step", "step_after_end", "duplicate_run_ended", "duplicate_run_started",
-    "unmatched_approval", "duplicate_receipt", "untracked_step",
-)
-TIMER_KINDS = ("no_progress", "approval_expired", "receipt_window_expired", "retention")
 # Agent names become label values as they are first seen, up to this many per worker; later
 # names count as "other" (and a run without a name as "none"), so a producer cannot grow the
 # series without bound.
