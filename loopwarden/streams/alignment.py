@@ -1,5 +1,9 @@
 """Stream-time alignment of a partition's tracked inputs (Kafka Streams ``PartitionGroup.readyToProcess``).
 
+Two halves, one here: :class:`Alignment` is the engine's (which inputs lag, how long the
+task has held records), :class:`StreamTime` the task's (each input's stream time, which
+records to hold back, and the records held).
+
 A task that merges two inputs in event time (steps and receipts) must not apply a
 record of one input stamped later than everything the other has shown while that
 other input still holds records on the broker: they would meet out of order. The
@@ -11,6 +15,7 @@ lag (their consumed position is short of the end: the last stable offset), and a
 from __future__ import annotations
 
 import time
+from collections.abc import Collection, Mapping
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -63,3 +68,43 @@ class Alignment:
             self.holding_since = None
         elif self.holding_since is None:
             self.holding_since = time.monotonic()
+
+
+class StreamTime:
+    """The task's half of alignment: each aligned input's stream time, and the records held back.
+
+    ``seen_ts``: role -> highest event ts folded (its stream time). ``held``: input topic ->
+    ``[(record, decoded)]`` a fold held back, offset order, folded first by the next fold.
+    A decoded item is ``(role, event, record)`` (anything else, a dead letter, has no ts)."""
+
+    __slots__ = ("roles", "aligned", "seen_ts", "held")
+
+    def __init__(self, roles: Mapping[str, str], aligned: tuple[str, ...]) -> None:
+        self.roles = roles  # topic -> role
+        self.aligned = aligned  # the roles that wait for each other
+        self.seen_ts: dict[str, int] = {}
+        self.held: dict[str, list] = {}
+
+    def take_held(self) -> dict[str, list]:
+        held, self.held = self.held, {}
+        return held
+
+    @property
+    def holding(self) -> int:
+        return sum(map(len, self.held.values()))
+
+    def limits(self, per_topic: dict[str, list], lagging: Collection[str]) -> dict[str, int]:
+        """role -> the latest ts it may apply now: the lowest stream time (highest ts seen, folded or in this
+        batch) of the other, lagging, aligned inputs; -1 when one of those has shown nothing yet."""
+        stream_ts = dict(self.seen_ts)
+        for topic, items in per_topic.items():
+            role = self.roles[topic]
+            for _rec, item in items:
+                if item.__class__ is tuple and item[1].ts > stream_ts.get(role, -1):
+                    stream_ts[role] = item[1].ts
+        limits = {}
+        for role in self.aligned:
+            others = [stream_ts.get(other, -1) for other in self.aligned if other != role and other in lagging]
+            if others:
+                limits[role] = min(others)
+        return limits

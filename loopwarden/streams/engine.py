@@ -20,25 +20,22 @@ import logging
 import time
 from collections.abc import Callable
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError, ProducerFenced
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka.errors import ProducerFenced
 
-from loopwarden.streams.alignment import Alignment
 from loopwarden.streams.assignment import CoPartitionedAssignor
 from loopwarden.streams.checkpoint import Checkpoint
 from loopwarden.streams.config import Config
 from loopwarden.streams.deadletters import deadletter_output
+from loopwarden.streams.manager import RECOVERABLE, PartitionManager, quietly
 from loopwarden.streams.metrics import Metrics
 from loopwarden.streams.partition import AssignedPartition, OwnedPartition
-from loopwarden.streams.recovery import restore, seek_committed, transactional_producer
 from loopwarden.streams.security import client_options
 from loopwarden.streams.stage import FoldResult, Stage
-from loopwarden.streams.store import open_partition
 from loopwarden.streams.topics import Router
 from loopwarden.streams.watch import Watch
 
 log = logging.getLogger("loopwarden.worker")
-RECOVERABLE = (KafkaError, OSError, asyncio.TimeoutError)
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -60,12 +57,10 @@ class Engine:
         self.config = config
         self.stage = stage
         self.metrics = metrics or Metrics()
-        self.topics = tuple(i.topic for i in stage.inputs)
-        self.tracked = {i.topic: i.role for i in stage.inputs if i.tracked}
         self.untracked = frozenset(i.topic for i in stage.inputs if not i.tracked)
         self.assignor = CoPartitionedAssignor(config.advertised_url)
         self.router = Router(config.partitions, stage.keyed_like_input)
-        self.assigned: dict[int, AssignedPartition] = {}
+        self.partitions = PartitionManager(config, stage, self.metrics, self.router)
         self.ready = False
         # Rebalance steps, owning a partition and handing out a batch take turns; pipelines run outside
         # it, and a rebalance drains them (under the lock) before it drops any partition.
@@ -73,12 +68,15 @@ class Engine:
         self.stopping = asyncio.Event()
         self.on_recovered = on_recovered  # the process's hook after partitions are owned (the CLI freezes the GC)
         self.consumer: AIOKafkaConsumer | None = None
-        self.restorer: AIOKafkaConsumer | None = None
         self.watch: Watch | None = None
         self._punctuated_at = 0.0
 
+    @property
+    def assigned(self) -> dict[int, AssignedPartition]:
+        return self.partitions.assigned
+
     def owned_partitions(self) -> dict[int, OwnedPartition]:
-        return {p: a.owned for p, a in self.assigned.items() if a.owned is not None}
+        return self.partitions.owned()
 
     # -- the loop ---------------------------------------------------------------------
     async def run(self) -> None:
@@ -138,14 +136,14 @@ class Engine:
             wait = part.committed_at + gap - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
-            if not self._owns(part):  # dropped (failed, fenced): consumed again once owned
+            if not self.partitions.owns(part):  # dropped (failed, fenced): consumed again once owned
                 return
             overdue = part.alignment.overdue()
             records, punctuate = part.take()
             if not records and not punctuate and not overdue:  # what the task holds waits for the other input
                 return
             caught_up, lagging = await part.alignment.lagging(records)
-            if not self._owns(part):
+            if not self.partitions.owns(part):
                 return
             result = part.task.fold(records, punctuate=punctuate, caught_up=caught_up,
                                     lagging=part.alignment.wait_for(lagging, overdue))
@@ -154,10 +152,6 @@ class Engine:
                 await self._commit(part, result)
             else:
                 part.after_commit(result, None)
-
-    def _owns(self, part: OwnedPartition) -> bool:
-        a = self.assigned.get(part.number)
-        return a is not None and a.owned is part
 
     async def _commit(self, part: OwnedPartition, result: FoldResult) -> None:
         c, stage = self.config, self.stage
@@ -194,92 +188,38 @@ class Engine:
         m.transactions.labels("fenced").inc()
         m.produce_failures.inc()
         log.warning("partition %d: producer fenced (another worker owns it now); dropping it until reassigned", p)
-        await self._drop(p)
-        a = self.assigned.get(p)
-        if a is not None:  # if the group still gives it to this worker after two session timeouts, own it again
-            a.recover_at = time.monotonic() + 2 * self.config.session_timeout_s
+        # If the group still gives it to this worker after two session timeouts, own it again.
+        await self.partitions.drop(p, retry_at=time.monotonic() + 2 * self.config.session_timeout_s)
 
     async def _failed(self, part: OwnedPartition, exc: BaseException) -> None:
         """A transaction failed: abort it, own the partition again, consume its batch again."""
         m = self.metrics
         m.transactions.labels("aborted").inc()
         m.produce_failures.inc()
-        p = part.number
         log.error("partition %d: transaction failed (%s: %s); recovering it and consuming its batch again",
-                  p, type(exc).__name__, exc)
+                  part.number, type(exc).__name__, exc)
         try:
             await asyncio.wait_for(part.producer.abort_transaction(), timeout=10)
         except Exception:  # the producer may be unusable now; a new one replaces it
             log.debug("abort failed", exc_info=True)
-        await self._drop(p)
-        a = self.assigned.get(p)
-        if a is not None:
-            a.recover_at = time.monotonic()
-
-    # -- owning partitions ------------------------------------------------------------
-    async def _own(self, partitions: list[int]) -> None:
-        """Own ``partitions``: fence earlier producers, restore their stores, resume at the committed offsets."""
-        if not partitions:
-            return
-        assert self.consumer is not None and self.restorer is not None
-        c, stage = self.config, self.stage
-        producers = {p: transactional_producer(c, p) for p in partitions}
-        stores: dict = {}
-        try:
-            # InitProducerId fences earlier owners and completes their open transaction: the changelog
-            # and the committed offsets read below are final.
-            await asyncio.gather(*(producer.start() for producer in producers.values()))
-            await self.router.learn(next(iter(producers.values())), (*stage.outputs, stage.deadletter_topic))
-            stores = {p: open_partition(c.store, c.data_dir, c.app_id, p, stage.store_name) for p in partitions}
-            self.metrics.restored.inc(await restore(self.restorer, stage.changelog_topic, stores))
-            offsets = await seek_committed(self.consumer, self.topics, partitions)
-        except BaseException:
-            for p, producer in producers.items():
-                await _quietly(producer.stop(), f"stopping the producer of partition {p}")
-            for store in stores.values():
-                store.close()
-            raise
-        for p in partitions:
-            part = OwnedPartition(p, stage, stage.task(p, stores[p]), stores[p], producers[p],
-                                  Alignment(self.consumer, p, self.tracked, c.align_max_ms))
-            a = self.assigned[p]
-            a.committed, a.recover_at, a.owned = offsets[p], None, part
-            part.after_restore()
-
-    async def _drop(self, p: int) -> None:
-        """Stop owning ``p`` (its inputs are paused while it stays assigned)."""
-        a = self.assigned.get(p)
-        if a is None or a.owned is None:
-            return
-        part, a.owned = a.owned, None
-        if self.consumer is not None:
-            self.consumer.pause(*(TopicPartition(topic, p) for topic in self.topics))
-        await part.close()
+        await self.partitions.drop(part.number, retry_at=time.monotonic())
 
     async def retry_owning(self) -> None:
         """Own again the assigned partitions whose retry time has come (after a failure or a fence)."""
         now = time.monotonic()
-        for p, a in sorted(self.assigned.items()):
+        for p, a in sorted(self.partitions.assigned.items()):
             at = a.recover_at
-            if at is None or now < at or self.stopping.is_set():
-                continue
-            async with self.lock:
-                if self.assigned.get(p) is not a or a.owned is not None:
-                    continue
-                try:
-                    await self._own([p])
-                    log.info("partition %d recovered", p)
-                except RECOVERABLE as exc:
-                    log.error("partition %d: recovery failed (%s: %s); retrying", p, type(exc).__name__, exc)
-                    a.recover_at = time.monotonic() + min(30.0, 1.0 + (now - at))
+            if at is not None and now >= at and not self.stopping.is_set():
+                async with self.lock:
+                    await self.partitions.retry(p, a, at)
 
     # -- rebalance and lifecycle ------------------------------------------------------
     async def assign(self, partitions: set[int]) -> None:
         async with self.lock:
-            self.assigned = {p: AssignedPartition(p) for p in sorted(partitions)}
+            self.partitions.assigned = {p: AssignedPartition(p) for p in sorted(partitions)}
             t0 = time.monotonic()
             try:
-                await self._own(sorted(partitions))
+                await self.partitions.own(sorted(partitions))
             except RECOVERABLE as exc:
                 log.error("recovering partitions %s failed (%s: %s); retrying", sorted(partitions),
                           type(exc).__name__, exc)
@@ -298,11 +238,7 @@ class Engine:
             self.ready = False
             self._forget_buffered()  # consumed again from the committed offsets by whoever owns them next
             await self.drain()
-            assigned, self.assigned = self.assigned, {}
-            for p, a in assigned.items():
-                if a.owned is not None:
-                    part, a.owned = a.owned, None
-                    await part.close()
+            for p in await self.partitions.revoke():
                 if self.watch is not None:
                     self.watch.forget(p)
 
@@ -323,9 +259,10 @@ class Engine:
     async def start(self) -> None:
         c = self.config
         await self.stage.prepare()
-        self.restorer = AIOKafkaConsumer(**client_options(c), group_id=None, enable_auto_commit=False,
-                                         isolation_level="read_committed", auto_offset_reset="earliest")
-        await self.restorer.start()
+        restorer = self.partitions.restorer = AIOKafkaConsumer(
+            **client_options(c), group_id=None, enable_auto_commit=False, isolation_level="read_committed",
+            auto_offset_reset="earliest")
+        await restorer.start()
         self.consumer = AIOKafkaConsumer(
             **client_options(c), group_id=c.app_id, enable_auto_commit=False,
             auto_offset_reset="earliest", isolation_level="read_committed",
@@ -336,8 +273,9 @@ class Engine:
             fetch_max_bytes=64 * 1_048_576,
             fetch_max_wait_ms=50,
         )
-        self.watch = Watch(self.consumer, self.tracked, self.metrics, c.stall_timeout_s, c.malloc_trim_s)
-        self.consumer.subscribe(list(self.topics), listener=_Rebalance(self))
+        self.partitions.consumer = self.consumer
+        self.watch = Watch(self.consumer, self.partitions.tracked, self.metrics, c.stall_timeout_s, c.malloc_trim_s)
+        self.consumer.subscribe(list(self.partitions.topics), listener=_Rebalance(self))
         await self.consumer.start()
 
     def stop(self) -> None:
@@ -350,17 +288,9 @@ class Engine:
         async with self.lock:
             self.ready = False
             self._forget_buffered()
-            await _quietly(self.drain(), "finishing the transactions in flight")
+            await quietly(self.drain(), "finishing the transactions in flight", " during shutdown")
             for p in list(self.assigned):
-                await _quietly(self._drop(p), f"stopping partition {p}")
-        for client in (self.consumer, self.restorer):
+                await quietly(self.partitions.drop(p), f"stopping partition {p}", " during shutdown")
+        for client in (self.consumer, self.partitions.restorer):
             if client is not None:
-                await _quietly(client.stop(), "stopping a consumer")
-
-
-async def _quietly(step, what: str) -> None:
-    """Await a step whose failure (the broker may be gone) is logged, not raised."""
-    try:
-        await step
-    except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - going on regardless
-        log.warning("%s failed during shutdown: %s: %s", what, type(exc).__name__, exc)
+                await quietly(client.stop(), "stopping a consumer", " during shutdown")
