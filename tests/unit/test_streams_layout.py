@@ -56,3 +56,18 @@ def test_the_engine_knows_no_stage() -> None:
     for name in ("engine", "manager", "partition", "checkpoint", "recovery", "alignment", "watch", "stage",
                  "deadletters"):
         assert not _imports(STREAMS / f"{name}.py") & stage_modules, name
+
+
+def test_process_set_up_happens_only_in_the_cli() -> None:
+    """Logging, log filters and the collector are set by loopwarden.cli.set_up_process, never by a library function."""
+    set_up = {"basicConfig", "freeze", "for_streaming", "quiet_repeats", "_watch_startup", "set_threshold"}
+    found = []
+    for path in (STREAMS.parent).rglob("*.py"):
+        if path.name in ("cli.py", "gctune.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "attr", getattr(node.func, "id", None))
+                if name in set_up:
+                    found.append(f"{path.relative_to(STREAMS.parent.parent)}:{node.lineno} {name}")
+    assert not found, found
