@@ -88,3 +88,21 @@ def test_dev_from_an_installed_package_says_where_the_demo_runs() -> None:
     res = cli("dev")
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert "make dev" in res.stderr and "loopwarden worker --broker" in res.stderr
+
+
+def test_the_cli_sets_up_the_worker_process_in_one_place() -> None:
+    """`loopwarden worker`'s logging, collector thresholds and post-recovery gc.freeze come from set_up_process."""
+    code = (
+        "import gc, logging, sys\n"
+        "from loopwarden import cli, gctune\n"
+        "args = cli.build_parser().parse_args(['worker'])\n"
+        "assert not logging.getLogger().handlers and gc.get_threshold() != gctune.THRESHOLDS\n"
+        "cli.set_up_process(args)\n"
+        "assert gc.get_threshold() == gctune.THRESHOLDS and logging.getLogger().handlers\n"
+        "assert args.on_recovered is cli._freeze_restored\n"
+        "from loopwarden.streams import logs\n"
+        "assert any(isinstance(f, logs.RepeatFilter) for f in logging.getLogger('aiokafka').filters)\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("LOOPWARDEN_")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
