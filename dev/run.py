@@ -27,7 +27,7 @@ from pathlib import Path
 
 from dev.localkafka import LocalKafka, fetch, free_port, port_free
 from loopwarden.docs_links import state_action, state_doc
-from loopwarden.streams.commands import COLORS, format_transition
+from loopwarden.streams.clients import COLORS, format_transition
 from loopwarden.streams.config import Config, from_env
 
 LEGEND = """\

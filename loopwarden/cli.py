@@ -37,14 +37,12 @@ def _numbered(paths: list[str]) -> Iterator[tuple[str, int, bytes]]:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from loopwarden import gctune
     from loopwarden.codecs import encode
     from loopwarden.replay import Replay, replay_lines, summary_table
     from loopwarden.rules import Settings
 
     if args.advance_s < 0:
         raise SystemExit(f"loopwarden replay: --advance-s must be >= 0, got {args.advance_s}")
-    gctune.for_streaming()
     out = sys.stdout.buffer
     replay = Replay(Settings(retention_s=args.retention_s), verifiers=_verifiers(args.trusted_verifiers))
 
@@ -197,11 +195,62 @@ def build_parser(processor: bool | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def set_up_process(args: argparse.Namespace) -> None:
+    """The process's logging, log filters and garbage collector, by command: the one place that sets them.
+
+    The worker logs at its configured level with aiokafka's repeated lines rate-limited, and
+    freezes its restored states out of the collector after each assignment (``args.on_recovered``);
+    the Kafka client commands log warnings only; replay and the worker collect rarely (``gctune``)."""
+    import logging
+
+    from loopwarden import gctune
+
+    command = args.command
+    if command in ("replay", "worker"):
+        gctune.for_streaming()  # fewer collector passes: a batch allocates many short-lived objects
+    if command == "worker" and args.func is not _needs_processor:
+        from loopwarden.streams.cliutil import _config, _watch_startup
+        from loopwarden.streams.logs import quiet_repeats
+
+        level = _config(args).log_level.upper()
+        quiet_repeats()
+        for name in ("aiokafka", "aiohttp.access"):  # their INFO lines (joins, coordinators) say nothing a user needs
+            logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(level)))
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        _watch_startup(passthrough=True)  # the worker logs aiokafka's lines; the last error is kept for the exit line
+        args.on_recovered = _freeze_restored
+    elif command in ("board", "verify") and args.func is not _needs_processor:  # services: they log what they do
+        if command == "board":
+            from loopwarden.streams.cliutil import _config
+
+            level = _config(args).log_level.upper()
+        else:
+            level = args.log_level.upper()
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    elif command in KAFKA_COMMANDS and args.func is not _needs_processor:  # a client command: warnings only
+        from loopwarden.streams.cliutil import _watch_startup
+        from loopwarden.streams.logs import quiet_repeats
+
+        logging.basicConfig(level=logging.WARNING, format=f"loopwarden {command}: %(name)s: %(message)s")
+        quiet_repeats()
+        _watch_startup(passthrough=False)
+
+
+def _freeze_restored() -> None:
+    """Restored states are long-lived: keep them out of every later collection."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def main(argv: list[str] | None = None, processor: bool | None = None) -> int:
     parser = build_parser(processor)
     args, extra = parser.parse_known_args(argv)
     if extra and args.func not in (_needs_processor, cmd_dev):  # a command without the extra takes any flags: it only explains
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    set_up_process(args)
     return args.func(args)
 
 

@@ -7,7 +7,7 @@ import sys
 
 
 def add_command(sub) -> None:
-    from loopwarden.streams.commands import _common
+    from loopwarden.streams.cliutil import _common
 
     p = sub.add_parser("board", help="serve the runs board: the whole fleet's runs from agent.health, live in a browser")
     _common(p, topics=("health",), partitions=False)
@@ -30,7 +30,7 @@ def cmd_board(args: argparse.Namespace) -> int:
     from aiokafka.errors import KafkaConnectionError
 
     from loopwarden.board.server import run_board
-    from loopwarden.streams.commands import _config, cannot_connect
+    from loopwarden.streams.cliutil import _config, cannot_connect
 
     config = _config(args)
     print(f"loopwarden board: broker={config.broker} topic={config.health_topic} "

@@ -159,8 +159,7 @@ def run_board(config: Config) -> int:
     """Run the board until SIGTERM/SIGINT."""
     import signal
 
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    # logging: loopwarden.cli.set_up_process
 
     async def main() -> None:
         board = Board(config)

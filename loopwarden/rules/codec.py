@@ -58,6 +58,8 @@ WORDS: tuple[str, ...] = (
     "step_gap", "cause_not_recorded", "tool_error_unseen",
     # spec.md section 11 (producers)
     "cancelled", "late_segment_started", "producer_dropped",
+    # appended (tests/unit/test_vocabulary.py: every word of loopwarden.codecs.vocabulary is here)
+    "untracked_step", "duplicate_expectation",
 )
 _INDEX: dict[str, int] = {}
 for _i, _w in enumerate(WORDS):

@@ -166,21 +166,21 @@ def evidence_of(state: RunState) -> Evidence:
         step_count, finish_reason = seg.steps_seen, seg.finish_reason
     else:
         step_count, finish_reason = state.ended_step_count, state.ended_finish_reason
-    return Evidence(  # positional (faster than keywords): the order of Evidence's fields
-        state.reported_cause,
-        state.derived_cause,
-        state.fired,
-        step_count,
-        len(state.open) + len(state.ended),
-        state.tool_errors,
-        finish_reason,
-        state.disagreements,
-        tuple(state.receipt_ids) if state.receipt_ids else (),
-        state.approval,
-        dict(state.ignored) if state.ignored else {},
-        state.dropped,
-        tuple(state.untrusted_receipt_ids) if state.untrusted_receipt_ids else UNSET,
-        tuple(state.expectation_ids) if state.expectation_ids else UNSET,
+    return Evidence(
+        reported_cause=state.reported_cause,
+        derived_cause=state.derived_cause,
+        fired=state.fired,
+        step_count=step_count,
+        segments=len(state.open) + len(state.ended),
+        tool_errors=state.tool_errors,
+        finish_reason=finish_reason,
+        disagreements=state.disagreements,
+        receipt_ids=tuple(state.receipt_ids) if state.receipt_ids else (),
+        approval=state.approval,
+        ignored=dict(state.ignored) if state.ignored else {},
+        events_dropped=state.dropped,
+        untrusted_receipt_ids=tuple(state.untrusted_receipt_ids) if state.untrusted_receipt_ids else UNSET,
+        expectation_ids=tuple(state.expectation_ids) if state.expectation_ids else UNSET,
     )
 
 
@@ -191,17 +191,17 @@ def _move(state: RunState, res: Result, to: str, reason: str, ts: int, now_ms: i
     seq = state.seq = state.seq + 1
     policy = state.policy
     res.transitions.append(
-        HealthTransition(  # positional (faster than keywords): the order of HealthTransition's fields
-            state.run_id,
-            seq,
-            ts,
-            now_ms,
-            state.agent,
-            policy.version if policy is not None else None,
-            state.health,
-            to,
-            reason,
-            evidence_of(state),
+        HealthTransition(
+            run_id=state.run_id,
+            seq=seq,
+            ts=ts,
+            emitted_ts=now_ms,
+            agent=state.agent,
+            policy_version=policy.version if policy is not None else None,
+            from_state=state.health,
+            to_state=to,
+            reason=reason,
+            evidence=evidence_of(state),
         )
     )
     state.health = to
@@ -232,7 +232,7 @@ def _receipts_verdict(state: RunState) -> str | None:
         return None  # what receipt_verdict says with no receipts, whatever is required
     policy = state.policy
     required = policy.required_outcomes if policy is not None else ()
-    if not required:  # receipt_verdict's rule without required kinds, inline
+    if not required:  # receipt_verdict's rule, inline: without it apply takes ~3 % longer (docs/architecture.md)
         return VERIFIED_COMPLETE if verified else FALSE_COMPLETE
     return receipt_verdict(verified, negative, required)
 
@@ -277,7 +277,7 @@ def _add_gap(seg: Segment, lo: int, hi: int) -> None:
 
 def _on_step(state: RunState, ev: StepFinished, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
     ts = ev.ts
-    last = state.last_activity_ts  # _activity, inline: this is the hot path
+    last = state.last_activity_ts  # _activity, inline: with Usage.tokens' below, ~2.5 % of apply (docs/architecture.md)
     if last is None or ts > last:
         state.last_activity_ts = ts
     if ts > state.last_seen_ts:
@@ -312,7 +312,7 @@ def _on_step(state: RunState, ev: StepFinished, now_ms: int, res: Result, compil
         _fill_gap(seg, step)
     seg.steps_seen += 1
     usage = ev.usage
-    total = usage.total_tokens
+    total = usage.total_tokens  # Usage.tokens, inline (see _activity's above)
     seg.tokens += total if total is not None else (usage.input_tokens or 0) + (usage.output_tokens or 0)
 
     fired: tuple[str, ...] = ()
@@ -416,16 +416,15 @@ def _on_run_ended(state: RunState, ev: RunEnded, now_ms: int, res: Result, compi
         state.approval_pending = False
 
     to, reason = _DROPPED_VERDICT if state.dropped else verdict(
-        Facts(  # positional (faster than keywords): cause, derived_cause, fired, roles, disagreements,
-            # last_tool_error, approval, receipt_state
-            ev.cause,
-            derived,
-            derived_fired,
-            compiled.roles,
-            disagreements,
-            "error" in seg.statuses,
-            ev.approval,
-            _receipts_verdict(state),
+        Facts(
+            cause=ev.cause,
+            derived_cause=derived,
+            fired=derived_fired,
+            roles=compiled.roles,
+            disagreements=disagreements,
+            last_tool_error="error" in seg.statuses,
+            approval=ev.approval,
+            receipt_state=_receipts_verdict(state),
         )
     )
     if to == "VERIFYING":
@@ -606,7 +605,8 @@ def apply(state: RunState | None, event: InputEvent | UntrustedReceipt, now_ms: 
     policy = state.policy
     compiled = _BY_ID.get(id(policy)) or compile_policy(policy)
     health = state.health
-    if health == "RUNNING":  # the common case, inline: is the inactivity timer due by the event's ts?
+    # _run_deadline for RUNNING, inline: without it apply takes ~5 % longer (docs/architecture.md)
+    if health == "RUNNING":  # the common case: is the inactivity timer due by the event's ts?
         last = state.last_activity_ts
         if last is not None:
             deadline = last + compiled.inactivity_ms

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
-from loopwarden.codecs import CAUSES, STATES, InvalidEvent
+from loopwarden.codecs import CAUSES, STATES
+from loopwarden.codecs.vocabulary import DISAGREEMENTS, IGNORED, INVALID_REASONS, RECEIPT_OUTCOMES, TIMER_KINDS
 
+# Label sets: the vocabulary's (imported above, defined once), plus the topic roles and event types.
 TOPIC_ROLES = ("steps", "outcomes", "ticks")
 EVENT_TYPES = (
     "run_started", "step_finished", "run_ended", "approval_routed", "approval_resolved", "outcome_receipt", "tick",
@@ -13,21 +15,6 @@ EVENT_TYPES = (
     "segment_started", "run_active", "events_dropped",
     "outcome_expected",
 )
-INVALID_REASONS = InvalidEvent.REASONS + ("key_mismatch", "ts_in_future", "wrong_topic", "internal_error")
-DISAGREEMENTS = (
-    "cause_mismatch", "fired_mismatch", "step_count_mismatch", "policy_overrun", "policy_unknown",
-    "step_gap", "cause_not_recorded", "tool_error_unseen",
-    "producer_dropped",  # spec.md section 11: the producer lost events of the run
-)
-RECEIPT_OUTCOMES = ("on_time", "late", "negative", "held", "duplicate", "orphan", "untracked",
-                    # spec.md section 10, with LOOPWARDEN_TRUSTED_VERIFIERS: kept as untrusted, changed nothing
-                    "untrusted_unsigned", "untrusted_unknown_key", "untrusted_bad_signature", "untrusted_not_canonical")
-IGNORED = (
-    "duplicate_step", "step_after_end", "duplicate_run_ended", "duplicate_run_started",
-    "unmatched_approval", "duplicate_receipt", "untracked_step", "duplicate_expectation",
-    "late_segment_started",  # a segment_started after its segment's first step or end
-)
-TIMER_KINDS = ("no_progress", "approval_expired", "receipt_window_expired", "retention")
 # Agent names become label values as they are first seen, up to this many per worker; later
 # names count as "other" (and a run without a name as "none"), so a producer cannot grow the
 # series without bound.

@@ -160,7 +160,8 @@ def prepare_data_dir(data_dir: str) -> Path:
     return path
 
 
-def open_partition(kind: str, data_dir: str, app_id: str, partition: int) -> PartitionStore:
+def open_partition(kind: str, data_dir: str, app_id: str, partition: int, name: str = "runs") -> PartitionStore:
+    """A partition's store: in memory, or RocksDB at ``<data_dir>/<app_id>/<name>-<partition>``."""
     if kind == "memory":
         return MemoryPartition()
-    return RocksPartition(Path(data_dir) / app_id / f"runs-{partition}")
+    return RocksPartition(Path(data_dir) / app_id / f"{name}-{partition}")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 
+from loopwarden.streams.assignment import partition_of
 from loopwarden.streams.config import Config
 from loopwarden.streams.exceptions import TopicLayoutError
 from loopwarden.streams.security import client_options
@@ -181,3 +182,27 @@ async def repair(config: Config, recreate: list[str], timeout_s: float = 30) -> 
             await _create(admin, config, layout.missing)
     finally:
         await admin.close()
+
+
+class Router:
+    """Which partition an output goes to when its stage leaves it to the default partitioner.
+
+    The partition counts of the output topics are learned once a producer is up
+    (:meth:`learn`); a topic keyed like the inputs with their partition count maps
+    partition *i*'s outputs to *i* without hashing each key again (the default
+    partitioner would pick the same)."""
+
+    def __init__(self, input_partitions: int, keyed_like_input: frozenset[str] = frozenset()) -> None:
+        self.input_partitions = input_partitions
+        self.keyed_like_input = keyed_like_input
+        self.counts: dict[str, int] = {}
+
+    async def learn(self, producer, topics) -> None:
+        for topic in topics:
+            self.counts[topic] = len(await producer.partitions_for(topic))
+
+    def partition(self, topic: str, key: bytes | None, p: int) -> int:
+        n = self.counts[topic]
+        if n == self.input_partitions and topic in self.keyed_like_input:
+            return p
+        return partition_of(key, n) if key is not None else p % n

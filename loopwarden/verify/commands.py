@@ -58,8 +58,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     except vconfig.VerifyConfigError as exc:
         raise SystemExit(f"loopwarden verify: {exc}") from None
     key = _key(config.signing_key, "verify")
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    # logging: loopwarden.cli.set_up_process
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -99,3 +99,19 @@ def test_tail_help_links_every_state_to_its_doc() -> None:
     for state in STATES:
         line = next(ln for ln in res.stdout.splitlines() if ln.strip().startswith(state + " "))
         assert line.rstrip().endswith(f"docs/states.md#{state.lower()}"), line
+def test_the_cli_sets_up_the_worker_process_in_one_place() -> None:
+    """`loopwarden worker`'s logging, collector thresholds and post-recovery gc.freeze come from set_up_process."""
+    code = (
+        "import gc, logging, sys\n"
+        "from loopwarden import cli, gctune\n"
+        "args = cli.build_parser().parse_args(['worker'])\n"
+        "assert not logging.getLogger().handlers and gc.get_threshold() != gctune.THRESHOLDS\n"
+        "cli.set_up_process(args)\n"
+        "assert gc.get_threshold() == gctune.THRESHOLDS and logging.getLogger().handlers\n"
+        "assert args.on_recovered is cli._freeze_restored\n"
+        "from loopwarden.streams import logs\n"
+        "assert any(isinstance(f, logs.RepeatFilter) for f in logging.getLogger('aiokafka').filters)\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("LOOPWARDEN_")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

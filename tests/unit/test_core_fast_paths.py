@@ -1,8 +1,7 @@
 """The core's fast paths against the plain definitions they stand for.
 
 ``Replay.feed`` inlines the timer queue's checks, queues a run's new deadline at once
-when its health changes (``TimerQueue.reschedule``) and builds transitions and facts
-positionally. Here a reference replay written the slow, obvious way — before each
+when its health changes (``TimerQueue.reschedule``). Here a reference replay written the slow, obvious way — before each
 event, fire every due timer of every run, earliest deadline first, ties by run id,
 by scanning all states — must produce exactly the same transitions, in the same
 order, on generated fleets and on a simulated one.
@@ -14,10 +13,9 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loopwarden.codecs import Evidence, HealthTransition
+from loopwarden.codecs import HealthTransition
 from loopwarden.replay import Replay
 from loopwarden.rules import DEFAULT_SETTINGS, apply, fire_next, next_deadline
-from loopwarden.rules.precedence import Facts
 from loopwarden.rules.timers import TimerQueue
 from loopwarden.simulate import fleet
 from tests import strategies as S
@@ -131,34 +129,6 @@ def test_an_entry_scheduled_while_popping_that_is_due_comes_out_in_the_same_pass
             q.schedule("b", 10)  # the same, already popped, deadline
             q.schedule("c", 50)
     assert out == [(10, "a"), (10, "b"), (50, "c")]
-
-
-def test_positional_construction_follows_the_field_order() -> None:
-    """machine.py builds these positionally (faster than keywords): a reordered field must fail here."""
-    assert HealthTransition.__struct_fields__ == (
-        "run_id", "seq", "ts", "emitted_ts", "agent", "policy_version", "from_state", "to_state", "reason",
-        "evidence")
-    assert Evidence.__struct_fields__ == (
-        "reported_cause", "derived_cause", "fired", "step_count", "segments", "tool_errors", "finish_reason",
-        "disagreements", "receipt_ids", "approval", "ignored", "events_dropped", "untrusted_receipt_ids",
-        "expectation_ids")
-    assert Facts.__struct_fields__ == (
-        "cause", "derived_cause", "fired", "roles", "disagreements", "last_tool_error", "approval",
-        "receipt_state")
-    # and a real transition carries each value under its own name
-    from loopwarden.codecs import Policy, RunStarted, RunEnded, StepFinished, ToolCall
-
-    r = Replay()
-    r.feed(RunStarted(run_id="x", ts=1, agent="ag", policy=Policy(version="pv")))
-    r.feed(StepFinished(run_id="x", ts=2, step=0, finish_reason="tool-calls",
-                        tool_calls=(ToolCall(id="t", name="n", status="error"),)))
-    out = r.feed(RunEnded(run_id="x", ts=3, cause="tool_error", step_count=1, approval=None, error_name=None))
-    t = msgspec.to_builtins(out[-1])
-    assert (t["run_id"], t["seq"], t["ts"], t["emitted_ts"], t["agent"], t["policy_version"]) == ("x", 2, 3, 3, "ag", "pv")
-    assert (t["from_state"], t["to_state"], t["reason"]) == ("RUNNING", "FAILED", "tool_error")
-    ev = t["evidence"]
-    assert (ev["reported_cause"], ev["step_count"], ev["segments"], ev["tool_errors"], ev["finish_reason"]) == (
-        "tool_error", 1, 1, 1, "tool-calls")
 
 
 def _deadline_keeping_holds(events) -> int:

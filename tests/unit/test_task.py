@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, given, settings
@@ -436,3 +436,13 @@ def test_the_worker_folds_what_producers_must_also_tell_as_replay_does() -> None
     assert "STUCK" not in {t.to_state for t in part.transitions if t.run_id == "slow"}
     lossy = [t for t in part.transitions if t.run_id == "lossy"][-1]
     assert (lossy.reason, lossy.evidence.events_dropped) == ("producer_dropped", 5)
+
+
+def test_the_committed_state_counts_follow_the_store_after_timers_fire() -> None:
+    """state_counts (the runs gauge) equals the health of the states in the store, timer firings included."""
+    from loopwarden.rules import decode_state
+
+    for part in run_all(batch_size=7):
+        held = Counter(decode_state(v).health for k, v in part.store.items() if not is_meta(k))
+        counted = Counter({k: n for k, n in part.task.state_counts.items() if n})
+        assert counted == held

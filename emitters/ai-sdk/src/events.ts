@@ -65,6 +65,67 @@ export const HEALTH_STATES = [
 ] as const;
 export type HealthState = (typeof HEALTH_STATES)[number];
 
+/** Reasons a health transition can carry (loopwarden.codecs.vocabulary; tests/unit/test_vocabulary.py checks them). */
+export const HEALTH_REASONS = [
+  'started',
+  'progress',
+  'approval_routed',
+  'approval_resolved',
+  'receipt',
+  'negative_receipt',
+  'late_receipt',
+  'unclassified',
+  'no_progress',
+  'approval_expired',
+  'receipt_window_expired',
+  'natural_finish',
+  'stop_condition',
+  'unexecuted_tool',
+  'approval_required',
+  'tool_error',
+  'aborted',
+  'timeout',
+  'error',
+  'cause_mismatch',
+  'fired_mismatch',
+  'step_count_mismatch',
+  'policy_overrun',
+  'policy_unknown',
+  'step_gap',
+  'cause_not_recorded',
+  'tool_error_unseen',
+  'producer_dropped',
+] as const;
+export type HealthReason = (typeof HEALTH_REASONS)[number];
+
+/** Why a verdict is UNCERTAIN (evidence.disagreements). */
+export const DISAGREEMENTS = [
+  'cause_mismatch',
+  'fired_mismatch',
+  'step_count_mismatch',
+  'policy_overrun',
+  'policy_unknown',
+  'step_gap',
+  'cause_not_recorded',
+  'tool_error_unseen',
+  'producer_dropped',
+] as const;
+export type Disagreement = (typeof DISAGREEMENTS)[number];
+
+/** Valid events that changed no state (evidence.ignored's keys). */
+export const IGNORED_EVENTS = [
+  'duplicate_step',
+  'step_after_end',
+  'duplicate_run_ended',
+  'duplicate_run_started',
+  'unmatched_approval',
+  'duplicate_receipt',
+  'untracked_step',
+  'duplicate_expectation',
+  'late_segment_started',
+] as const;
+export type IgnoredEvent = (typeof IGNORED_EVENTS)[number];
+
 export type Condition =
   | { kind: 'step_count'; count: number }
   | { kind: 'tool_call'; tools: string[] }
@@ -212,6 +273,7 @@ export interface HealthTransition {
   policy_version: string | null;
   from_state: HealthState | null;
   to_state: HealthState;
+  /** One of HEALTH_REASONS (a newer loopwarden may add more: not narrowed, so old consumers keep decoding). */
   reason: string;
   evidence: Record<string, unknown>;
 }

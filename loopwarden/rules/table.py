@@ -1,0 +1,80 @@
+"""The run table's timer service: one scheduling policy and one due-firing loop for both shells.
+
+Replay (``loopwarden.replay``) and the Kafka health stage (``loopwarden.streams.task``)
+keep their runs' states differently (a dict of live states; a store of committed bytes
+under a batch's overlay) and hand the table a ``load(run_id)`` for them. Everything about
+*when* a run is looked at again lives here: :meth:`RunTable.changed` after every change
+of a run, :meth:`RunTable.fire_due` when the clock moves. No shell reads the
+:class:`~loopwarden.rules.timers.TimerQueue`.
+
+Retention and tombs are timers like the others (``fire_next`` drops a settled run to
+its tomb, then forgets the tomb): the shell stores whatever state a firing returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from loopwarden.rules.machine import DEADLINE_KEEPING, Result, RunState, Settings, fire_next, next_deadline
+from loopwarden.rules.timers import TimerQueue
+
+_NEVER = 1 << 62
+
+
+class RunTable:
+    """The due timers of a shell's runs (at most one entry per run, O(due) per tick)."""
+
+    __slots__ = ("settings", "load", "_timers", "_heap", "_queued")
+
+    def __init__(self, settings: Settings, load: Callable[[str], RunState | None]) -> None:
+        self.settings = settings
+        self.load = load  # run id -> its current state in the shell (None: not held)
+        self._timers = TimerQueue()
+        # The queue's read-only views, read here only (TimerQueue documents them): a call saved per event.
+        self._heap = self._timers.heap
+        self._queued = self._timers.queued
+
+    def changed(self, state: RunState, transitioned: bool, event_type: type | None = None) -> None:
+        """The scheduling policy, after a run changed (by an event of ``event_type``, or by anything when None).
+
+        A change of health (``transitioned``) makes the new timer the run's deadline at once,
+        later or earlier (no stale look when the old one passes). Otherwise the deadline can
+        only have moved earlier, and is queued only if so; after an event that never moves it
+        earlier (``DEADLINE_KEEPING``) nothing is looked at."""
+        if transitioned:
+            self._timers.reschedule(state.run_id, next_deadline(state, self.settings))
+        elif event_type is None or event_type not in DEADLINE_KEEPING:
+            deadline = next_deadline(state, self.settings)
+            if deadline is not None and deadline < self._queued.get(state.run_id, _NEVER):
+                self._timers.schedule(state.run_id, deadline)
+
+    def due(self, now_ms: int) -> bool:
+        """Whether :meth:`fire_due` at ``now_ms`` would look at anything."""
+        heap = self._heap
+        return bool(heap) and heap[0] <= now_ms
+
+    def fire_due(self, now_ms: int) -> Iterator[tuple[RunState, str | None, Result]]:
+        """Fire every due timer in deadline order: ``(state, its health before, result)`` per run fired
+        (``fire_next`` updates the state in place: ``result.state`` may be that same object).
+
+        The shell stores ``result.state`` (None: forgotten) and calls :meth:`changed` as for
+        any change before taking the next one. A run whose deadline moved since it was queued
+        is queued again, not fired."""
+        settings, load, timers = self.settings, self.load, self._timers
+        for deadline, run_id in timers.pop_due(now_ms):
+            state = load(run_id)
+            if state is None:
+                continue
+            current = next_deadline(state, settings)
+            if current != deadline:
+                timers.schedule(run_id, current)  # moved since queued
+                continue
+            health = state.health
+            yield state, health, fire_next(state, now_ms, settings)
+
+    def clear(self) -> None:
+        self._timers.clear()
+
+    def __len__(self) -> int:
+        """Timer entries held (live or superseded)."""
+        return len(self._timers)

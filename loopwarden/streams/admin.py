@@ -1,0 +1,158 @@
+"""The operator's commands that look at and mend the cluster: topics check|repair, deadletters."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from loopwarden.streams.cliutil import _client, _config, _connected
+from loopwarden.streams.config import Config
+from loopwarden.streams.security import client_options
+
+def _describe(layout, config: Config) -> list[str]:
+    from loopwarden.streams.topics import co_partitioned, wanted
+
+    lines = []
+    for topic in wanted(config):
+        n = layout.counts.get(topic)
+        if n is None:
+            note = f"missing (created with {config.partitions} partitions by the worker or `topics repair`)"
+        elif topic in layout.wrong:
+            note = f"{n} partitions: WRONG, partitions={config.partitions}"
+        elif topic in co_partitioned(config):
+            note = f"{n} partitions, ok"
+        else:
+            note = f"{n} partitions"
+        lines.append(f"  {topic:<32} {note}")
+    return lines
+
+
+async def _topics(config: Config, args: argparse.Namespace) -> int:
+    from loopwarden.streams.topics import read_layout, repair, repair_plan
+
+    if args.action == "check":
+        layout = await read_layout(config)
+        _connected()
+        print(f"loopwarden topics: broker {config.broker}, partitions={config.partitions}")
+        print("\n".join(_describe(layout, config)))
+        if layout.ok:
+            print("layout ok" + (": the missing topics are created at the next start" if layout.missing else ""))
+            return 0
+        print(layout.problem(), file=sys.stderr)
+        return 1
+    layout, empty, full = await repair_plan(config)
+    _connected()
+    print(f"loopwarden topics: broker {config.broker}, partitions={config.partitions}")
+    print("\n".join(_describe(layout, config)))
+    if full:
+        raise SystemExit(
+            "loopwarden topics repair: " + ", ".join(f"{t} ({layout.counts[t]} partitions)" for t in full)
+            + " hold records, which repair never deletes: run with --partitions "
+            + f"{layout.counts[full[0]]} to keep them, or delete them yourself (their data goes with them)")
+    if not empty and not layout.missing:
+        print("layout ok: nothing to repair")
+        return 0
+    steps = [f"delete and recreate {t} with {config.partitions} partitions (it holds no records)" for t in empty]
+    steps += [f"create {t} with {config.partitions} partitions" for t in layout.missing if t not in empty]
+    print("repair will:\n" + "\n".join(f"  {step}" for step in steps))
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise SystemExit("loopwarden topics repair: not a terminal, so not asking: run again with --yes to repair")
+        if input("go ahead? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("nothing changed")
+            return 1
+    await repair(config, empty)
+    print("repaired: " + "; ".join(steps))
+    return 0
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    config = _config(args)
+    return _client("topics", config, lambda: _topics(config, args))
+
+
+def format_deadletter(rec, preview_bytes: int) -> dict:
+    """A dead letter as a dict: its headers (error, reason, source), key, size and a preview of its value
+    (text when it is UTF-8 text, else hex)."""
+    headers = {k: v.decode("utf-8", "replace") for k, v in (rec.headers or ())}
+    value = rec.value or b""
+    head = value[:preview_bytes]
+    try:
+        text = head.decode("utf-8")
+        preview, kind = text, "text"
+        if not text.isprintable():
+            raise UnicodeDecodeError("utf-8", head, 0, 1, "control characters")
+    except UnicodeDecodeError:
+        preview, kind = head.hex(" "), "hex"
+    return {
+        "partition": rec.partition, "offset": rec.offset, "ts": rec.timestamp,
+        "reason": headers.get("error_reason"), "error": headers.get("error"),
+        "source": f"{headers.get('source_topic')}[{headers.get('source_partition')}]@{headers.get('source_offset')}",
+        "key": rec.key.decode("utf-8", "replace") if rec.key is not None else None,
+        "bytes": int(headers.get("truncated", len(value))), "truncated": "truncated" in headers,
+        "preview_kind": kind, "preview": preview + ("…" if len(value) > preview_bytes else ""),
+    }
+
+
+async def _deadletters(config: Config, args: argparse.Namespace) -> int:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from loopwarden.streams.topics import partition_count
+
+    n = await partition_count(config, config.deadletter_topic)
+    _connected()
+    if not n:
+        print(f"loopwarden deadletters: no topic {config.deadletter_topic} (no worker has run yet?)", file=sys.stderr)
+        return 1
+    consumer = AIOKafkaConsumer(**client_options(config), enable_auto_commit=False, group_id=None,
+                                isolation_level="read_committed", auto_offset_reset="earliest")
+    try:
+        await consumer.start()
+    except BaseException:
+        await consumer.stop()
+        raise
+    try:
+        tps = [TopicPartition(config.deadletter_topic, p) for p in range(n)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        shown = idle = 0
+        while True:
+            batch = await consumer.getmany(timeout_ms=500)
+            for records in batch.values():
+                for rec in records:
+                    d = format_deadletter(rec, args.preview_bytes)
+                    shown += 1
+                    if args.json:
+                        print(json.dumps(d), flush=True)
+                    else:
+                        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["ts"] / 1000))
+                        cut = " (truncated)" if d["truncated"] else ""
+                        print(f"{stamp}  {d['reason']}  from {d['source']}  key={d['key']}  {d['bytes']} B{cut}\n"
+                              f"    error: {d['error']}\n    {d['preview_kind']}: {d['preview']}", flush=True)
+            if not args.follow and not batch:
+                # at the end offsets (read_committed: the last stable ones), or nothing fetched for 2 s:
+                # a transaction's commit marker sits past the last record
+                positions = [await consumer.position(tp) for tp in tps]
+                idle += 1
+                if all(pos >= ends[tp] for pos, tp in zip(positions, tps)) or idle >= 4:
+                    break
+            elif batch:
+                idle = 0
+        if not args.json:
+            print(f"loopwarden deadletters: {shown} dead letter(s) on {config.deadletter_topic}", file=sys.stderr)
+        return 0
+    finally:
+        await consumer.stop()
+
+
+def cmd_deadletters(args: argparse.Namespace) -> int:
+    config = _config(args)
+    if args.preview_bytes < 0:
+        raise SystemExit(f"loopwarden deadletters: --preview-bytes must be >= 0, got {args.preview_bytes}")
+    try:
+        return _client("deadletters", config, lambda: _deadletters(config, args))
+    except KeyboardInterrupt:
+        return 0

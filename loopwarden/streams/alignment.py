@@ -1,0 +1,110 @@
+"""Stream-time alignment of a partition's tracked inputs (Kafka Streams ``PartitionGroup.readyToProcess``).
+
+Two halves, one here: :class:`Alignment` is the engine's (which inputs lag, how long the
+task has held records), :class:`StreamTime` the task's (each input's stream time, which
+records to hold back, and the records held).
+
+A task that merges two inputs in event time (steps and receipts) must not apply a
+record of one input stamped later than everything the other has shown while that
+other input still holds records on the broker: they would meet out of order. The
+task holds such records back (``Task.holding``); this class tells it which inputs
+lag (their consumed position is short of the end: the last stable offset), and after
+``max_idle_ms`` of holding it lets the fold go on without waiting (``max.task.idle.ms``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Mapping
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+
+class Alignment:
+    """One partition's view of its tracked inputs: which lag, whether its task has held records too long."""
+
+    def __init__(self, consumer: AIOKafkaConsumer, partition: int, roles: dict[str, str], max_idle_ms: int) -> None:
+        self.consumer = consumer
+        self.tps = {topic: TopicPartition(topic, partition) for topic in roles}
+        self.roles = roles  # tracked input topic -> role
+        self.max_idle_s = max_idle_ms / 1000
+        self.enabled = max_idle_ms > 0
+        self.holding_since: float | None = None  # monotonic time the task began holding records back
+
+    def overdue(self, now: float | None = None) -> bool:
+        """The task has held records for ``max_idle_ms``: fold them now, the lagging input notwithstanding."""
+        since = self.holding_since
+        return since is not None and (time.monotonic() if now is None else now) - since >= self.max_idle_s
+
+    async def lagging(self, records: list) -> tuple[bool, set[str]]:
+        """Whether every tracked input is consumed to its end with ``records``, and the roles known to hold more."""
+        last: dict[str, int] = {}
+        for r in records:
+            last[r.topic] = r.offset + 1
+        consumer = self.consumer
+        known = True
+        lagging: set[str] = set()
+        for topic, tp in self.tps.items():
+            end = consumer.last_stable_offset(tp)
+            if end is None:
+                end = consumer.highwater(tp)
+            if end is None:
+                known = False
+                continue
+            pos = last.get(topic)
+            if pos is None:
+                pos = await consumer.position(tp)
+            if pos < end:
+                lagging.add(self.roles[topic])
+        return known and not lagging, lagging
+
+    def wait_for(self, lagging: set[str], overdue: bool) -> set[str]:
+        """The lagging roles the task should wait for in this fold (none once overdue or when disabled)."""
+        return lagging if self.enabled and not overdue else set()
+
+    def folded(self, holding: int) -> None:
+        """After a fold: start (or keep) the idle clock while the task holds records, stop it when it holds none."""
+        if not holding:
+            self.holding_since = None
+        elif self.holding_since is None:
+            self.holding_since = time.monotonic()
+
+
+class StreamTime:
+    """The task's half of alignment: each aligned input's stream time, and the records held back.
+
+    ``seen_ts``: role -> highest event ts folded (its stream time). ``held``: input topic ->
+    ``[(record, decoded)]`` a fold held back, offset order, folded first by the next fold.
+    A decoded item is ``(role, event, record)`` (anything else, a dead letter, has no ts)."""
+
+    __slots__ = ("roles", "aligned", "seen_ts", "held")
+
+    def __init__(self, roles: Mapping[str, str], aligned: tuple[str, ...]) -> None:
+        self.roles = roles  # topic -> role
+        self.aligned = aligned  # the roles that wait for each other
+        self.seen_ts: dict[str, int] = {}
+        self.held: dict[str, list] = {}
+
+    def take_held(self) -> dict[str, list]:
+        held, self.held = self.held, {}
+        return held
+
+    @property
+    def holding(self) -> int:
+        return sum(map(len, self.held.values()))
+
+    def limits(self, per_topic: dict[str, list], lagging: Collection[str]) -> dict[str, int]:
+        """role -> the latest ts it may apply now: the lowest stream time (highest ts seen, folded or in this
+        batch) of the other, lagging, aligned inputs; -1 when one of those has shown nothing yet."""
+        stream_ts = dict(self.seen_ts)
+        for topic, items in per_topic.items():
+            role = self.roles[topic]
+            for _rec, item in items:
+                if item.__class__ is tuple and item[1].ts > stream_ts.get(role, -1):
+                    stream_ts[role] = item[1].ts
+        limits = {}
+        for role in self.aligned:
+            others = [stream_ts.get(other, -1) for other in self.aligned if other != role and other in lagging]
+            if others:
+                limits[role] = min(others)
+        return limits

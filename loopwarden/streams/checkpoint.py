@@ -1,0 +1,102 @@
+"""One batch's transaction: outputs, dead letters, changelog and consumed offsets, committed together.
+
+A :class:`Checkpoint` is made fresh for each batch of a partition and committed once
+(Quix Streams' ``Checkpoint.commit``; Kafka Streams' ``RecordCollector`` + EOS commit).
+It records nothing: the engine records metrics from the :class:`Committed` it returns,
+and handles what it raises (``ProducerFenced``: another worker owns the partition;
+any other ``KafkaError``: abort, recover, consume the batch again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaProducer, TopicPartition
+
+from loopwarden.streams.stage import FoldResult, Output
+from loopwarden.streams.topics import Router
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What a committed checkpoint tells: the changelog offset the store now holds up to, and its cost."""
+
+    position: int | None  # next changelog offset after this batch's records (None: it wrote none)
+    seconds: float  # begin to commit: the broker round trips
+
+
+class Checkpoint:
+    """A partition's batch, to be committed in one transaction by :meth:`commit`."""
+
+    def __init__(self, producer: AIOKafkaProducer, partition: int, group_id: str, changelog_topic: str,
+                 router: Router) -> None:
+        self.producer = producer
+        self.partition = partition
+        self.group_id = group_id
+        self.changelog_topic = changelog_topic
+        self.router = router
+
+    async def commit(self, result: FoldResult, deadletters: list[Output]) -> Committed:
+        """In order: begin; the outputs, the dead letters, the changelog; the offsets; commit."""
+        began = time.monotonic()
+        p, producer = self.partition, self.producer
+        await producer.begin_transaction()
+        outbox = _Outbox(producer)
+        route = self.router.partition
+        for o in result.outputs:
+            await outbox.add(o.topic, o.partition if o.partition is not None else route(o.topic, o.key, p),
+                             o.key, o.value, o.headers)
+        for o in deadletters:
+            await outbox.add(o.topic, o.partition, o.key, o.value, o.headers)  # type: ignore[arg-type]
+        changelog = self.changelog_topic
+        for key, value in result.changes.items():
+            await outbox.add(changelog, p, key, value)
+        await outbox.flush()
+        if result.offsets:
+            await producer.send_offsets_to_transaction(
+                {TopicPartition(t, p): o for t, o in result.offsets.items()}, self.group_id)
+        metas = await outbox.delivered()
+        await producer.commit_transaction()
+        ends = [meta.offset + n for topic, n, meta in metas if topic == changelog]
+        return Committed(max(ends) if ends else None, time.monotonic() - began)
+
+
+class _Outbox:
+    """A transaction's records, one batch per topic partition (``send_batch``): no per-record send."""
+
+    def __init__(self, producer: AIOKafkaProducer) -> None:
+        self.producer = producer
+        self.open: dict[tuple[str, int], object] = {}
+        self.sent: list[tuple[str, int, asyncio.Future]] = []  # (topic, records, future of the batch)
+
+    async def add(self, topic: str, partition: int, key: bytes | None, value: bytes | None, headers=()) -> None:
+        batch = self.open.get((topic, partition))
+        if batch is None:
+            batch = self.open[topic, partition] = self.producer.create_batch()
+        if batch.append(key=key, value=value, timestamp=None, headers=list(headers)) is not None:
+            return
+        if batch.record_count():  # full: send it, start the next one
+            await self._send(topic, partition, batch)
+            batch = self.open[topic, partition] = self.producer.create_batch()
+            if batch.append(key=key, value=value, timestamp=None, headers=list(headers)) is not None:
+                return
+        # Larger than a batch on its own (a dead letter near the size limit).
+        future = await self.producer.send(topic, value, key=key, partition=partition, headers=list(headers))
+        self.sent.append((topic, 1, future))
+
+    async def _send(self, topic: str, partition: int, batch) -> None:
+        n = batch.record_count()
+        self.sent.append((topic, n, await self.producer.send_batch(batch, topic, partition=partition)))
+
+    async def flush(self) -> None:
+        for (topic, partition), batch in self.open.items():
+            if batch.record_count():
+                await self._send(topic, partition, batch)
+        self.open.clear()
+
+    async def delivered(self) -> list[tuple[str, int, object]]:
+        """Wait for every batch's ack; (topic, records, RecordMetadata of its first record)."""
+        metas = await asyncio.gather(*(f for _, _, f in self.sent))
+        return [(topic, n, meta) for (topic, n, _), meta in zip(self.sent, metas)]

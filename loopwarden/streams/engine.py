@@ -1,0 +1,296 @@
+"""The engine: runs one stage's batched, exactly-once consume → fold → produce loop on aiokafka.
+
+:meth:`Engine.run` is the loop: poll a batch, hand each owned partition its records
+and start its pipeline (fold, then one transaction: :mod:`loopwarden.streams.checkpoint`),
+punctuate on the stage's interval, watch lag and stalls, retry partitions not owned.
+Partitions never wait for each other's transactions; a partition's next fold waits for
+its own previous commit (it needs those states). Everything a partition has is one
+:class:`~loopwarden.streams.partition.OwnedPartition`; owning one is
+:mod:`loopwarden.streams.recovery`; what a stage is, :mod:`loopwarden.streams.stage`.
+
+A transaction that fails drops its partition and owns it again from the changelog and
+the committed offsets (its batch is consumed again); one that is fenced drops the
+partition until the group assigns it again or two session timeouts pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka.errors import ProducerFenced
+
+from loopwarden.streams.assignment import CoPartitionedAssignor
+from loopwarden.streams.checkpoint import Checkpoint
+from loopwarden.streams.config import Config
+from loopwarden.streams.deadletters import deadletter_output
+from loopwarden.streams.manager import RECOVERABLE, PartitionManager, quietly
+from loopwarden.streams.metrics import Metrics
+from loopwarden.streams.partition import AssignedPartition, OwnedPartition
+from loopwarden.streams.security import client_options
+from loopwarden.streams.stage import FoldResult, Stage
+from loopwarden.streams.topics import Router
+from loopwarden.streams.watch import Watch
+
+log = logging.getLogger("loopwarden.worker")
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def on_partitions_revoked(self, revoked) -> None:
+        await self.engine.release()
+
+    async def on_partitions_assigned(self, assigned) -> None:
+        await self.engine.assign({tp.partition for tp in assigned})
+
+
+class Engine:
+    """One worker of a stage: its consumer, its assigned partitions, the loop."""
+
+    def __init__(self, config: Config, stage: Stage, metrics: Metrics | None = None,
+                 on_recovered: Callable[[], None] | None = None) -> None:
+        self.config = config
+        self.stage = stage
+        self.metrics = metrics or Metrics()
+        self.untracked = frozenset(i.topic for i in stage.inputs if not i.tracked)
+        self.assignor = CoPartitionedAssignor(config.advertised_url)
+        self.router = Router(config.partitions, stage.keyed_like_input)
+        self.partitions = PartitionManager(config, stage, self.metrics, self.router)
+        self.ready = False
+        # Rebalance steps, owning a partition and handing out a batch take turns; pipelines run outside
+        # it, and a rebalance drains them (under the lock) before it drops any partition.
+        self.lock = asyncio.Lock()
+        self.stopping = asyncio.Event()
+        self.on_recovered = on_recovered  # the process's hook after partitions are owned (the CLI freezes the GC)
+        self.consumer: AIOKafkaConsumer | None = None
+        self.watch: Watch | None = None
+        self._punctuated_at = 0.0
+
+    @property
+    def assigned(self) -> dict[int, AssignedPartition]:
+        return self.partitions.assigned
+
+    def owned_partitions(self) -> dict[int, OwnedPartition]:
+        return self.partitions.owned()
+
+    # -- the loop ---------------------------------------------------------------------
+    async def run(self) -> None:
+        """Join the group, then poll → process (fold and commit per partition) → punctuate → watch, until stopped."""
+        await self.start()
+        assert self.consumer is not None and self.watch is not None
+        c = self.config
+        try:
+            while not self.stopping.is_set():
+                batch = await self.consumer.getmany(timeout_ms=c.batch_wait_ms or 1, max_records=c.batch_max_records)
+                async with self.lock:
+                    self.buffer(batch)
+                    self.punctuate()
+                    await self.process()
+                self.watch.check(self.assigned)
+                await self.retry_owning()
+        finally:
+            await self.shutdown()
+
+    def buffer(self, batch: dict) -> None:
+        for tp, records in batch.items():
+            a = self.assigned.get(tp.partition)
+            if a is not None and a.owned is not None:
+                a.owned.buffered += records
+
+    def punctuate(self) -> None:
+        now = time.monotonic()
+        if now - self._punctuated_at >= self.stage.punctuate_every_s:
+            self._punctuated_at = now
+            for part in self.owned_partitions().values():
+                part.punctuate = True
+
+    async def process(self) -> None:
+        """Start the pipeline of each partition with work; with ``batch_max_records`` buffered, wait for one."""
+        now = time.monotonic()
+        parts = self.owned_partitions().values()
+        for part in parts:
+            if part.buffered or part.punctuate or part.alignment.overdue(now):
+                running = part.pipeline
+                if running is None or running.done():
+                    if running is not None:
+                        running.result()  # a bug of ours in a pipeline stops the worker, as in the loop itself
+                    part.pipeline = asyncio.create_task(self._pipeline(part))
+        while sum(len(part.buffered) for part in parts) >= self.config.batch_max_records:
+            running = [part.pipeline for part in parts if part.pipeline is not None and not part.pipeline.done()]
+            if not running:
+                break
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+
+    async def _pipeline(self, part: OwnedPartition) -> None:
+        """Fold and commit ``part``'s buffered records until none are left."""
+        gap = self.config.commit_gap_ms / 1000
+        while True:
+            # Let the broker write the last commit's markers first (records gather meanwhile).
+            wait = part.committed_at + gap - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if not self.partitions.owns(part):  # dropped (failed, fenced): consumed again once owned
+                return
+            overdue = part.alignment.overdue()
+            records, punctuate = part.take()
+            if not records and not punctuate and not overdue:  # what the task holds waits for the other input
+                return
+            caught_up, lagging = await part.alignment.lagging(records)
+            if not self.partitions.owns(part):
+                return
+            result = part.task.fold(records, punctuate=punctuate, caught_up=caught_up,
+                                    lagging=part.alignment.wait_for(lagging, overdue))
+            part.alignment.folded(part.task.holding)
+            if result:
+                await self._commit(part, result)
+            else:
+                part.after_commit(result, None)
+
+    async def _commit(self, part: OwnedPartition, result: FoldResult) -> None:
+        c, stage = self.config, self.stage
+        dead = [deadletter_output(d, stage.deadletter_topic, self.router.counts[stage.deadletter_topic],
+                                  c.max_message_bytes) for d in result.deadletters]
+        checkpoint = Checkpoint(part.producer, part.number, c.app_id, stage.changelog_topic, self.router)
+        try:
+            committed = await checkpoint.commit(result, dead)
+        except ProducerFenced:
+            part.after_abort(result)
+            await self._fenced(part.number)
+            return
+        except RECOVERABLE as exc:
+            part.after_abort(result)
+            await self._failed(part, exc)
+            return
+        part.committed_at = time.monotonic()
+        part.after_commit(result, committed)
+        m = self.metrics
+        m.transactions.labels("committed").inc()
+        m.transaction_seconds.observe(committed.seconds)
+        if result.consumed:
+            m.batch_records.observe(result.consumed)
+        for d in result.deadletters:
+            r = d.record
+            log.warning("invalid message on %s[%d]@%d: %s", r.topic, r.partition, r.offset, d.error[:500])
+        a = self.assigned.get(part.number)
+        if a is not None:
+            a.progressed(result.offsets, self.untracked)
+
+    async def _fenced(self, p: int) -> None:
+        """Another worker owns ``p`` now: commit nothing more for it until the group assigns it again."""
+        m = self.metrics
+        m.transactions.labels("fenced").inc()
+        m.produce_failures.inc()
+        log.warning("partition %d: producer fenced (another worker owns it now); dropping it until reassigned", p)
+        # If the group still gives it to this worker after two session timeouts, own it again.
+        await self.partitions.drop(p, retry_at=time.monotonic() + 2 * self.config.session_timeout_s)
+
+    async def _failed(self, part: OwnedPartition, exc: BaseException) -> None:
+        """A transaction failed: abort it, own the partition again, consume its batch again."""
+        m = self.metrics
+        m.transactions.labels("aborted").inc()
+        m.produce_failures.inc()
+        log.error("partition %d: transaction failed (%s: %s); recovering it and consuming its batch again",
+                  part.number, type(exc).__name__, exc)
+        try:
+            await asyncio.wait_for(part.producer.abort_transaction(), timeout=10)
+        except Exception:  # the producer may be unusable now; a new one replaces it
+            log.debug("abort failed", exc_info=True)
+        await self.partitions.drop(part.number, retry_at=time.monotonic())
+
+    async def retry_owning(self) -> None:
+        """Own again the assigned partitions whose retry time has come (after a failure or a fence)."""
+        now = time.monotonic()
+        for p, a in sorted(self.partitions.assigned.items()):
+            at = a.recover_at
+            if at is not None and now >= at and not self.stopping.is_set():
+                async with self.lock:
+                    await self.partitions.retry(p, a, at)
+
+    # -- rebalance and lifecycle ------------------------------------------------------
+    async def assign(self, partitions: set[int]) -> None:
+        async with self.lock:
+            self.partitions.assigned = {p: AssignedPartition(p) for p in sorted(partitions)}
+            t0 = time.monotonic()
+            try:
+                await self.partitions.own(sorted(partitions))
+            except RECOVERABLE as exc:
+                log.error("recovering partitions %s failed (%s: %s); retrying", sorted(partitions),
+                          type(exc).__name__, exc)
+                for a in self.assigned.values():
+                    a.recover_at = time.monotonic() + 1.0
+            if self.on_recovered is not None:
+                self.on_recovered()
+            self.ready = True
+            owned = self.owned_partitions()
+            log.info("partitions %s recovered in %.2fs%s", sorted(owned), time.monotonic() - t0,
+                     self.stage.summary(list(owned.values())))
+
+    async def release(self) -> None:
+        """Partitions are about to be reassigned: finish the pipelines in flight, then drop every partition."""
+        async with self.lock:
+            self.ready = False
+            self._forget_buffered()  # consumed again from the committed offsets by whoever owns them next
+            await self.drain()
+            for p in await self.partitions.revoke():
+                if self.watch is not None:
+                    self.watch.forget(p)
+
+    def _forget_buffered(self) -> None:
+        for part in self.owned_partitions().values():
+            part.take()
+            part.alignment.holding_since = None
+
+    async def drain(self) -> None:
+        """Wait for every pipeline in flight (each ends once its buffer is empty)."""
+        pipelines = []
+        for part in self.owned_partitions().values():
+            if part.pipeline is not None:
+                pipelines.append(part.pipeline)
+                part.pipeline = None
+        await asyncio.gather(*pipelines)
+
+    async def start(self) -> None:
+        c = self.config
+        await self.stage.prepare()
+        restorer = self.partitions.restorer = AIOKafkaConsumer(
+            **client_options(c), group_id=None, enable_auto_commit=False, isolation_level="read_committed",
+            auto_offset_reset="earliest")
+        await restorer.start()
+        self.consumer = AIOKafkaConsumer(
+            **client_options(c), group_id=c.app_id, enable_auto_commit=False,
+            auto_offset_reset="earliest", isolation_level="read_committed",
+            partition_assignment_strategy=(self.assignor,),
+            session_timeout_ms=int(c.session_timeout_s * 1000),
+            heartbeat_interval_ms=max(100, int(c.session_timeout_s * 1000 / 6)),
+            max_partition_fetch_bytes=max(1_048_576, c.max_message_bytes + 65536),
+            fetch_max_bytes=64 * 1_048_576,
+            fetch_max_wait_ms=50,
+        )
+        self.partitions.consumer = self.consumer
+        self.watch = Watch(self.consumer, self.partitions.tracked, self.metrics, c.stall_timeout_s, c.malloc_trim_s)
+        self.consumer.subscribe(list(self.partitions.topics), listener=_Rebalance(self))
+        await self.consumer.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    async def shutdown(self) -> None:
+        """Finish the transactions in flight, stop the producers, leave the group (its partitions move at once).
+
+        With the broker gone any step can fail: each is tried, none stops the others."""
+        async with self.lock:
+            self.ready = False
+            self._forget_buffered()
+            await quietly(self.drain(), "finishing the transactions in flight", " during shutdown")
+            for p in list(self.assigned):
+                await quietly(self.partitions.drop(p), f"stopping partition {p}", " during shutdown")
+        for client in (self.consumer, self.partitions.restorer):
+            if client is not None:
+                await quietly(client.stop(), "stopping a consumer", " during shutdown")

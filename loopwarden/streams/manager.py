@@ -1,0 +1,123 @@
+"""The partitions a worker is assigned, and owning them (Kafka Streams' ``TaskManager``).
+
+Owning a partition (:meth:`PartitionManager.own`) fences its earlier producers,
+restores its store and seeks its inputs to the committed offsets
+(:mod:`loopwarden.streams.recovery`); the result is one
+:class:`~loopwarden.streams.partition.OwnedPartition`. A failed transaction or a fence
+drops ownership (:meth:`drop`) and sets when to try again (:meth:`retry`); the group
+revoking a partition forgets its :class:`~loopwarden.streams.partition.AssignedPartition`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from loopwarden.streams.alignment import Alignment
+from loopwarden.streams.config import Config
+from loopwarden.streams.metrics import Metrics
+from loopwarden.streams.partition import AssignedPartition, OwnedPartition
+from loopwarden.streams.recovery import restore, seek_committed, transactional_producer
+from loopwarden.streams.stage import Stage
+from loopwarden.streams.store import open_partition
+from loopwarden.streams.topics import Router
+
+log = logging.getLogger("loopwarden.worker")
+RECOVERABLE = (KafkaError, OSError, asyncio.TimeoutError)
+
+
+class PartitionManager:
+    """``assigned``: partition -> its :class:`AssignedPartition` (owned or not)."""
+
+    def __init__(self, config: Config, stage: Stage, metrics: Metrics, router: Router) -> None:
+        self.config = config
+        self.stage = stage
+        self.metrics = metrics
+        self.router = router
+        self.topics = tuple(i.topic for i in stage.inputs)
+        self.tracked = {i.topic: i.role for i in stage.inputs if i.tracked}
+        self.assigned: dict[int, AssignedPartition] = {}
+        self.consumer: AIOKafkaConsumer | None = None
+        self.restorer: AIOKafkaConsumer | None = None
+
+    def owned(self) -> dict[int, OwnedPartition]:
+        return {p: a.owned for p, a in self.assigned.items() if a.owned is not None}
+
+    def owns(self, part: OwnedPartition) -> bool:
+        a = self.assigned.get(part.number)
+        return a is not None and a.owned is part
+
+    async def own(self, partitions: list[int]) -> None:
+        """Own ``partitions``: fence earlier producers, restore their stores, resume at the committed offsets."""
+        if not partitions:
+            return
+        assert self.consumer is not None and self.restorer is not None
+        c, stage = self.config, self.stage
+        producers = {p: transactional_producer(c, p) for p in partitions}
+        stores: dict = {}
+        try:
+            # InitProducerId fences earlier owners and completes their open transaction: the changelog
+            # and the committed offsets read below are final.
+            await asyncio.gather(*(producer.start() for producer in producers.values()))
+            await self.router.learn(next(iter(producers.values())), (*stage.outputs, stage.deadletter_topic))
+            stores = {p: open_partition(c.store, c.data_dir, c.app_id, p, stage.store_name) for p in partitions}
+            self.metrics.restored.inc(await restore(self.restorer, stage.changelog_topic, stores))
+            offsets = await seek_committed(self.consumer, self.topics, partitions)
+        except BaseException:
+            for p, producer in producers.items():
+                await quietly(producer.stop(), f"stopping the producer of partition {p}")
+            for store in stores.values():
+                store.close()
+            raise
+        for p in partitions:
+            part = OwnedPartition(p, stage, stage.task(p, stores[p]), stores[p], producers[p],
+                                  Alignment(self.consumer, p, self.tracked, c.align_max_ms))
+            a = self.assigned[p]
+            a.committed, a.recover_at, a.owned = offsets[p], None, part
+            part.after_restore()
+
+    async def drop(self, p: int, retry_at: float | None = None) -> None:
+        """Stop owning ``p`` (its inputs pause while it stays assigned); own it again at ``retry_at``, if given."""
+        a = self.assigned.get(p)
+        if a is None:
+            return
+        if retry_at is not None:
+            a.recover_at = retry_at
+        if a.owned is None:
+            return
+        part, a.owned = a.owned, None
+        if self.consumer is not None:
+            self.consumer.pause(*(TopicPartition(topic, p) for topic in self.topics))
+        await part.close()
+
+    async def revoke(self) -> list[int]:
+        """The group takes every partition back: drop them all and forget them."""
+        assigned, self.assigned = self.assigned, {}
+        for a in assigned.values():
+            if a.owned is not None:
+                part, a.owned = a.owned, None
+                await part.close()
+        return list(assigned)
+
+    async def retry(self, p: int, a: AssignedPartition, at: float) -> None:
+        """Own ``p`` again (its retry time ``at`` has come); on failure, back off (at most 30 s)."""
+        if self.assigned.get(p) is not a or a.owned is not None:
+            return
+        try:
+            await self.own([p])
+            log.info("partition %d recovered", p)
+        except RECOVERABLE as exc:
+            log.error("partition %d: recovery failed (%s: %s); retrying", p, type(exc).__name__, exc)
+            a.recover_at = time.monotonic() + min(30.0, 1.0 + (time.monotonic() - at))
+
+
+async def quietly(step, what: str, when: str = "") -> None:
+    """Await a step whose failure (the broker may be gone) is logged, not raised."""
+    try:
+        await step
+    except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - going on regardless
+        log.warning("%s failed%s: %s: %s", what, when, type(exc).__name__, exc)

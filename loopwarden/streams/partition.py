@@ -1,0 +1,103 @@
+"""What the engine keeps per partition: the assignment's view, and everything an owned partition has.
+
+:class:`AssignedPartition` lives as long as the group assigns the partition to this
+worker (its committed offsets, progress and stall state, when to retry owning it);
+:class:`OwnedPartition` as long as this worker owns it (fenced earlier producers,
+restored its store): its task, store, producer, buffered records, alignment, pipeline.
+A partition whose transaction failed or was fenced stays assigned and is no longer
+owned: dropping ownership is :meth:`OwnedPartition.close` and forgetting the object.
+
+The three observer places — after a restore, after a commit (with the committed
+changes), on drop — are :meth:`OwnedPartition.after_restore`, :meth:`after_commit`
+and :meth:`close`; each calls the stage's observer of the same moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from loopwarden.streams.alignment import Alignment
+from loopwarden.streams.stage import FoldResult, Stage, Task
+from loopwarden.streams.store import PartitionStore
+
+if TYPE_CHECKING:
+    from aiokafka import AIOKafkaProducer
+
+    from loopwarden.streams.checkpoint import Committed
+
+log = logging.getLogger("loopwarden.worker")
+
+
+class AssignedPartition:
+    """A partition the group assigned to this worker, owned or not (fenced, failed: retried at ``recover_at``)."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.committed: dict[str, int] = {}  # input topic -> next offset, as committed
+        self.progress_at = time.monotonic()  # when its committed offsets last moved (or it was assigned)
+        self.stalled = False
+        self.recover_at: float | None = None  # not owned: when to try again
+        self.owned: OwnedPartition | None = None
+
+    def progressed(self, offsets: dict[str, int], untracked: frozenset[str]) -> None:
+        """A commit moved these offsets: progress unless only untracked inputs (ticks) moved."""
+        moved = False
+        committed = self.committed
+        for topic, offset in offsets.items():
+            moved |= topic not in untracked and offset != committed.get(topic)
+            committed[topic] = offset
+        if moved:
+            self.progress_at = time.monotonic()
+
+
+class OwnedPartition:
+    """Everything an owned partition has: task, store, producer, buffered records, alignment, its pipeline."""
+
+    def __init__(self, number: int, stage: Stage, task: Task, store: PartitionStore, producer: AIOKafkaProducer,
+                 alignment: Alignment) -> None:
+        self.number = number
+        self.stage = stage
+        self.task = task
+        self.store = store
+        self.producer = producer
+        self.alignment = alignment
+        self.buffered: list = []  # records consumed, not folded yet
+        self.punctuate = False  # the next fold fires due timers
+        self.committed_at = 0.0  # monotonic time of its last commit
+        self.pipeline: asyncio.Task | None = None  # fold, then commit, while records wait
+
+    def take(self) -> tuple[list, bool]:
+        """The records buffered and whether to punctuate, handed to the next fold."""
+        records, punctuate = self.buffered, self.punctuate
+        self.buffered, self.punctuate = [], False
+        return records, punctuate
+
+    # -- the observer places -------------------------------------------------------------
+    def after_restore(self) -> None:
+        """The store holds the changelog's committed state: the task rebuilds from it."""
+        self.task.rebuild()
+        self.stage.restored(self)
+
+    def after_commit(self, result: FoldResult, committed: Committed | None) -> None:
+        """The batch's transaction committed (``None``: the batch had nothing to commit)."""
+        if committed is not None:
+            self.store.write(result.changes, committed.position)
+        self.stage.committed(self, result, self.task.committed(result))
+
+    def after_abort(self, result: FoldResult) -> None:
+        """The batch's transaction failed: the task forgets it (the store holds the committed state)."""
+        self.task.discard()
+        self.stage.aborted(self, result)
+
+    async def close(self) -> None:
+        """Drop the partition: the stage hears of it, the producer stops, the store closes (RocksDB stays on disk)."""
+        self.buffered = []
+        self.stage.dropped(self)
+        try:
+            await asyncio.wait_for(self.producer.stop(), timeout=5)
+        except Exception:  # a fenced or disconnected producer: nothing of it is needed any more
+            log.debug("stopping the producer of partition %d failed", self.number, exc_info=True)
+        self.store.close()

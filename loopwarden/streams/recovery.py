@@ -1,0 +1,93 @@
+"""Owning a partition: fence earlier producers, restore the store from the changelog, resume at the committed offsets.
+
+**Fencing.** Each input partition *i* has its own transactional id, ``<app id>-<i>``
+(Kafka Streams' first exactly-once scheme, and Faust's): a worker assigned partition
+*i* starts a producer with that id, which fences every earlier producer of it and
+waits until their open transaction is committed or aborted. A worker that lost
+partition *i* (paused past its session, then resumed) can never commit output, state
+or offsets for it again. aiokafka's ``send_offsets_to_transaction`` takes a group id
+only, not the consumer's group metadata, so KIP-447 (one producer per worker, fenced
+by generation) is not available; hence one producer per partition.
+
+**Restore.** Once the producer is up the changelog and the committed offsets are
+final (they were written in the same transactions): the store reads its changelog
+partition ``read_committed`` from its position to the end, then the inputs seek to the
+group's committed offsets. Nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from loopwarden.streams.config import Config
+from loopwarden.streams.deadletters import OVERHEAD
+from loopwarden.streams.security import client_options
+from loopwarden.streams.store import PartitionStore
+
+log = logging.getLogger("loopwarden.worker")
+
+
+def transactional_producer(config: Config, partition: int) -> AIOKafkaProducer:
+    """The producer of one input partition's transactions (``<app id>-<partition>``), not started."""
+    return AIOKafkaProducer(
+        **client_options(config), transactional_id=f"{config.app_id}-{partition}", enable_idempotence=True,
+        acks="all", max_request_size=config.max_message_bytes + OVERHEAD * 2, linger_ms=0,
+        max_batch_size=256 * 1024, request_timeout_ms=30_000,
+        # A transaction begun right after the last one commits meets CONCURRENT_TRANSACTIONS
+        # while the markers are written: retry that in ms, not the default 100 ms.
+        retry_backoff_ms=10,
+    )
+
+
+async def restore(restorer: AIOKafkaConsumer, changelog_topic: str, stores: dict[int, PartitionStore]) -> int:
+    """Read the changelog partitions (committed records only) from each store's position to the end; records read."""
+    tps = {TopicPartition(changelog_topic, p): store for p, store in stores.items()}
+    restorer.assign(list(tps))
+    ends = await restorer.end_offsets(list(tps))
+    starts = await restorer.beginning_offsets(list(tps))
+    todo = {}
+    for tp, store in tps.items():
+        if store.position > ends[tp]:
+            log.warning("%s: local store at changelog offset %d but the changelog ends at %d "
+                        "(topics recreated?): wiping the local state", tp, store.position, ends[tp])
+            store.wipe()
+        position = max(store.position, starts[tp])
+        if position < ends[tp]:
+            restorer.seek(tp, position)
+            todo[tp] = position
+        else:
+            restorer.pause(tp)
+    n = 0
+    while todo:
+        batch = await restorer.getmany(*todo, timeout_ms=1000, max_records=20_000)
+        for tp, records in batch.items():
+            if records:
+                tps[tp].write({r.key: r.value for r in records}, records[-1].offset + 1)
+                n += len(records)
+        for tp in list(todo):
+            position = await restorer.position(tp)
+            if position >= ends[tp]:
+                tps[tp].write({}, position)
+                restorer.pause(tp)
+                del todo[tp]
+    restorer.assign([])
+    if n:
+        log.info("restored %d changelog records for partitions %s", n, sorted(stores))
+    return n
+
+
+async def seek_committed(consumer: AIOKafkaConsumer, topics: tuple[str, ...], partitions: list[int]) -> dict[int, dict[str, int]]:
+    """Seek each input partition to the group's committed offset (its beginning if none); partition -> topic -> offset."""
+    tps = [TopicPartition(topic, p) for p in partitions for topic in topics]
+    committed = {tp: await consumer.committed(tp) for tp in tps}
+    missing = [tp for tp, o in committed.items() if o is None]
+    starts = await consumer.beginning_offsets(missing) if missing else {}
+    offsets: dict[int, dict[str, int]] = {p: {} for p in partitions}
+    for tp in tps:
+        offset = committed[tp] if committed[tp] is not None else starts[tp]
+        consumer.seek(tp, offset)
+        offsets[tp.partition][tp.topic] = offset
+    consumer.resume(*tps)
+    return offsets

@@ -1,0 +1,67 @@
+"""Lag and stalls of the assigned partitions, and the C heap handed back to the OS now and then.
+
+Lag is the high watermark minus the *committed* offset (what was consumed but not
+committed is not progress). A partition with lag whose committed offsets have not
+moved for ``stall_timeout_s`` is stalled (``/readyz`` says 503): one that fails and
+recovers again and again makes no progress either, and shows as stalled.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from loopwarden.streams import memory
+from loopwarden.streams.metrics import Metrics
+from loopwarden.streams.partition import AssignedPartition
+
+log = logging.getLogger("loopwarden.worker")
+
+
+class Watch:
+    """Measures lag per tracked input partition and finds stalls; trims the heap every ``malloc_trim_s``."""
+
+    def __init__(self, consumer: AIOKafkaConsumer, tracked: dict[str, str], metrics: Metrics,
+                 stall_timeout_s: float, malloc_trim_s: float) -> None:
+        self.consumer = consumer
+        self.tracked = tracked  # topic -> role (the lag gauge's label)
+        self.metrics = metrics
+        self.stall_timeout_s = stall_timeout_s
+        self.malloc_trim_s = malloc_trim_s
+        self.trimmed_at = time.monotonic()
+
+    def check(self, assigned: dict[int, AssignedPartition]) -> None:
+        now = time.monotonic()
+        m = self.metrics
+        for p in sorted(assigned):
+            a = assigned[p]
+            lagging = False
+            for topic, role in self.tracked.items():
+                hw = self.consumer.highwater(TopicPartition(topic, p))
+                committed = a.committed.get(topic)
+                if hw is None or committed is None:
+                    continue
+                lag = max(0, hw - committed)
+                m.lag.labels(role, str(p)).set(lag)
+                lagging |= lag > 0
+            stalled = lagging and now - a.progress_at >= self.stall_timeout_s
+            if stalled and not a.stalled:
+                m.stalls.inc()
+                log.error("partition %d stalled: lag and no progress for %.0fs", p, now - a.progress_at)
+            a.stalled = stalled
+        m.stalled.set(sum(a.stalled for a in assigned.values()))
+        if self.malloc_trim_s and now - self.trimmed_at >= self.malloc_trim_s:
+            self.trimmed_at = now
+            took = memory.trim()
+            if took is not None:
+                m.malloc_trim.observe(took)
+
+    def forget(self, p: int) -> None:
+        """``p`` is no longer assigned: its lag series go."""
+        for role in self.tracked.values():
+            try:
+                self.metrics.lag.remove(role, str(p))
+            except KeyError:
+                pass

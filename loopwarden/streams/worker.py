@@ -1,0 +1,106 @@
+"""``loopwarden worker``: the health stage on the engine, its HTTP read model, stopped by SIGTERM/SIGINT.
+
+Process set-up (logging, log filters, the garbage collector) is the CLI's
+(``loopwarden.cli.main``); this module sets none of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+
+from loopwarden.streams import readmodel
+from loopwarden.streams.assignment import partition_of
+from loopwarden.streams.config import Config
+from loopwarden.streams.engine import Engine
+from loopwarden.streams.health import HealthStage
+from loopwarden.streams.metrics import Metrics
+from loopwarden.streams.task import PartitionTask
+
+log = logging.getLogger("loopwarden.worker")
+
+EXIT_STOP_TIMEOUT = 3  # the worker was told to stop and had to be cut short
+
+
+class Worker(Engine):
+    """The engine running the health stage, and the read model ``loopwarden.streams.http`` serves."""
+
+    def __init__(self, config: Config, metrics: Metrics | None = None,
+                 on_recovered: Callable[[], None] | None = None, verifiers=None) -> None:
+        # verifiers: loopwarden.trust.TrustedVerifiers (LOOPWARDEN_TRUSTED_VERIFIERS), or None: every receipt counts
+        metrics = metrics or Metrics()
+        super().__init__(config, HealthStage(config, metrics, verifiers), metrics, on_recovered)
+
+    @property
+    def tasks(self) -> dict[int, PartitionTask]:
+        return {p: part.task for p, part in self.owned_partitions().items()}  # type: ignore[misc]
+
+    @property
+    def stalled(self) -> set[int]:
+        return {p for p, a in self.assigned.items() if a.stalled}
+
+    # -- read model (loopwarden.streams.http) ---------------------------------------------
+    def owned(self) -> list[int]:
+        return sorted(self.owned_partitions())
+
+    def partition_of(self, run_id: str) -> int:
+        return partition_of(run_id.encode(), self.config.partitions)
+
+    def owner_url(self, partition: int) -> str | None:
+        return self.assignor.owners.get(partition)
+
+    def run_state(self, run_id: str):
+        """The run's committed state, if this worker owns its partition and holds it."""
+        task = self.tasks.get(self.partition_of(run_id))
+        state = None if task is None else task.committed_state(run_id)
+        return None if state is None or state.tomb else state  # a tomb is a dropped run: not held
+
+    def is_ready(self) -> bool:
+        """The assignment is recovered and no partition is stalled."""
+        return self.ready and not self.stalled
+
+    def runs_page(self, **query) -> tuple[list[dict], tuple | None]:
+        """A page of the runs this worker holds (see :func:`loopwarden.streams.readmodel.page`)."""
+        return readmodel.page({p: task.index for p, task in self.tasks.items()}, **query)
+
+
+def run_worker(config: Config, on_recovered: Callable[[], None] | None = None, verifiers=None) -> int:
+    """Run one worker until SIGTERM/SIGINT; exit by ``shutdown_timeout_s`` after the signal whatever happens.
+
+    ``verifiers``: loopwarden.trust.TrustedVerifiers, or None (every receipt counts)."""
+
+    async def main() -> None:
+        worker = Worker(config, on_recovered=on_recovered, verifiers=verifiers)
+        from loopwarden.streams.http import serve
+
+        loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            if worker.stopping.is_set():
+                return
+            log.info("stopping (exit within %.0fs)", config.shutdown_timeout_s)
+            watchdog = threading.Timer(config.shutdown_timeout_s, _exit_now, args=(config.shutdown_timeout_s,))
+            watchdog.daemon = True
+            watchdog.start()
+            worker.stop()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+        runner = await serve(worker)
+        try:
+            await worker.run()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+    return 0
+
+
+def _exit_now(timeout_s: float) -> None:
+    log.critical("worker did not stop within %.0fs (broker unreachable?); exiting now", timeout_s)
+    logging.shutdown()
+    os._exit(EXIT_STOP_TIMEOUT)

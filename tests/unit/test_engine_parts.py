@@ -1,0 +1,53 @@
+"""The engine's small parts without Kafka: output routing, dead letters as outputs, the stage defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loopwarden.streams.assignment import partition_of
+from loopwarden.streams.deadletters import OVERHEAD, deadletter_output
+from loopwarden.streams.stage import DeadLetter, Output, StageBase
+from loopwarden.streams.topics import Router
+
+
+def test_an_output_without_a_partition_goes_where_the_default_partitioner_puts_its_key() -> None:
+    """murmur2 over the output topic's own partition count; keyed-like-input topics of the inputs' count keep p."""
+    router = Router(input_partitions=8, keyed_like_input=frozenset({"agent.health"}))
+    router.counts = {"agent.health": 8, "agent.steps": 3, "other": 8}
+    for key in (b"run-1", b"trace-\xff", b"x" * 300):
+        assert router.partition("agent.steps", key, 5) == partition_of(key, 3)
+        assert router.partition("other", key, 5) == partition_of(key, 8)  # not declared keyed like the input
+        assert router.partition("agent.health", key, 5) == 5
+    router.counts["agent.health"] = 4  # a different count: the partitioner decides
+    assert router.partition("agent.health", b"run-1", 5) == partition_of(b"run-1", 4)
+    assert router.partition("agent.steps", None, 7) == 7 % 3
+
+
+@dataclass
+class _Rec:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple = ()
+
+
+def test_a_dead_letter_is_the_original_with_headers_naming_why_and_cut_to_fit() -> None:
+    """Key, value and headers kept; error headers added; a message too large is cut and says so."""
+    rec = _Rec("agent.steps", 2, 41, b"run-9", b'{"bad":1}', (("content-type", b"application/json"),))
+    out = deadletter_output(DeadLetter(rec, "undecodable", "no type"), "dead", 6, 1_000_000)
+    assert isinstance(out, Output) and out.topic == "dead" and out.partition == partition_of(b"run-9", 6)
+    assert out.key == b"run-9" and out.value == b'{"bad":1}'
+    headers = dict(out.headers)
+    assert headers["error_reason"] == b"undecodable" and headers["source_offset"] == b"41"
+    big = _Rec("agent.steps", 3, 1, None, b"v" * 50_000)
+    cut = deadletter_output(DeadLetter(big, "too_large", "big"), "dead", 6, 20_000)
+    assert len(cut.value) <= 20_000 - OVERHEAD and dict(cut.headers)["truncated"] == b"50000"
+    assert cut.partition == 3  # no key: its own partition number
+
+
+def test_a_stage_needs_to_declare_only_its_topics_and_task() -> None:
+    """StageBase's observers do nothing and its summary is empty: a stage overrides what it needs."""
+    base = StageBase()
+    assert base.summary([]) == "" and base.keyed_like_input == frozenset() and base.punctuate_every_s == 1.0

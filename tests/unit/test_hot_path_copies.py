@@ -1,0 +1,69 @@
+"""The core's inlined copies agree with the functions they copy, on generated inputs.
+
+``machine.py`` keeps four copies on its hot path, each with a comment naming what it saves
+(measured: docs/architecture.md, "Hot paths"): the RUNNING inactivity deadline
+(``_run_deadline``) inside ``apply``, ``receipt_verdict``'s rule without required kinds
+inside ``_receipts_verdict``, and ``_activity`` and ``Usage.tokens`` inside the step
+handler. Each is checked here against the original.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loopwarden.codecs import RECEIPT_KINDS, STATES, Policy, StepFinished
+from loopwarden.rules import apply, receipt_verdict
+from loopwarden.rules.conditions import compile_policy, intern_policy
+from loopwarden.rules.machine import Result, RunState, _activity, _receipts_verdict, _run_deadline
+from tests import strategies as S
+
+kinds = st.lists(st.sampled_from(RECEIPT_KINDS), max_size=4, unique=True)
+maybe_ts = st.none() | S.ts
+healths = st.none() | st.sampled_from(STATES)
+
+
+@settings(max_examples=400, deadline=None)
+@given(kinds, kinds, st.none() | S.policies)
+def test_receipts_verdict_copy_equals_receipt_verdict(verified, negative, policy) -> None:
+    """_receipts_verdict (inline rule when no kinds are required) says what receipt_verdict says."""
+    state = RunState("r", policy=policy, verified_kinds=verified, negative_kinds=negative)
+    required = policy.required_outcomes if policy is not None else ()
+    assert _receipts_verdict(state) == receipt_verdict(verified, negative, required)
+
+
+@settings(max_examples=400, deadline=None)
+@given(S.policies, maybe_ts)
+def test_applys_running_deadline_copy_equals_run_deadline(policy, last_activity) -> None:
+    """apply's RUNNING deadline (last activity + the compiled policy's inactivity) is _run_deadline's."""
+    policy = intern_policy(policy)
+    state = RunState("r", health="RUNNING", policy=policy, last_activity_ts=last_activity)
+    copied = None if last_activity is None else last_activity + compile_policy(policy).inactivity_ms
+    assert copied == _run_deadline(state)
+
+
+@settings(max_examples=400, deadline=None)
+@given(healths, maybe_ts, S.ts, S.step_finished)
+def test_the_step_handlers_activity_copy_equals_activity(health, last_activity, last_seen, step) -> None:
+    """A step moves last_activity_ts / last_seen_ts and starts a run exactly as _activity does."""
+    state = RunState("r", health=health, last_activity_ts=last_activity, last_seen_ts=last_seen,
+                     policy=intern_policy(Policy(version="v", inactivity_timeout_s=1e9)))
+    ev = StepFinished(run_id="r", ts=step.ts, step=step.step, segment=step.segment,
+                      finish_reason=step.finish_reason, tool_calls=step.tool_calls, usage=step.usage)
+    by_copy = apply(copy.deepcopy(state), ev, 5)
+    ref = copy.deepcopy(state)
+    res = Result(ref)
+    _activity(ref, res, ev.ts, 5)
+    assert (by_copy.state.last_activity_ts, by_copy.state.last_seen_ts) == (ref.last_activity_ts, ref.last_seen_ts)
+    if health is None:  # the run starts: the same first transition (the step's own moves come after)
+        assert by_copy.transitions[0] == res.transitions[0]
+
+
+@settings(max_examples=400, deadline=None)
+@given(S.step_finished)
+def test_the_step_handlers_token_copy_equals_usage_tokens(step) -> None:
+    """A run's first step adds exactly Usage.tokens to its segment."""
+    state = apply(None, step, 0).state
+    assert state.open[step.segment].tokens == step.usage.tokens

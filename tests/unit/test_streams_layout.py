@@ -1,0 +1,73 @@
+"""The reading test of the engine, as far as a test can read: small modules, no import cycle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+STREAMS = Path(__file__).resolve().parents[2] / "loopwarden" / "streams"
+
+
+def _imports(path: Path) -> set[str]:
+    """Modules of loopwarden.streams that ``path`` imports at run time (not under TYPE_CHECKING)."""
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.ImportFrom) and child.module and child.module.startswith("loopwarden.streams"):
+                names = [child.module] if child.module != "loopwarden.streams" else \
+                    [f"loopwarden.streams.{a.name}" for a in child.names]
+                found.update(n.removeprefix("loopwarden.streams.") for n in names)
+            visit(child)
+
+    visit(tree)
+    return found - {"loopwarden.streams"}
+
+
+def test_no_module_of_streams_is_much_over_300_lines() -> None:
+    """Each module of loopwarden/streams stays small enough to read in one sitting (~300 lines)."""
+    sizes = {p.name: len(p.read_text().splitlines()) for p in STREAMS.glob("*.py")}
+    assert max(sizes.values()) <= 340, sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
+
+
+def test_streams_modules_import_no_cycle() -> None:
+    """The run-time imports between loopwarden/streams modules form no cycle."""
+    graph = {p.stem: _imports(p) for p in STREAMS.glob("*.py")}
+    done: set[str] = set()
+
+    def walk(node: str, path: tuple[str, ...]) -> None:
+        assert node not in path, f"import cycle: {' -> '.join(path + (node,))}"
+        if node in done:
+            return
+        for nxt in graph.get(node, ()):
+            walk(nxt, path + (node,))
+        done.add(node)
+
+    for module in graph:
+        walk(module, ())
+
+
+def test_the_engine_knows_no_stage() -> None:
+    """The engine and its collaborators import nothing of the health stage (a new stage is a file)."""
+    stage_modules = {"health", "task", "inputs", "worker", "http", "commands"}
+    for name in ("engine", "manager", "partition", "checkpoint", "recovery", "alignment", "watch", "stage",
+                 "deadletters"):
+        assert not _imports(STREAMS / f"{name}.py") & stage_modules, name
+
+
+def test_process_set_up_happens_only_in_the_cli() -> None:
+    """Logging, log filters and the collector are set by loopwarden.cli.set_up_process, never by a library function."""
+    set_up = {"basicConfig", "freeze", "for_streaming", "quiet_repeats", "_watch_startup", "set_threshold"}
+    found = []
+    for path in (STREAMS.parent).rglob("*.py"):
+        if path.name in ("cli.py", "gctune.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "attr", getattr(node.func, "id", None))
+                if name in set_up:
+                    found.append(f"{path.relative_to(STREAMS.parent.parent)}:{node.lineno} {name}")
+    assert not found, found
