@@ -99,7 +99,7 @@ class Publisher:
 
     async def expect_outcome(self, run_id: str, expectation_id: str, kind: ReceiptKind, target: str,
                              checks: dict | None = None, ts: int | None = None, wait: bool = False) -> OutcomeExpected:
-        """Declare what the run must produce (spec.md section 10), for ``loopwarden verify`` to check.
+        """Declare what the run must produce (docs/contract.md section 10), for ``loopwarden verify`` to check.
 
         The application says it, never the model: e.g. ``expect_outcome(run_id, "invoice-pdf", "file",
         "file:///srv/out/inv-7.pdf", {"min_size": 1000, "content_type": "application/pdf"})``.

@@ -1,4 +1,4 @@
-"""Signed receipts (spec.md section 10): keys, signing, and the trust check both shells run.
+"""Signed receipts (docs/contract.md section 10): keys, signing, and the trust check both shells run.
 
 ``LOOPWARDEN_TRUSTED_VERIFIERS`` names the keys whose receipts count, as comma-separated
 ``KEY_ID=PUBLIC_KEY`` pairs, ``PUBLIC_KEY`` being the base64url (no padding) of a raw 32-byte

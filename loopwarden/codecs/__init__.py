@@ -1,4 +1,4 @@
-"""Wire types of the loopwarden contract (spec.md sections 3 and 6). Imports msgspec only."""
+"""Wire types of the loopwarden contract (docs/contract.md sections 3 and 6). Imports msgspec only."""
 
 from loopwarden.codecs.events import (
     CAUSES,

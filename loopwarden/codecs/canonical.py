@@ -1,4 +1,4 @@
-"""The canonical bytes a receipt's signature covers (spec.md section 10), defined once here.
+"""The canonical bytes a receipt's signature covers (docs/contract.md section 10), defined once here.
 
 The form is RFC 8785 (JSON Canonicalization Scheme) over the JSON value of the receipt without
 its ``signature``: object keys sorted by their UTF-16 code units, no whitespace, strings escaped

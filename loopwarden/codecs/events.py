@@ -1,4 +1,4 @@
-"""Wire types of spec.md sections 3 and 6, as frozen msgspec Structs.
+"""Wire types of docs/contract.md sections 3, 6, 10 and 11, as frozen msgspec Structs.
 
 Every constraint of the contract lives here, either as a ``Meta`` on a reusable
 alias or as a cross-field check in ``__post_init__``, so a value that decodes is
@@ -128,7 +128,7 @@ Condition = Union[StepCount, ToolCallCondition, LoopFinished, TokenBudget, Custo
 
 
 class Policy(Struct, frozen=True, gc=False):
-    """The stop policy a run was started with (spec.md section 3)."""
+    """The stop policy a run was started with (docs/contract.md section 3)."""
 
     version: ShortText
     stop_when: Annotated[tuple[Condition, ...], Meta(max_length=100)] | None = None
@@ -207,7 +207,7 @@ class RunEnded(_Event, tag="run_ended"):
     error_name: ShortText | None
     segment: Count = 0
     fired: Annotated[tuple[Annotated[str, Meta(max_length=300)], ...], Meta(max_length=200)] = ()
-    # Beyond spec.md: the call ran with experimental steering and a steering message was waiting
+    # Beyond the spec: the call ran with experimental steering and a steering message was waiting
     # when its last step ended, so the SDK evaluated stopWhen after that step although it had no
     # tool calls (ai >= 7.0.154). False (the default) for emitters that do not know.
     steered: bool = False
@@ -232,7 +232,7 @@ class ApprovalResolved(_Event, tag="approval_resolved"):
 
 
 class Signature(Struct, frozen=True, gc=False):
-    """Who vouches for a receipt (spec.md section 10): an Ed25519 signature by a verifier's key.
+    """Who vouches for a receipt (docs/contract.md section 10): an Ed25519 signature by a verifier's key.
 
     ``sig`` is the base64url (no padding) of the 64-byte signature over
     ``loopwarden.codecs.canonical.receipt_signing_bytes`` of the receipt.
@@ -252,7 +252,7 @@ class OutcomeReceipt(_Event, tag="outcome_receipt"):
     signature: Signature | UnsetType = UNSET
 
 
-# -- what producers must also tell (spec.md section 11) -----------------------
+# -- what producers must also tell (docs/contract.md section 11) --------------
 class SegmentStarted(_Event, tag="segment_started"):
     """The stop policy of one segment, when it is not the run's (e.g. a resume without stopWhen)."""
 
@@ -283,7 +283,7 @@ CheckValue = Union[
 
 
 class OutcomeExpected(_Event, tag="outcome_expected"):
-    """What a run must produce (spec.md section 10), declared by the application, checked by a verifier."""
+    """What a run must produce (docs/contract.md section 10), declared by the application, checked by a verifier."""
 
     expectation_id: Ident
     kind: ReceiptKind
@@ -310,7 +310,7 @@ INPUT_EVENT_TYPES: tuple[type, ...] = STEP_EVENT_TYPES + (OutcomeReceipt,)
 
 # -- output on agent.health --------------------------------------------------
 class Evidence(Struct, frozen=True, gc=False):
-    """Content-free evidence attached to every transition (spec.md section 6)."""
+    """Content-free evidence attached to every transition (docs/contract.md section 6)."""
 
     reported_cause: str | None
     derived_cause: str | None
@@ -325,9 +325,9 @@ class Evidence(Struct, frozen=True, gc=False):
     # Beyond the spec's list: events that were ignored and counted (duplicates,
     # steps after their segment ended, approvals for another id), by kind.
     ignored: dict[str, int] = {}
-    # spec.md section 11: events of the run its producer reported lost (events_dropped), summed.
+    # docs/contract.md section 11: events of the run its producer reported lost (events_dropped), summed.
     events_dropped: int = 0
-    # spec.md section 10, present only when non-empty (so transitions without them encode as before):
+    # docs/contract.md section 10, present only when non-empty (so transitions without them encode as before):
     # receipts kept but not counted (unsigned, unknown key, bad signature) and the run's expectations.
     untrusted_receipt_ids: tuple[str, ...] | UnsetType = UNSET
     expectation_ids: tuple[str, ...] | UnsetType = UNSET

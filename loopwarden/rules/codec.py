@@ -56,7 +56,7 @@ WORDS: tuple[str, ...] = (
     "unmatched_approval", "duplicate_receipt",
     "cause_mismatch", "fired_mismatch", "step_count_mismatch", "policy_overrun", "policy_unknown",
     "step_gap", "cause_not_recorded", "tool_error_unseen",
-    # spec.md section 11 (producers)
+    # docs/contract.md section 11 (producers)
     "cancelled", "late_segment_started", "producer_dropped",
     # appended (tests/unit/test_vocabulary.py: every word of loopwarden.codecs.vocabulary is here)
     "untracked_step", "duplicate_expectation",

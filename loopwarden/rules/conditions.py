@@ -169,7 +169,7 @@ def is_evaluated(step: StepFinished, steered: bool = False) -> bool:
 
     As ``ai`` 7 does (``shouldStartNextStep``): the step has at least one client
     tool call, every call settled (result, error or denial), and the finish reason
-    is not ``interrupted``; provider-executed calls as :func:`loop_statuses` says. spec.md names only ``stop``/``tool-calls`` here; the SDK
+    is not ``interrupted``; provider-executed calls as :func:`loop_statuses` says. The first contract named only ``stop``/``tool-calls`` here; the SDK
     also evaluates after e.g. a ``content-filter`` step whose calls were all denied
     or failed (measured by the differential oracle), and loopwarden follows the SDK.
     ``steered``: a steering message was waiting when the step ended (ai >= 7.0.154);
@@ -246,13 +246,13 @@ def derive_cause(
     custom_declared: Collection[str] | None = None,
     steered: bool = False,
 ) -> tuple[str, tuple[str, ...]]:
-    """Re-derive a segment's stop cause from its steps (spec.md section 5, with the SDK's rule).
+    """Re-derive a segment's stop cause from its steps (docs/contract.md section 5, with the SDK's rule).
 
-    Rules 1-4 as spec.md (2b: a last step that finished with ``error`` derives ``error``); rule 3
+    Rules 1-5 of docs/contract.md section 5 (3: a last step that finished with ``error`` derives ``error``); rule 4
     ("finish reason not stop/tool-calls") applies, as in
     the SDK, only where the loop could not have gone on: a step whose calls all
     settled under another finish reason was still evaluated (see :func:`is_evaluated`).
-    Returns the derived cause and the derived fired set (empty under rules 1-4).
+    Returns the derived cause and the derived fired set (empty under rules 1-5).
     ``custom_declared``, if given, is the set of custom ids ``conditions`` declare
     (see :class:`CompiledPolicy`), so it need not be worked out again. ``steered``: a
     steering message was waiting after the last step (``RunEnded.steered``), so the SDK
@@ -263,7 +263,7 @@ def derive_cause(
         return "unknown", ()
     if "approval_requested" in last_statuses:
         return "approval_required", ()
-    if last_finish_reason == "error":  # rule 2b: the provider failed mid-step
+    if last_finish_reason == "error":  # rule 3: the provider failed mid-step
         return "error", ()
     if last_finish_reason == "interrupted":
         return "natural_finish", ()

@@ -142,7 +142,7 @@ class RunState(Struct, gc=False):
     # Events of the run its producer reported lost (events_dropped), summed: from the first such
     # report on, the run's verdicts are UNCERTAIN (producer_dropped), never STUCK through the silence.
     dropped: int = 0
-    # spec.md section 10: receipts kept as untrusted (ids, at most MAX_RECEIPT_IDS) and the run's
+    # docs/contract.md section 10: receipts kept as untrusted (ids, at most MAX_RECEIPT_IDS) and the run's
     # declared expectations (ids, likewise): evidence only, they decide nothing.
     untrusted_receipt_ids: list[str] = []
     expectation_ids: list[str] = []

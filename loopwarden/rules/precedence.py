@@ -1,4 +1,4 @@
-"""The verdict at a ``run_ended``: spec.md section 5's precedence.
+"""The verdict at a ``run_ended``: docs/contract.md section 5's precedence.
 
 :func:`verdict` takes the segment's :class:`Facts` through the rules in their
 order (FAILED, WAITING, STUCK, UNCERTAIN, BOUNDED_STOP, completion by receipts);
@@ -52,7 +52,7 @@ def receipt_verdict(
 
 
 def verdict(f: Facts) -> Verdict:
-    """spec.md section 5's precedence, top to bottom: the first rule that answers wins.
+    """docs/contract.md section 5's precedence, top to bottom: the first rule that answers wins.
 
     One function, not a table of rule functions: a verdict is taken at every
     ``run_ended``, and a call per rule cost a quarter of the handler's time."""

@@ -1,4 +1,4 @@
-"""Where trust in a receipt is decided (spec.md section 10), as the core sees it.
+"""Where trust in a receipt is decided (docs/contract.md section 10), as the core sees it.
 
 The shells decide trust, not the core: before a decoded ``outcome_receipt`` is applied, a shell
 with ``LOOPWARDEN_TRUSTED_VERIFIERS`` set checks its signature (``loopwarden.trust``) and hands the

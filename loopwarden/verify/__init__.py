@@ -1,1 +1,1 @@
-"""``loopwarden verify``: destination verifiers and trusted receipts (spec.md section 10; docs/receipts.md)."""
+"""``loopwarden verify``: destination verifiers and trusted receipts (docs/contract.md section 10; docs/receipts.md)."""

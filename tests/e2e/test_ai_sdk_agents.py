@@ -3,7 +3,7 @@
 `emitters/ai-sdk/test/e2e/run-agents.mjs` runs real ToolLoopAgents (npm `ai`, scripted with
 MockLanguageModelV4, no network) through every stop case of the research note and writes
 `events.jsonl` (all events in publish order) and `expected.json` (run_id → final state, reasoned
-from spec.md section 5 in the script). This test replays the events with `--advance-s 1800` (all
+from docs/contract.md section 5 in the script). This test replays the events with `--advance-s 1800` (all
 receipt windows run out) and compares the last transition of every run.
 """
 
@@ -84,7 +84,7 @@ def replayed(agent_run: Path) -> list[dict]:
 
 
 def test_every_run_reaches_the_expected_state(agent_run: Path, replayed: list[dict]) -> None:
-    """Replaying the real agents' events gives, per run, the final state reasoned from spec.md."""
+    """Replaying the real agents' events gives, per run, the final state reasoned from docs/contract.md."""
     expected = json.loads((agent_run / "expected.json").read_text())
     assert len(expected) >= 15, expected
     final = {t["run_id"]: t["to_state"] for t in replayed}

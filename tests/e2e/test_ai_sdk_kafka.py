@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
 def test_agents_through_kafka_reach_the_expected_states(kafka, tmp_path: Path) -> None:
-    """Every research-note case, published by the TypeScript KafkaSink, ends in the state spec.md prescribes."""
+    """Every research-note case, published by the TypeScript KafkaSink, ends in the state docs/contract.md prescribes."""
     node = _node()
     _built(node)
     config = unique_config(kafka.bootstrap)

@@ -87,7 +87,7 @@ def _expected_cause(seg: dict) -> str:
         return "unknown"
     if "approval_requested" in statuses:
         return "approval_required"
-    if seg["last_finish"] == "error":  # spec.md rule 2b: the provider failed mid-step
+    if seg["last_finish"] == "error":  # docs/contract.md section 5, derived-cause rule 3: the provider failed mid-step
         return "error"
     if "error" in statuses:
         return "tool_error"
@@ -99,7 +99,7 @@ def _expected_cause(seg: dict) -> str:
 
 
 def _expected_state(fact: dict) -> str:
-    """spec.md section 5's precedence applied to the last segment's SDK facts (no routing, 1800 s later)."""
+    """docs/contract.md section 5's precedence applied to the last segment's SDK facts (no routing, 1800 s later)."""
     seg = fact["segments"][-1]
     cause = _expected_cause(seg)
     if cause in ("error", "tool_error") or "error" in seg["last_statuses"]:

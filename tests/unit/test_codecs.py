@@ -99,7 +99,7 @@ def test_good_events_decode_and_unknown_fields_are_ignored(name) -> None:
 
 
 def test_defaults_from_the_tables() -> None:
-    """Fields with a default in spec.md may be omitted."""
+    """Fields with a default in docs/contract.md may be omitted."""
     ev = decode_input(b'{"type":"step_finished","run_id":"r","ts":1,"step":0,"finish_reason":"stop"}')
     assert (ev.segment, ev.tool_calls, ev.usage.total_tokens) == (0, (), None)
     rs = decode_input(b'{"type":"run_started","run_id":"r","ts":1,"agent":"a","policy":{"version":"v"}}')

@@ -1,4 +1,4 @@
-"""Trusted receipts (spec.md section 10): canonical bytes, signatures, the trust check in replay, keys."""
+"""Trusted receipts (docs/contract.md section 10): canonical bytes, signatures, the trust check in replay, keys."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One row per rule of spec.md section 5, replayed through the core on an event-time clock."""
+"""One row per rule of docs/contract.md section 5, replayed through the core on an event-time clock."""
 
 from __future__ import annotations
 
@@ -371,7 +371,7 @@ ROWS = [
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.rule for r in ROWS])
 def test_rule(row: Row) -> None:
-    """Each rule of spec.md section 5 yields its state and reason."""
+    """Each rule of docs/contract.md section 5 yields its state and reason."""
     out, evidence = run(row.events, row.advance_s)
     assert out, "no transition at all"
     last = out[-1]

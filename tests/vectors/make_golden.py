@@ -75,7 +75,7 @@ def vectors() -> list:
         ApprovalRouted(run_id="g-a2", ts=TS + 33, approval_id="ap-2", owner=None, deadline_ts=None, resume_token=None),
         ApprovalResolved(run_id="g-a1", ts=TS + 34, approval_id="ap-1", approved=True),
         ApprovalResolved(run_id="g-a2", ts=TS + 35, approval_id="ap-2", approved=False),
-        # spec.md section 11
+        # docs/contract.md section 11
         SegmentStarted(run_id="g-a1", ts=TS + 36, segment=3,
                        policy=Policy(version="v1-resume", stop_when=(StepCount(count=1),))),
         SegmentStarted(run_id="g-a2", ts=TS + 36, segment=1, policy=None),

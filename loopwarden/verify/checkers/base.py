@@ -1,4 +1,4 @@
-"""What a checker is, and what it can answer (spec.md section 10).
+"""What a checker is, and what it can answer (docs/contract.md section 10).
 
 A checker is a small class with one job: measure one kind of destination. It gets the
 expectation (target URI and content-free checks) and a :class:`Context` (the verifier's own
