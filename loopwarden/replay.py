@@ -1,4 +1,4 @@
-"""Offline replay (spec.md section 8): the rules core on an event-time clock.
+"""Offline replay (docs/contract.md section 8): the rules core on an event-time clock.
 
 Bytes in (any chunking), transitions out. Before each event the clock moves to
 the event's ``ts`` (never backwards) and due timers fire in deadline order; at
@@ -41,7 +41,7 @@ class Replay:
 
     def __init__(self, settings: Settings = DEFAULT_SETTINGS, keep_final: bool = False, verifiers=None) -> None:
         self.settings = settings
-        # loopwarden.trust.TrustedVerifiers or None (spec.md section 10): receipts are classified before apply.
+        # loopwarden.trust.TrustedVerifiers or None (docs/contract.md section 10): receipts are classified before apply.
         self.verifiers = verifiers
         self.states: dict[str, RunState] = {}
         self.final: dict[str, HealthTransition] = {}  # filled only with keep_final

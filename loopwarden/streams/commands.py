@@ -65,7 +65,7 @@ def add_commands(sub) -> None:
     p.set_defaults(func=cmd_worker)
 
     from loopwarden.verify.commands import (
-        add_verify_commands,  # verify, receipt (spec.md section 10)
+        add_verify_commands,  # verify, receipt (docs/contract.md section 10)
     )
 
     add_verify_commands(sub)
@@ -134,7 +134,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from loopwarden.streams.worker import run_worker
 
     config = _config(args)
-    verifiers = _verifiers(args.trusted_verifiers)  # spec.md section 10; a bad value stops here, named
+    verifiers = _verifiers(args.trusted_verifiers)  # docs/contract.md section 10; a bad value stops here, named
     if config.store == "rocksdb":
         from loopwarden.streams.store import prepare_data_dir
 

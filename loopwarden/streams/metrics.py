@@ -11,7 +11,7 @@ from loopwarden.codecs.vocabulary import DISAGREEMENTS, IGNORED, INVALID_REASONS
 TOPIC_ROLES = ("steps", "outcomes", "ticks")
 EVENT_TYPES = (
     "run_started", "step_finished", "run_ended", "approval_routed", "approval_resolved", "outcome_receipt", "tick",
-    # spec.md section 11: what producers must also tell
+    # docs/contract.md section 11: what producers must also tell
     "segment_started", "run_active", "events_dropped",
     "outcome_expected",
 )
