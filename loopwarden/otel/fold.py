@@ -1,0 +1,329 @@
+"""The bridge's pure core: a trace's spans in, contract events out (spec.md section 9).
+
+Spans arrive as they end — children first, the run span last — across many messages.
+:func:`fold_trace` adds a message's spans of one trace to that trace's
+:class:`TraceState` and returns the events that became due, in order:
+
+- ``run_started`` when a run's first span arrives (the run span itself, or a span whose
+  run it is: see ``Runtime.parent_is_run``);
+- ``step_finished`` for a model call once the next model call of the run has arrived (its
+  tool calls are then known) or the run span has ended;
+- ``run_ended`` when the run span arrives, with the cause of section 9's rules.
+
+No I/O, no clock: ``now_ms`` is an argument (it stamps only the trace's last activity, for
+retention). The state records what was published, so a fold after a restart from the
+committed state publishes nothing twice.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import msgspec
+
+from loopwarden.codecs.events import (
+    TOOL_STATUSES,
+    Approval,
+    Custom,
+    Policy,
+    RunEnded,
+    RunStarted,
+    StepFinished,
+    ToolCall,
+    Usage,
+)
+from loopwarden.otel.mapping import ROLE_MODEL, ROLE_RUN, ROLE_TOOL, ROLE_WRAPPER, RUNTIMES, Runtime
+from loopwarden.otel.spans import Span
+
+FINISH = {
+    "stop": "stop", "end_turn": "stop", "length": "length", "max_tokens": "length",
+    "content_filter": "content-filter", "content-filter": "content-filter",
+    "tool_calls": "tool-calls", "tool-calls": "tool-calls", "tool_call": "tool-calls", "tool_use": "tool-calls",
+    "error": "error", "other": "other", "unknown": "other",
+}
+NS_PER_MS = 1_000_000
+
+
+class RunProgress(msgspec.Struct, array_like=True, gc=False):
+    """What the bridge has published for one run (keyed by its run span id)."""
+
+    started: bool = False
+    steps: list[str] = []  # span ids of the model calls published as steps, in order
+    ended: bool = False
+
+
+class TraceState(msgspec.Struct, array_like=True, gc=False):
+    """One trace: its spans (content-free), its runs' progress, its last activity."""
+
+    spans: dict[str, Span] = {}
+    runs: dict[str, RunProgress] = {}
+    members: dict[str, list[str]] = {}  # run span id -> its model and tool calls' span ids, arrival order
+    unresolved: list[str] = []  # model and tool calls whose run is not known yet
+    last_ms: int = 0  # processing time of the last span that arrived (retention)
+    dropped: int = 0  # spans refused because the trace was full
+
+
+encode_trace = msgspec.msgpack.Encoder().encode
+decode_trace = msgspec.msgpack.Decoder(TraceState).decode
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_spans_per_trace: int = 100_000
+    trace_retention_s: float = 3600.0  # a trace with no new span for this long is dropped
+
+
+@dataclass
+class Folded:
+    events: list = field(default_factory=list)  # RunStarted | StepFinished | RunEnded, in publish order
+    counts: Counter = field(default_factory=Counter)  # label -> n ("spans", "span_after_end", ...)
+
+
+def run_id_of(trace_id: str, run_span_id: str) -> str:
+    return f"otel-{trace_id}-{run_span_id}"
+
+
+def _ms(ns: int) -> int:
+    return ns // NS_PER_MS
+
+
+def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_ms: int,
+               limits: Limits = Limits()) -> tuple[TraceState, Folded]:
+    """Add ``spans`` (all of trace ``trace_id``) to ``state``; the events now due.
+
+    ``state`` is changed in place when given (a fresh one is made otherwise)."""
+    out = Folded()
+    if state is None:
+        state = TraceState(spans={}, runs={}, members={}, unresolved=[])
+    known = state.spans
+    touched: set[str] = set()
+    new: list[Span] = []
+    for span in spans:
+        if span.span_id in known:
+            out.counts["span_duplicate"] += 1
+            continue
+        if len(known) >= limits.max_spans_per_trace:
+            state.dropped += 1
+            out.counts["span_trace_full"] += 1
+            continue
+        known[span.span_id] = span
+        new.append(span)
+        out.counts["spans"] += 1
+    if not new:
+        return state, out
+    state.last_ms = max(state.last_ms, now_ms)
+    # A span is placed in its run once its ancestors say which run it is; the spans still waiting for
+    # an ancestor are tried again whenever new spans arrive (a wrapper after its model call, ...).
+    waiting = state.unresolved
+    state.unresolved = []
+    for span in [known[i] for i in waiting if i in known] + new:
+        if span.role == ROLE_RUN:
+            run = span.span_id
+        elif span.role in (ROLE_MODEL, ROLE_TOOL):
+            run = _owner(known, span)
+            if run is None:
+                state.unresolved.append(span.span_id)
+                continue
+        else:
+            continue  # wrappers and other spans only link children to their run
+        progress = state.runs.get(run)
+        if progress is not None and progress.ended:
+            out.counts["span_after_end"] += 1
+            del known[span.span_id]
+            continue
+        if span.role != ROLE_RUN:
+            state.members.setdefault(run, []).append(span.span_id)
+        touched.add(run)
+    for run in sorted(touched, key=lambda r: _first_start(state, r)):
+        _advance(state, trace_id, run, out)
+    return state, out
+
+
+def _owner(known: dict[str, Span], span: Span) -> str | None:
+    """The run span id a span belongs to: its nearest run ancestor; a missing ancestor is taken for
+    the run when the runtime's row says that role's parent is the run (None: not known yet)."""
+    row = RUNTIMES[span.runtime]
+    node = span
+    for _ in range(64):  # a bounded walk: a cycle of parent ids cannot hang the fold
+        parent = node.parent_id
+        if not parent:
+            return None
+        above = known.get(parent)
+        if above is None:
+            return parent if node.role in row.parent_is_run else None
+        if above.role == ROLE_RUN:
+            return parent
+        node = above
+    return None
+
+
+def _first_start(state: TraceState, run: str) -> int:
+    known = state.spans
+    starts = [known[i].start_ns for i in state.members.get(run, ()) if i in known]
+    if run in known:
+        starts.append(known[run].start_ns)
+    return min(starts, default=0)
+
+
+def _advance(state: TraceState, trace_id: str, run: str, out: Folded) -> None:
+    known = state.spans
+    members = [known[i] for i in state.members.get(run, ()) if i in known]
+    run_span = known.get(run)
+    progress = state.runs.get(run)
+    if progress is None:
+        progress = state.runs[run] = RunProgress(steps=[])
+    models = sorted((s for s in members if s.role == ROLE_MODEL), key=lambda s: (s.start_ns, s.span_id))
+    tools = sorted((s for s in members if s.role == ROLE_TOOL), key=lambda s: (s.start_ns, s.span_id))
+    anchor = run_span if run_span is not None else (models[0] if models else (members[0] if members else None))
+    if anchor is None:
+        return
+    row = RUNTIMES[anchor.runtime]
+    run_id = run_id_of(trace_id, run)
+    if not progress.started:
+        progress.started = True
+        first_ns = min([s.start_ns for s in members] + ([run_span.start_ns] if run_span else []))
+        out.events.append(RunStarted(run_id=run_id, ts=_ms(first_ns), agent=_agent(run_span, members, row.name),
+                                     policy=_policy(row, anchor, members)))
+    published = set(progress.steps)
+    last_start = known[progress.steps[-1]].start_ns if progress.steps else -1
+    pending = []
+    for m in models:
+        if m.span_id in published:
+            continue
+        if m.start_ns < last_start:  # a model call older than a step already published: too late to place
+            out.counts["span_late"] += 1
+            del known[m.span_id]  # counted once; a redelivery of it is late again, not a duplicate
+            state.members[run].remove(m.span_id)
+            continue
+        pending.append(m)
+    ready = pending if run_span is not None else pending[:-1]
+    all_models = [known[s] for s in progress.steps] + pending
+    for m in ready:
+        index = len(progress.steps)
+        following = all_models[index + 1] if index + 1 < len(all_models) else None
+        window_end = following.start_ns if following is not None else None
+        calls = [t for t in tools if t.start_ns >= m.start_ns and (window_end is None or t.start_ns < window_end)]
+        out.events.append(_step(run_id, index, m, calls))
+        progress.steps.append(m.span_id)
+    if run_span is not None and not progress.ended:
+        progress.ended = True
+        out.events.append(_ended(run_id, row, run_span, models, tools, progress, known))
+        out.counts["runs_ended"] += 1
+
+
+def _agent(run_span: Span | None, members: list[Span], fallback: str) -> str:
+    """gen_ai.agent.name, else the run span's name; before the run span arrives (a runtime that names the
+    agent on the run span only, e.g. AI SDK 7), the runtime row's name."""
+    if run_span is not None and run_span.agent:
+        return run_span.agent[:100]
+    for s in members:
+        if s.agent:
+            return s.agent[:100]
+    if run_span is not None and run_span.name:
+        return run_span.name[:100]
+    return fallback
+
+
+def _policy(row: Runtime, anchor: Span, members: list[Span]) -> Policy:
+    scope = anchor.scope or next((s.scope for s in members if s.scope), "") or row.name
+    bounds = tuple(Custom(name=name, role="bound") for _exc, name in row.bounds)
+    # Spans carry no stop policy: only the bounds the runtime enforces by raising are declared.
+    return Policy(version=f"otel:{scope}"[:200], stop_when=bounds)
+
+
+def _finish(model: Span, calls: list[Span]) -> str:
+    if model.finish:
+        return FINISH.get(model.finish.lower(), "other")
+    if model.error:
+        return "error"
+    # Test models (and some runtimes) record no finish reason: a model call followed by tool
+    # calls asked for them; otherwise the reason was not recorded.
+    return "tool-calls" if calls else "other"
+
+
+# A tool call the run's own abort or timeout interrupted is `cancelled` (spec section 11) where the wire
+# types know the status; before that, `pending` (it has no result), never `error`: it is not a tool error.
+CANCELLED_STATUS = "cancelled" if "cancelled" in TOOL_STATUSES else "pending"
+
+
+def _cancelled(row: Runtime, span: Span) -> bool:
+    return any(e.rsplit(".", 1)[-1] in row.cancelled for e in span.exceptions)
+
+
+def _status(tool: Span) -> str:
+    if tool.approval:
+        return "approval_requested"
+    if _cancelled(RUNTIMES[tool.runtime], tool):
+        return CANCELLED_STATUS
+    if tool.error:
+        return "error"
+    return "result"
+
+
+def _step(run_id: str, index: int, model: Span, calls: list[Span]) -> StepFinished:
+    end_ns = max([model.end_ns] + [t.end_ns for t in calls])
+    total = model.total_tokens
+    return StepFinished(
+        run_id=run_id, ts=_ms(end_ns), step=index, finish_reason=_finish(model, calls),
+        tool_calls=tuple(ToolCall(id=t.tool_id or t.span_id, name=t.tool_name or "unknown", status=_status(t))
+                         for t in calls),
+        usage=Usage(input_tokens=model.input_tokens, output_tokens=model.output_tokens, total_tokens=total),
+    )
+
+
+def _ended(run_id: str, row: Runtime, run_span: Span, models: list[Span], tools: list[Span],
+           progress: RunProgress, known: dict[str, Span]) -> RunEnded:
+    """The reported cause (spec section 9), first match."""
+    step_count = len(progress.steps)
+    last_model = known[progress.steps[-1]] if progress.steps else None
+    last_calls = [t for t in tools if last_model is not None and t.start_ns >= last_model.start_ns]
+    base = dict(run_id=run_id, ts=_ms(run_span.end_ns), step_count=step_count)
+    excs = run_span.exceptions
+    # 1. an approval deferral (a tool call marked so, or the runtime's interrupt on any span)
+    deferred = next((t for t in last_calls if t.approval), None)
+    if deferred is None and any(s.approval for s in (run_span, *models)):
+        deferred = next(s for s in (run_span, *models) if s.approval)
+    if deferred is not None:
+        call_id = deferred.tool_id or deferred.span_id
+        approval = Approval(approval_id=call_id, tool_call_id=call_id,
+                            tool_name=deferred.tool_name or deferred.name or "unknown")
+        return RunEnded(**base, cause="approval_required", approval=approval, error_name=None)
+    # 2. a bound the runtime enforces by raising
+    for exc in excs:
+        bound = row.bound_name(exc)
+        if bound is not None:
+            return RunEnded(**base, cause="stop_condition", fired=(f"custom:{bound}",), approval=None,
+                            error_name=exc.rsplit(".", 1)[-1][:200])
+    shorts = [e.rsplit(".", 1)[-1] for e in excs]
+    # 3. a cancellation, 4. a timeout: on the run span, or on the last step's model call or tool calls
+    # (a runtime may end its run span cleanly after a cancellation cut a tool short)
+    inner = [e.rsplit(".", 1)[-1] for s in ([last_model] if last_model else []) + last_calls for e in s.exceptions]
+    for cause, names in (("aborted", row.cancelled), ("timeout", row.timeouts)):
+        hit = next((s for s in shorts + inner if s in names), None)
+        if hit is not None:
+            return RunEnded(**base, cause=cause, approval=None, error_name=hit[:200])
+    if run_span.error:
+        last = max(list(models) + list(tools), key=lambda s: (s.end_ns, s.role == ROLE_TOOL), default=None)
+        error_name = shorts[0][:200] if shorts else None
+        # 5. a tool span in ERROR was the last thing that happened
+        if last is not None and last.role == ROLE_TOOL and last.error:
+            return RunEnded(**base, cause="tool_error", approval=None, error_name=error_name)
+        # 6. any other error
+        return RunEnded(**base, cause="error", approval=None, error_name=error_name)
+    # 7. ended well, and the last step did not ask for tools
+    if last_model is not None:
+        finish = _finish(last_model, last_calls)
+        if finish != "tool-calls":
+            return RunEnded(**base, cause="natural_finish", approval=None, error_name=None)
+    # 8. the cause was not recorded
+    return RunEnded(**base, cause="unknown", approval=None, error_name=None)
+
+
+def expired(state: TraceState, now_ms: int, limits: Limits) -> bool:
+    """True when the trace has had no new span for the retention period."""
+    return now_ms - state.last_ms >= limits.trace_retention_s * 1000
+
+
+def unended_runs(state: TraceState) -> int:
+    return sum(1 for p in state.runs.values() if p.started and not p.ended)

@@ -1,0 +1,410 @@
+"""TracesData in, content-free spans out: the only place that reads OTLP bytes.
+
+The Collector's Kafka exporter writes one TracesData per message (``otlp_proto``:
+protobuf, the default; ``otlp_json``: OTLP/JSON). :func:`decode_traces` turns one
+message into :class:`Span` records that keep **only** what the mapping tables
+(``loopwarden.otel.mapping``) read: ids, times, status, the span's role, and a few
+named attributes (operation, agent and tool names, finish reasons, usage, an
+approval marker, exception types). Every other attribute — prompts, messages, tool
+arguments and results, anything a runtime adds — is skipped unread (in JSON it is
+not even parsed), so no content can reach an event.
+
+A message that cannot be trusted whole is refused whole: :class:`BadTraces` names
+the reason (a bounded code, for the dead-letter header and the metric) and the
+value. One bad span refuses its message, since the message's other spans may be
+just as wrong and the dead letter keeps them all byte for byte.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from loopwarden.otel.mapping import (
+    ROLE_MODEL,
+    ROLE_RUN,
+    ROLE_TOOL,
+    ROLE_WRAPPER,
+    Runtime,
+    classify,
+    select_runtime,
+)
+
+MAX_NAME = 200  # names (agent, tool, span) are cut to the wire types' bound
+MAX_SPANS_PER_MESSAGE = 1_000_000  # bounded by the message size anyway; a guard for JSON
+
+STATUS_ERROR = 2
+
+# Attributes read, and the type each must have. Anything else is never read.
+STR = "str"
+INT = "int"
+STRS = "strs"  # a string array (a lone string accepted: runtimes differ)
+KNOWN: dict[str, str] = {
+    "gen_ai.operation.name": STR,
+    "gen_ai.agent.name": STR,
+    "gen_ai.response.finish_reasons": STRS,
+    "gen_ai.usage.input_tokens": INT,
+    "gen_ai.usage.output_tokens": INT,
+    "gen_ai.tool.name": STR,
+    "gen_ai.tool.call.id": STR,
+    "error.type": STR,
+    # AI SDK <= 6 (ai.*)
+    "ai.operationId": STR,
+    "ai.response.finishReason": STR,
+    "ai.usage.promptTokens": INT,
+    "ai.usage.completionTokens": INT,
+    "ai.usage.inputTokens": INT,
+    "ai.usage.outputTokens": INT,
+    "ai.usage.totalTokens": INT,
+    "ai.toolCall.name": STR,
+    "ai.toolCall.id": STR,
+    # OpenInference
+    "openinference.span.kind": STR,
+    "llm.token_count.prompt": INT,
+    "llm.token_count.completion": INT,
+    "llm.token_count.total": INT,
+    "tool.name": STR,
+    "tool_call.id": STR,
+    "graph.node.id": STR,
+    # Pydantic AI
+    "pydantic_ai.tool.deferral.name": STR,
+}
+_INPUT_KEYS = ("gen_ai.usage.input_tokens", "ai.usage.inputTokens", "ai.usage.promptTokens", "llm.token_count.prompt")
+_OUTPUT_KEYS = ("gen_ai.usage.output_tokens", "ai.usage.outputTokens", "ai.usage.completionTokens",
+                "llm.token_count.completion")
+_TOTAL_KEYS = ("ai.usage.totalTokens", "llm.token_count.total")
+_TOOL_NAME_KEYS = ("gen_ai.tool.name", "ai.toolCall.name", "tool.name")
+_TOOL_ID_KEYS = ("gen_ai.tool.call.id", "ai.toolCall.id", "tool_call.id")
+MAX_TOKENS = 2**53 - 1
+
+
+class BadTraces(ValueError):
+    """A message the bridge refuses; ``reason`` is a bounded code."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class Span(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One span, content-free: what the fold needs and nothing else (times in ns)."""
+
+    trace_id: str  # 32 lowercase hex
+    span_id: str  # 16 lowercase hex
+    parent_id: str  # "" for a root span
+    role: int  # mapping.ROLE_*
+    runtime: int  # index of its row in mapping.RUNTIMES
+    start_ns: int
+    end_ns: int
+    error: bool  # status ERROR
+    name: str = ""  # the span name (run spans: the agent name's fallback)
+    agent: str = ""  # gen_ai.agent.name
+    scope: str = ""  # "<scope name>@<scope version>"
+    finish: str = ""  # the first finish reason, as the runtime wrote it
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    total_tokens: int | None = None
+    tool_name: str = ""
+    tool_id: str = ""
+    approval: bool = False  # the runtime marked this tool call as deferred for approval
+    exceptions: tuple[str, ...] = ()  # exception types recorded on the span (error.type first)
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_NAME else text[:MAX_NAME]
+
+
+def _hex_id(raw: bytes, size: int, what: str, where: str, allow_empty: bool = False) -> str:
+    if not raw:
+        if allow_empty:
+            return ""
+        raise BadTraces("bad_span_id", f"{what} missing ({where})")
+    if len(raw) != size or not any(raw):
+        raise BadTraces("bad_span_id", f"{what} {raw.hex()[:80]!r} is not {size} bytes, non-zero ({where})")
+    return raw.hex()
+
+
+def _check_hex(text: Any, size: int, what: str, where: str, allow_empty: bool = False) -> str:
+    if text is None or text == "":
+        if allow_empty:
+            return ""
+        raise BadTraces("bad_span_id", f"{what} missing ({where})")
+    if not isinstance(text, str) or len(text) != 2 * size:
+        raise BadTraces("bad_span_id", f"{what} {str(text)[:80]!r} is not {2 * size} hex characters ({where})")
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError:
+        raise BadTraces("bad_span_id", f"{what} {text[:80]!r} is not hex ({where})") from None
+    if not any(raw):
+        raise BadTraces("bad_span_id", f"{what} {text!r} is all zero ({where})")
+    return text.lower()
+
+
+def _wrong(key: str, want: str, got: Any, where: str) -> BadTraces:
+    shown = repr(got)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return BadTraces("bad_attribute", f"attribute {key!r} must be {want}, got {shown} ({where})")
+
+
+def _checked(key: str, kind: str, value: Any, where: str) -> Any:
+    """A mapped attribute's value checked against its type (``value`` already a Python value)."""
+    if kind == STR:
+        if not isinstance(value, str):
+            raise _wrong(key, "a string", value, where)
+        return value
+    if kind == INT:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
+            raise _wrong(key, "an int >= 0", value, where)
+        return value
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise _wrong(key, "a string array", value, where)
+    return tuple(value)
+
+
+def _build(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int, end_ns: int, status: int,
+           attrs: dict[str, Any], exceptions: list[str], scope: str, scope_name: str) -> Span:
+    where = f"span {span_id} of trace {trace_id}"
+    if start_ns <= 0 or end_ns < start_ns:
+        raise BadTraces("bad_span_time", f"span times start={start_ns} end={end_ns} are not a span ({where})")
+    runtime_index, runtime = select_runtime(scope_name, name, attrs)
+    role = classify(runtime, name, attrs)
+    finish = ""
+    reasons = attrs.get("gen_ai.response.finish_reasons")
+    if reasons:
+        finish = reasons[0]
+    elif "ai.response.finishReason" in attrs:
+        finish = attrs["ai.response.finishReason"]
+    err_type = attrs.get("error.type")
+    excs = ([err_type] if err_type else []) + exceptions
+    return Span(
+        trace_id=trace_id, span_id=span_id, parent_id=parent_id, role=role, runtime=runtime_index,
+        start_ns=start_ns, end_ns=end_ns, error=status == STATUS_ERROR,
+        name=_cut(name) if role == ROLE_RUN else "",
+        agent=_cut(attrs.get("gen_ai.agent.name", "")),
+        scope=_cut(scope) if role in (ROLE_RUN, ROLE_MODEL, ROLE_WRAPPER, ROLE_TOOL) else "",
+        finish=_cut(finish),
+        input_tokens=_first(attrs, _INPUT_KEYS), output_tokens=_first(attrs, _OUTPUT_KEYS),
+        total_tokens=_first(attrs, _TOTAL_KEYS),
+        tool_name=_cut(_first(attrs, _TOOL_NAME_KEYS) or "") if role == ROLE_TOOL else "",
+        tool_id=_cut(_first(attrs, _TOOL_ID_KEYS) or "") if role == ROLE_TOOL else "",
+        approval=_approval(runtime, attrs, excs),
+        exceptions=tuple(_cut(e) for e in excs[:8]),
+    )
+
+
+def _first(attrs: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    for key in keys:
+        if key in attrs:
+            return attrs[key]
+    return None
+
+
+def _approval(runtime: Runtime, attrs: dict[str, Any], exceptions: list[str]) -> bool:
+    for key, value in runtime.approval_attrs:
+        if attrs.get(key) == value:
+            return True
+    return any(_short(e) in runtime.approval_exceptions for e in exceptions)
+
+
+def _short(exc_type: str) -> str:
+    """``pydantic_ai.exceptions.UsageLimitExceeded`` -> ``UsageLimitExceeded``."""
+    return exc_type.rsplit(".", 1)[-1]
+
+
+# -- protobuf (otlp_proto) -------------------------------------------------------------
+def _proto_value(v) -> Any:
+    which = v.WhichOneof("value")
+    if which == "string_value":
+        return v.string_value
+    if which == "int_value":
+        return v.int_value
+    if which == "bool_value":
+        return v.bool_value
+    if which == "double_value":
+        return v.double_value
+    if which == "array_value":
+        return [_proto_value(x) for x in v.array_value.values]
+    if which == "bytes_value":
+        return bytes(v.bytes_value)
+    if which == "kvlist_value":
+        return {"kvlist": len(v.kvlist_value.values)}
+    return None
+
+
+def decode_proto(data: bytes) -> list[Span]:
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
+
+    try:
+        traces = TracesData.FromString(data)
+    except (DecodeError, RecursionError, ValueError) as exc:
+        raise BadTraces("not_traces_data", f"not an OTLP TracesData protobuf: {exc}") from None
+    out: list[Span] = []
+    known = KNOWN
+    for rs in traces.resource_spans:
+        for ss in rs.scope_spans:
+            scope_name = ss.scope.name
+            scope = f"{scope_name}@{ss.scope.version}" if ss.scope.version else scope_name
+            for sp in ss.spans:
+                trace_id = _hex_id(sp.trace_id, 16, "trace id", f"span {sp.span_id.hex()[:32]!r}")
+                span_id = _hex_id(sp.span_id, 8, "span id", f"trace {trace_id}")
+                where = f"span {span_id} of trace {trace_id}"
+                parent_id = _hex_id(sp.parent_span_id, 8, "parent span id", where, allow_empty=True)
+                attrs: dict[str, Any] = {}
+                for kv in sp.attributes:
+                    kind = known.get(kv.key)
+                    if kind is not None:
+                        attrs[kv.key] = _checked(kv.key, kind, _proto_value(kv.value), where)
+                exceptions: list[str] = []
+                for ev in sp.events:
+                    if ev.name == "exception":
+                        for kv in ev.attributes:
+                            if kv.key == "exception.type":
+                                exceptions.append(_checked("exception.type", STR, _proto_value(kv.value), where))
+                out.append(_build(trace_id, span_id, parent_id, sp.name, sp.start_time_unix_nano,
+                                  sp.end_time_unix_nano, sp.status.code, attrs, exceptions, scope, scope_name))
+    return out
+
+
+# -- OTLP/JSON (otlp_json) ---------------------------------------------------------------
+# Attribute values stay raw bytes (msgspec.Raw) until a key is known to be mapped: content
+# attributes are never parsed.
+class _KV(msgspec.Struct):
+    key: str = ""
+    value: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+class _Event(msgspec.Struct, rename="camel"):
+    name: str = ""
+    attributes: list[_KV] = []
+
+
+class _Status(msgspec.Struct):
+    code: int = 0
+
+
+class _JSpan(msgspec.Struct, rename="camel"):
+    trace_id: str | None = None
+    span_id: str | None = None
+    parent_span_id: str | None = None
+    name: str = ""
+    start_time_unix_nano: int | str = 0
+    end_time_unix_nano: int | str = 0
+    attributes: list[_KV] = []
+    events: list[_Event] = []
+    status: _Status = msgspec.field(default_factory=_Status)
+
+
+class _Scope(msgspec.Struct):
+    name: str = ""
+    version: str = ""
+
+
+class _ScopeSpans(msgspec.Struct, rename="camel"):
+    scope: _Scope = msgspec.field(default_factory=_Scope)
+    spans: list[_JSpan] = []
+
+
+class _ResourceSpans(msgspec.Struct, rename="camel"):
+    scope_spans: list[_ScopeSpans] = []
+
+
+class _TracesData(msgspec.Struct, rename="camel"):
+    resource_spans: list[_ResourceSpans]
+
+
+_json_traces = msgspec.json.Decoder(_TracesData)
+_json_any = msgspec.json.Decoder()
+
+
+def _json_value(raw: msgspec.Raw) -> Any:
+    """An OTLP/JSON AnyValue (``{"stringValue": ...}``, ``{"intValue": "12"}``, ...) as a Python value."""
+    try:
+        v = _json_any.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return _any(v)
+
+
+def _any(v: Any) -> Any:
+    if not isinstance(v, dict) or len(v) != 1:
+        return v
+    (kind, x), = v.items()
+    if kind == "stringValue":
+        return x
+    if kind == "intValue":
+        if isinstance(x, str):
+            try:
+                return int(x)
+            except ValueError:
+                return x
+        return x
+    if kind in ("boolValue", "doubleValue"):
+        return x
+    if kind == "arrayValue":
+        return [_any(e) for e in (x or {}).get("values", [])] if isinstance(x, dict) else x
+    return x
+
+
+def _nanos(value: int | str, where: str) -> int:
+    if isinstance(value, int):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise BadTraces("bad_span_time", f"span time {value[:40]!r} is not an integer ({where})") from None
+
+
+def decode_json(data: bytes) -> list[Span]:
+    try:
+        traces = _json_traces.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+        raise BadTraces("not_traces_data", f"not OTLP/JSON TracesData: {exc}") from None
+    out: list[Span] = []
+    known = KNOWN
+    for rs in traces.resource_spans:
+        for ss in rs.scope_spans:
+            scope_name = ss.scope.name
+            scope = f"{scope_name}@{ss.scope.version}" if ss.scope.version else scope_name
+            for sp in ss.spans:
+                trace_id = _check_hex(sp.trace_id, 16, "trace id", f"span {str(sp.span_id)[:32]!r}")
+                span_id = _check_hex(sp.span_id, 8, "span id", f"trace {trace_id}")
+                where = f"span {span_id} of trace {trace_id}"
+                parent_id = _check_hex(sp.parent_span_id, 8, "parent span id", where, allow_empty=True)
+                attrs: dict[str, Any] = {}
+                for kv in sp.attributes:
+                    kind = known.get(kv.key)
+                    if kind is not None:
+                        attrs[kv.key] = _checked(kv.key, kind, _json_value(kv.value), where)
+                exceptions = [
+                    _checked("exception.type", STR, _json_value(kv.value), where)
+                    for ev in sp.events if ev.name == "exception"
+                    for kv in ev.attributes if kv.key == "exception.type"
+                ]
+                out.append(_build(trace_id, span_id, parent_id, sp.name, _nanos(sp.start_time_unix_nano, where),
+                                  _nanos(sp.end_time_unix_nano, where), sp.status.code, attrs, exceptions,
+                                  scope, scope_name))
+                if len(out) > MAX_SPANS_PER_MESSAGE:
+                    raise BadTraces("oversized", f"more than {MAX_SPANS_PER_MESSAGE} spans in one message")
+    return out
+
+
+PROTO = "application/x-protobuf"
+JSON = "application/json"
+
+
+def decode_traces(data: bytes, content_type: str | None = None) -> list[Span]:
+    """The spans of one ``otlp_spans`` message, content-free; :class:`BadTraces` if it is not TracesData.
+
+    ``content_type``: the message's ``content-type`` header when present; without one, a message
+    starting with ``{`` is OTLP/JSON (a TracesData protobuf starts with field 1's tag, 0x0a)."""
+    if not data:
+        raise BadTraces("not_traces_data", "empty message")
+    if content_type is not None and "json" in content_type.lower():
+        return decode_json(data)
+    if content_type is None and data.lstrip(b" \t\r")[:1] == b"{":  # protobuf's first byte is 0x0a ("\n")
+        return decode_json(data)
+    return decode_proto(data)

@@ -1,0 +1,168 @@
+"""The bridge's work on one owned partition of ``otlp_spans``, without Kafka.
+
+Shaped like :class:`loopwarden.streams.task.PartitionTask`, so the engine runs it as a
+stage: :meth:`BridgeTask.rebuild` from the committed store (trace id -> encoded
+:class:`~loopwarden.otel.fold.TraceState`), :meth:`BridgeTask.fold` a batch into a
+:class:`BridgeBatch` — the events to publish on ``agent.steps`` (keyed by run id, default
+partitioner), dead letters, one changelog record per trace touched, the consumed offsets,
+counts for metrics — that the engine commits in one transaction, then
+:meth:`BridgeTask.committed` (or :meth:`BridgeTask.discard` when the transaction failed).
+
+Per-trace state is bounded (``Limits.max_spans_per_trace``) and dropped once a trace has
+had no new span for ``Limits.trace_retention_s`` (at a punctuation, when caught up).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import msgspec
+
+from loopwarden.otel.fold import Limits, TraceState, decode_trace, encode_trace, expired, fold_trace, unended_runs
+from loopwarden.otel.spans import BadTraces, decode_traces
+from loopwarden.streams.task import DeadLetter, Record, header, wall_clock_ms
+
+log = logging.getLogger("loopwarden.otel")
+
+DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # the Collector's exporter sends at most 1 MB by default
+_encode_event = msgspec.json.Encoder().encode
+JSON_HEADERS = (("content-type", b"application/json"),)
+
+
+@dataclass(frozen=True)
+class Output:
+    """A record to produce. ``partition`` None: the default (murmur2) partitioner over the topic's partitions."""
+
+    topic: str
+    key: bytes
+    value: bytes
+    headers: tuple = JSON_HEADERS
+    partition: int | None = None
+
+
+@dataclass
+class BridgeBatch:
+    """A partition's outputs for one batch, to be committed in one transaction."""
+
+    outputs: list[Output] = field(default_factory=list)
+    deadletters: list[DeadLetter] = field(default_factory=list)
+    changes: dict[bytes, bytes | None] = field(default_factory=dict)  # trace id (hex) -> state, None: dropped
+    offsets: dict[str, int] = field(default_factory=dict)  # input topic -> next offset to consume
+    counts: Counter = field(default_factory=Counter)  # (kind, label) -> n, bounded labels
+    consumed: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.outputs or self.deadletters or self.changes or self.offsets)
+
+
+class BridgeTask:
+    """One partition of ``otlp_spans``: its traces' committed states (``store``) and their last activity."""
+
+    def __init__(self, partition: int, store: Mapping[bytes, bytes], *, steps_topic: str,
+                 limits: Limits = Limits(), wall_ms: Callable[[], int] = wall_clock_ms,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+        self.partition = partition
+        self.store = store
+        self.steps_topic = steps_topic
+        self.limits = limits
+        self.wall_ms = wall_ms
+        self.max_message_bytes = max_message_bytes
+        self.last_ms: dict[bytes, int] = {}  # trace id -> last activity (committed), for retention
+        self._live: dict[bytes, TraceState | None] = {}
+
+    # -- recovery -------------------------------------------------------------------
+    def rebuild(self) -> int:
+        """The retention index from the committed store; returns the traces held."""
+        self.last_ms.clear()
+        for key, raw in self.store.items():
+            self.last_ms[key] = decode_trace(raw).last_ms
+        return len(self.last_ms)
+
+    def load(self, trace_id: bytes) -> TraceState | None:
+        if trace_id in self._live:
+            return self._live[trace_id]
+        raw = self.store.get(trace_id)
+        return None if raw is None else decode_trace(raw)
+
+    # -- the batch ------------------------------------------------------------------------
+    def fold(self, records: Iterable[Record], *, punctuate: bool = False, caught_up: bool = True,
+             lagging: Collection[str] = ()) -> BridgeBatch:
+        """Turn a batch of ``otlp_spans`` records (offset order) into events, state changes and offsets.
+
+        ``lagging`` is accepted for the engine's sake and unused: the bridge has one input."""
+        out = BridgeBatch()
+        self._live.clear()
+        now = self.wall_ms()
+        for rec in records:
+            out.consumed += 1
+            out.offsets[rec.topic] = rec.offset + 1
+            value = rec.value if rec.value is not None else b""
+            try:
+                if len(value) > self.max_message_bytes:
+                    raise BadTraces("oversized", f"message of {len(value)} bytes is over max_message_bytes="
+                                                 f"{self.max_message_bytes}")
+                spans = decode_traces(value, header(rec.headers, "content-type"))
+                if not spans:
+                    raise BadTraces("not_traces_data", "no spans in the message")
+            except BadTraces as exc:
+                out.deadletters.append(DeadLetter(rec, exc.reason, str(exc)))
+                out.counts["invalid", "otlp_spans", exc.reason] += 1
+                log.warning("dead-lettered %s[%d]@%d (%s): %s", rec.topic, rec.partition, rec.offset, exc.reason, exc)
+                continue
+            except Exception as exc:  # a bug of ours must not stop the partition nor lose the message
+                log.exception("internal error on %s[%d]@%d; dead-lettered", rec.topic, rec.partition, rec.offset)
+                out.deadletters.append(DeadLetter(rec, "internal_error", f"{type(exc).__name__}: {exc}"))
+                out.counts["invalid", "otlp_spans", "internal_error"] += 1
+                continue
+            by_trace: dict[str, list] = {}
+            for span in spans:
+                by_trace.setdefault(span.trace_id, []).append(span)
+            for trace_id, group in by_trace.items():
+                key = trace_id.encode()
+                state, folded = fold_trace(self.load(key), trace_id, group, now, self.limits)
+                self._live[key] = state
+                for label, n in folded.counts.items():
+                    out.counts["otel", label] += n
+                for event in folded.events:
+                    out.counts["otel_event", event.__struct_config__.tag] += 1
+                    out.outputs.append(Output(self.steps_topic, event.run_id.encode(), _encode_event(event)))
+        if punctuate and caught_up:
+            self._expire(now, out)
+        for key, state in self._live.items():
+            out.changes[key] = None if state is None else encode_trace(state)
+        return out
+
+    def _expire(self, now: int, out: BridgeBatch) -> None:
+        """Drop the traces with no new span for the retention period (runs still open go STUCK in the worker)."""
+        limit_ms = self.limits.trace_retention_s * 1000
+        for key, last in list(self.last_ms.items()):
+            if key in self._live or now - last < limit_ms:
+                continue
+            state = self.load(key)
+            if state is not None and expired(state, now, self.limits):
+                out.counts["otel", "traces_expired"] += 1
+                open_runs = unended_runs(state)
+                if open_runs:
+                    out.counts["otel", "runs_unended"] += open_runs
+                self._live[key] = None
+
+    # -- after the transaction ----------------------------------------------------------
+    def committed(self, out: BridgeBatch) -> None:
+        """The batch's transaction committed: its traces' activity becomes the retention index."""
+        for key, state in self._live.items():
+            if state is None:
+                self.last_ms.pop(key, None)
+            else:
+                self.last_ms[key] = state.last_ms
+        self._live.clear()
+
+    def discard(self) -> None:
+        """The batch's transaction failed: the store still holds the committed states."""
+        self._live.clear()
+
+    @property
+    def traces(self) -> int:
+        return len(self.last_ms)
