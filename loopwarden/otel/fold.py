@@ -51,6 +51,7 @@ class RunProgress(msgspec.Struct, array_like=True, gc=False):
     started: bool = False
     steps: list[str] = []  # span ids of the model calls published as steps, in order
     ended: bool = False
+    close_ms: int = 0  # the run span arrived: run_ended is due at this processing time (0: not yet arrived)
 
 
 class TraceState(msgspec.Struct, array_like=True, gc=False):
@@ -72,6 +73,10 @@ decode_trace = msgspec.msgpack.Decoder(TraceState).decode
 class Limits:
     max_spans_per_trace: int = 100_000
     trace_retention_s: float = 3600.0  # a trace with no new span for this long is dropped
+    # How long after its run span a run's last step and run_ended wait for spans that end after the run
+    # span (a tool cut short by a cancellation ends after it in Python runtimes). 0: at once. Longer
+    # waits are released by the task's punctuation.
+    end_grace_s: float = 0.0
 
 
 @dataclass
@@ -136,8 +141,22 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
             state.members.setdefault(run, []).append(span.span_id)
         touched.add(run)
     for run in sorted(touched, key=lambda r: _first_start(state, r)):
-        _advance(state, trace_id, run, out)
+        _advance(state, trace_id, run, out, now_ms, limits)
     return state, out
+
+
+def close_due(state: TraceState, trace_id: str, now_ms: int, limits: Limits = Limits()) -> Folded:
+    """Publish the runs whose end grace has passed (their last step and run_ended)."""
+    out = Folded()
+    due = [run for run, p in state.runs.items() if p.close_ms and not p.ended and p.close_ms <= now_ms]
+    for run in sorted(due, key=lambda r: _first_start(state, r)):
+        _advance(state, trace_id, run, out, now_ms, limits)
+    return out
+
+
+def next_close(state: TraceState) -> int | None:
+    """When the next run of the trace is due to close (None: none waiting)."""
+    return min((p.close_ms for p in state.runs.values() if p.close_ms and not p.ended), default=None)
 
 
 def _owner(known: dict[str, Span], span: Span) -> str | None:
@@ -166,13 +185,17 @@ def _first_start(state: TraceState, run: str) -> int:
     return min(starts, default=0)
 
 
-def _advance(state: TraceState, trace_id: str, run: str, out: Folded) -> None:
+def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: int, limits: Limits) -> None:
     known = state.spans
     members = [known[i] for i in state.members.get(run, ()) if i in known]
     run_span = known.get(run)
     progress = state.runs.get(run)
     if progress is None:
         progress = state.runs[run] = RunProgress(steps=[])
+    closing = run_span is not None and not progress.ended
+    if closing and not progress.close_ms:
+        progress.close_ms = max(1, now_ms + int(limits.end_grace_s * 1000))
+    closed = closing and progress.close_ms <= now_ms
     models = sorted((s for s in members if s.role == ROLE_MODEL), key=lambda s: (s.start_ns, s.span_id))
     tools = sorted((s for s in members if s.role == ROLE_TOOL), key=lambda s: (s.start_ns, s.span_id))
     anchor = run_span if run_span is not None else (models[0] if models else (members[0] if members else None))
@@ -197,7 +220,7 @@ def _advance(state: TraceState, trace_id: str, run: str, out: Folded) -> None:
             state.members[run].remove(m.span_id)
             continue
         pending.append(m)
-    ready = pending if run_span is not None else pending[:-1]
+    ready = pending if closed else pending[:-1]
     all_models = [known[s] for s in progress.steps] + pending
     for m in ready:
         index = len(progress.steps)
@@ -206,7 +229,7 @@ def _advance(state: TraceState, trace_id: str, run: str, out: Folded) -> None:
         calls = [t for t in tools if t.start_ns >= m.start_ns and (window_end is None or t.start_ns < window_end)]
         out.events.append(_step(run_id, index, m, calls))
         progress.steps.append(m.span_id)
-    if run_span is not None and not progress.ended:
+    if closed:
         progress.ended = True
         out.events.append(_ended(run_id, row, run_span, models, tools, progress, known))
         out.counts["runs_ended"] += 1

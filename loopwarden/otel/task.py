@@ -21,7 +21,17 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from loopwarden.otel.fold import Limits, TraceState, decode_trace, encode_trace, expired, fold_trace, unended_runs
+from loopwarden.otel.fold import (
+    Limits,
+    TraceState,
+    close_due,
+    decode_trace,
+    encode_trace,
+    expired,
+    fold_trace,
+    next_close,
+    unended_runs,
+)
 from loopwarden.otel.spans import BadTraces, decode_traces
 from loopwarden.streams.task import DeadLetter, Record, header, wall_clock_ms
 
@@ -71,14 +81,20 @@ class BridgeTask:
         self.wall_ms = wall_ms
         self.max_message_bytes = max_message_bytes
         self.last_ms: dict[bytes, int] = {}  # trace id -> last activity (committed), for retention
+        self.closing: dict[bytes, int] = {}  # trace id -> when its next run's end grace is over (committed)
         self._live: dict[bytes, TraceState | None] = {}
 
     # -- recovery -------------------------------------------------------------------
     def rebuild(self) -> int:
         """The retention index from the committed store; returns the traces held."""
         self.last_ms.clear()
+        self.closing.clear()
         for key, raw in self.store.items():
-            self.last_ms[key] = decode_trace(raw).last_ms
+            state = decode_trace(raw)
+            self.last_ms[key] = state.last_ms
+            due = next_close(state)
+            if due is not None:
+                self.closing[key] = due
         return len(self.last_ms)
 
     def load(self, trace_id: bytes) -> TraceState | None:
@@ -124,16 +140,25 @@ class BridgeTask:
                 key = trace_id.encode()
                 state, folded = fold_trace(self.load(key), trace_id, group, now, self.limits)
                 self._live[key] = state
-                for label, n in folded.counts.items():
-                    out.counts["otel", label] += n
-                for event in folded.events:
-                    out.counts["otel_event", event.__struct_config__.tag] += 1
-                    out.outputs.append(Output(self.steps_topic, event.run_id.encode(), _encode_event(event)))
+                self._emit(folded, out)
         if punctuate and caught_up:
+            for key, due in list(self.closing.items()):
+                if due <= now:
+                    state = self.load(key)
+                    if state is not None:
+                        self._live[key] = state
+                        self._emit(close_due(state, key.decode(), now, self.limits), out)
             self._expire(now, out)
         for key, state in self._live.items():
             out.changes[key] = None if state is None else encode_trace(state)
         return out
+
+    def _emit(self, folded, out: BridgeBatch) -> None:
+        for label, n in folded.counts.items():
+            out.counts["otel", label] += n
+        for event in folded.events:
+            out.counts["otel_event", event.__struct_config__.tag] += 1
+            out.outputs.append(Output(self.steps_topic, event.run_id.encode(), _encode_event(event)))
 
     def _expire(self, now: int, out: BridgeBatch) -> None:
         """Drop the traces with no new span for the retention period (runs still open go STUCK in the worker)."""
@@ -153,6 +178,11 @@ class BridgeTask:
     def committed(self, out: BridgeBatch) -> None:
         """The batch's transaction committed: its traces' activity becomes the retention index."""
         for key, state in self._live.items():
+            due = None if state is None else next_close(state)
+            if due is None:
+                self.closing.pop(key, None)
+            else:
+                self.closing[key] = due
             if state is None:
                 self.last_ms.pop(key, None)
             else:

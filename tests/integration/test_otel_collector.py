@@ -1,0 +1,64 @@
+"""Agent runtimes' real OTLP exports through the real OpenTelemetry Collector into Kafka, then the bridge."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+
+import pytest
+
+from loopwarden.codecs import RunStarted
+from loopwarden.otel import decode_traces
+from tests.otel.bridge import replay
+from tests.otel.collector import Collector, bridge_partitions, create_topic, read_spans
+
+
+@pytest.fixture
+def collector(kafka, tmp_path):
+    """A Collector of its own writing to a fresh 3-partition otlp_spans topic on the session broker."""
+    topic = f"otlp_spans-{uuid.uuid4().hex[:8]}"
+    asyncio.run(create_topic(kafka.bootstrap, topic, 3))
+    c = Collector(tmp_path, kafka.bootstrap, topic).start()
+    c.topic = topic
+    yield c
+    c.stop()
+
+
+def _provider(endpoint: str):
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint), schedule_delay_millis=200))
+    return provider
+
+
+def _check(records, expected, secret: str) -> Counter:
+    """One trace per message keyed by its trace id; every run at its expected state; no secret out."""
+    for rec in records:
+        trace_ids = {s.trace_id for s in decode_traces(rec.value)}
+        assert trace_ids == {rec.key.decode()}, "partition_traces_by_id: one trace per message, key = trace id"
+    assert any(secret.encode() in rec.value for rec in records), "the runtime exported content"
+    events, produced = bridge_partitions(records)
+    assert produced and secret.encode() not in produced
+    agents = {e.run_id: e.agent for e in events if isinstance(e, RunStarted)}
+    got = {agents[run]: (t.to_state, t.reason) for run, t in replay(events).final.items()}
+    assert got == {e.agent: (e.state, e.reason) for e in expected}
+    return Counter(got.values())
+
+
+def test_pydantic_ai_through_the_collector(kafka, collector):
+    """Pydantic AI runs exported over OTLP/HTTP to the Collector reach Kafka and the expected states."""
+    from pydantic_ai.models.instrumented import InstrumentationSettings
+
+    from tests.otel.pydantic_ai_runs import SECRET, scenarios
+
+    provider = _provider(collector.endpoint)
+    expected = asyncio.run(scenarios(InstrumentationSettings(tracer_provider=provider)))
+    provider.force_flush()
+    provider.shutdown()
+    records = asyncio.run(read_spans(kafka.bootstrap, collector.topic, len(expected)))
+    assert len({r.partition for r in records}) > 1, "traces spread over the topic's partitions"
+    _check(records, expected, SECRET)
