@@ -47,6 +47,10 @@ class Runtime:
     bounds: tuple[tuple[str, str], ...] = ()
     cancelled: tuple[str, ...] = CANCELLED
     timeouts: tuple[str, ...] = TIMEOUTS
+    # (status description prefix, exception type): a runtime that records an exception it raised only in
+    # the span's status description (read only to compare with these prefixes, never copied)
+    status_exceptions: tuple[tuple[str, str], ...] = ()
+    run_needs_agent_name: bool = False  # an invoke_agent span without gen_ai.agent.name is not a run
     # Roles whose missing parent span is taken to be the run span (it ends last, so it is the one
     # missing while the run goes on): lets a run start, and go STUCK, before its run span arrives.
     parent_is_run: tuple[int, ...] = (ROLE_MODEL,)
@@ -76,8 +80,11 @@ RUNTIMES: tuple[Runtime, ...] = (
             bounds=(("UsageLimitExceeded", "usage_limit"),), parent_is_run=(ROLE_MODEL, ROLE_TOOL),
             cancelled=CANCELLED + ("RunCancelled",), timeouts=TIMEOUTS + ("RunTimedOut",)),
     # OpenAI Agents SDK through opentelemetry-instrumentation-openai-agents-v2: max_turns raises
+    # (its workflow root is also invoke_agent, without an agent name: not a run). MaxTurnsExceeded is only
+    # in the agent span's status description.
     Runtime(name="openai-agents", scopes=("opentelemetry.instrumentation.openai_agents",),
-            bounds=(("MaxTurnsExceeded", "max_turns"),), parent_is_run=()),
+            bounds=(("MaxTurnsExceeded", "max_turns"),), parent_is_run=(),
+            status_exceptions=(("Max turns exceeded", "MaxTurnsExceeded"),), run_needs_agent_name=True),
     # LangGraph through OpenInference: the graph is the AGENT (or top CHAIN) span; interrupt() raises
     # GraphInterrupt; recursion_limit raises GraphRecursionError.
     Runtime(name="langgraph-openinference", scopes=("openinference.instrumentation.langchain",),
@@ -108,6 +115,8 @@ def classify(row: Runtime, span_name: str, attrs: dict[str, Any]) -> int:
     op_id = attrs.get("ai.operationId") or span_name
     if op is not None:
         if op in row.run_ops:
+            if row.run_needs_agent_name and not attrs.get("gen_ai.agent.name"):
+                return ROLE_OTHER
             return ROLE_RUN
         if op in row.wrapper_ops:
             return ROLE_WRAPPER

@@ -165,7 +165,7 @@ def _checked(key: str, kind: str, value: Any, where: str) -> Any:
 
 
 def _build(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int, end_ns: int, status: int,
-           attrs: dict[str, Any], exceptions: list[str], scope: str, scope_name: str) -> Span:
+           attrs: dict[str, Any], exceptions: list[str], scope: str, scope_name: str, status_message: str) -> Span:
     where = f"span {span_id} of trace {trace_id}"
     if start_ns <= 0 or end_ns < start_ns:
         raise BadTraces("bad_span_time", f"span times start={start_ns} end={end_ns} are not a span ({where})")
@@ -179,6 +179,8 @@ def _build(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int
         finish = attrs["ai.response.finishReason"]
     err_type = attrs.get("error.type")
     excs = ([err_type] if err_type else []) + exceptions
+    if status == STATUS_ERROR and runtime.status_exceptions and status_message:
+        excs += [exc for prefix, exc in runtime.status_exceptions if status_message.startswith(prefix)]
     return Span(
         trace_id=trace_id, span_id=span_id, parent_id=parent_id, role=role, runtime=runtime_index,
         start_ns=start_ns, end_ns=end_ns, error=status == STATUS_ERROR,
@@ -265,7 +267,8 @@ def decode_proto(data: bytes) -> list[Span]:
                             if kv.key == "exception.type":
                                 exceptions.append(_checked("exception.type", STR, _proto_value(kv.value), where))
                 out.append(_build(trace_id, span_id, parent_id, sp.name, sp.start_time_unix_nano,
-                                  sp.end_time_unix_nano, sp.status.code, attrs, exceptions, scope, scope_name))
+                                  sp.end_time_unix_nano, sp.status.code, attrs, exceptions, scope, scope_name,
+                                  sp.status.message))
     return out
 
 
@@ -284,6 +287,7 @@ class _Event(msgspec.Struct, rename="camel"):
 
 class _Status(msgspec.Struct):
     code: int = 0
+    message: str = ""
 
 
 class _JSpan(msgspec.Struct, rename="camel"):
@@ -386,7 +390,7 @@ def decode_json(data: bytes) -> list[Span]:
                 ]
                 out.append(_build(trace_id, span_id, parent_id, sp.name, _nanos(sp.start_time_unix_nano, where),
                                   _nanos(sp.end_time_unix_nano, where), sp.status.code, attrs, exceptions,
-                                  scope, scope_name))
+                                  scope, scope_name, sp.status.message))
                 if len(out) > MAX_SPANS_PER_MESSAGE:
                     raise BadTraces("oversized", f"more than {MAX_SPANS_PER_MESSAGE} spans in one message")
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import uuid
 from collections import Counter
 
@@ -12,6 +13,7 @@ from loopwarden.codecs import RunStarted
 from loopwarden.otel import decode_traces
 from tests.otel.bridge import replay
 from tests.otel.collector import Collector, bridge_partitions, create_topic, read_spans
+from tests.otel.pydantic_ai_runs import SECRET
 
 
 @pytest.fixture
@@ -49,14 +51,12 @@ def _check(records, expected, secret: str) -> Counter:
     return Counter(got.values())
 
 
-def test_pydantic_ai_through_the_collector(kafka, collector):
-    """Pydantic AI runs exported over OTLP/HTTP to the Collector reach Kafka and the expected states."""
-    from pydantic_ai.models.instrumented import InstrumentationSettings
-
-    from tests.otel.pydantic_ai_runs import SECRET, scenarios
-
+@pytest.mark.parametrize("runtime", ["pydantic_ai_runs", "openai_agents_runs"])
+def test_runtime_through_the_collector(kafka, collector, runtime):
+    """A runtime's runs exported over OTLP/HTTP to the real Collector reach Kafka and their expected states."""
+    scenarios = importlib.import_module(f"tests.otel.{runtime}")
     provider = _provider(collector.endpoint)
-    expected = asyncio.run(scenarios(InstrumentationSettings(tracer_provider=provider)))
+    expected = scenarios.run(provider)
     provider.force_flush()
     provider.shutdown()
     records = asyncio.run(read_spans(kafka.bootstrap, collector.topic, len(expected)))

@@ -142,3 +142,10 @@ async def scenarios(settings: InstrumentationSettings) -> list[Expected]:
     failing = Agent(FunctionModel(_failing_model), name="pa-exception")
     done.append(Expected("pa-exception", "FAILED", "error", await _run(failing)))
     return done
+
+
+def run(tracer_provider) -> list[Expected]:
+    """Every scenario, exporting through ``tracer_provider``."""
+    from pydantic_ai.models.instrumented import InstrumentationSettings
+
+    return asyncio.run(scenarios(InstrumentationSettings(tracer_provider=tracer_provider)))

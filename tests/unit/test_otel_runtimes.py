@@ -1,27 +1,29 @@
-"""Real Pydantic AI runs (its FunctionModel, no model calls), their spans through the bridge and replay."""
+"""Real agent runtimes on their own test models (no model calls): their spans through the bridge and replay."""
 
 from __future__ import annotations
 
-import asyncio
+import importlib
 
+import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from pydantic_ai.models.instrumented import InstrumentationSettings
 
 from loopwarden.codecs import RunStarted
 from loopwarden.otel import Limits
 from tests.otel.bridge import Bridge, replay
-from tests.otel.pydantic_ai_runs import SECRET, scenarios
+from tests.otel.pydantic_ai_runs import SECRET
 
 
-def test_pydantic_ai_runs_reach_their_states_in_memory():
-    """Each Pydantic AI scenario's spans (as the OTLP exporter encodes them, one export per span) give its state."""
+@pytest.mark.parametrize("runtime", ["pydantic_ai_runs", "openai_agents_runs"])
+def test_runtime_runs_reach_their_states_in_memory(runtime):
+    """Each scenario's spans (encoded as the OTLP exporter does, one message per span) give its expected state."""
+    scenarios = importlib.import_module(f"tests.otel.{runtime}")
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    expected = asyncio.run(scenarios(InstrumentationSettings(tracer_provider=provider)))
+    expected = scenarios.run(provider)
     b = Bridge()
     b.task = b.new_task(limits=Limits(end_grace_s=2))
     # one message per span, as they ended: the hardest split (a cancelled tool's span ends after its run's)
