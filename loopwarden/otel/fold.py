@@ -52,6 +52,7 @@ class RunProgress(msgspec.Struct, array_like=True, gc=False):
     steps: list[str] = []  # span ids of the model calls published as steps, in order
     ended: bool = False
     close_ms: int = 0  # the run span arrived: run_ended is due at this processing time (0: not yet arrived)
+    open_ms: int = 0  # no span has named the agent yet: run_started waits until this processing time
 
 
 class TraceState(msgspec.Struct, array_like=True, gc=False):
@@ -77,6 +78,9 @@ class Limits:
     # span (a tool cut short by a cancellation ends after it in Python runtimes). 0: at once. Longer
     # waits are released by the task's punctuation.
     end_grace_s: float = 0.0
+    # How long a run whose spans do not name its agent (gen_ai.agent.name, or its run span) waits for them
+    # before it starts under its runtime's name. Runs shorter than an export interval arrive whole.
+    start_grace_s: float = 30.0
 
 
 @dataclass
@@ -146,17 +150,19 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
 
 
 def close_due(state: TraceState, trace_id: str, now_ms: int, limits: Limits = Limits()) -> Folded:
-    """Publish the runs whose end grace has passed (their last step and run_ended)."""
+    """Publish what the runs whose start or end grace has passed now owe (run_started; last step, run_ended)."""
     out = Folded()
-    due = [run for run, p in state.runs.items() if p.close_ms and not p.ended and p.close_ms <= now_ms]
+    due = [run for run, p in state.runs.items()
+           if (p.close_ms and not p.ended and p.close_ms <= now_ms) or (p.open_ms and not p.started and p.open_ms <= now_ms)]
     for run in sorted(due, key=lambda r: _first_start(state, r)):
         _advance(state, trace_id, run, out, now_ms, limits)
     return out
 
 
 def next_close(state: TraceState) -> int | None:
-    """When the next run of the trace is due to close (None: none waiting)."""
-    return min((p.close_ms for p in state.runs.values() if p.close_ms and not p.ended), default=None)
+    """When the next run of the trace is due to start or close (None: none waiting)."""
+    return min([p.close_ms for p in state.runs.values() if p.close_ms and not p.ended]
+               + [p.open_ms for p in state.runs.values() if p.open_ms and not p.started], default=None)
 
 
 def _owner(known: dict[str, Span], span: Span) -> str | None:
@@ -204,9 +210,16 @@ def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: in
     row = RUNTIMES[anchor.runtime]
     run_id = run_id_of(trace_id, run)
     if not progress.started:
+        agent = _agent(run_span, members)
+        if agent is None:
+            if not progress.open_ms:
+                progress.open_ms = max(1, now_ms + int(limits.start_grace_s * 1000))
+            if progress.open_ms > now_ms:
+                return  # nothing of the run goes out before its run_started
+            agent = row.name
         progress.started = True
         first_ns = min([s.start_ns for s in members] + ([run_span.start_ns] if run_span else []))
-        out.events.append(RunStarted(run_id=run_id, ts=_ms(first_ns), agent=_agent(run_span, members, row.name),
+        out.events.append(RunStarted(run_id=run_id, ts=_ms(first_ns), agent=agent,
                                      policy=_policy(row, anchor, members)))
     published = set(progress.steps)
     last_start = known[progress.steps[-1]].start_ns if progress.steps else -1
@@ -235,9 +248,9 @@ def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: in
         out.counts["runs_ended"] += 1
 
 
-def _agent(run_span: Span | None, members: list[Span], fallback: str) -> str:
-    """gen_ai.agent.name, else the run span's name; before the run span arrives (a runtime that names the
-    agent on the run span only, e.g. AI SDK 7), the runtime row's name."""
+def _agent(run_span: Span | None, members: list[Span]) -> str | None:
+    """gen_ai.agent.name, else the run span's name; None while no span names it (AI SDK 7 names the agent
+    on its run span only): the run then waits ``start_grace_s`` for it, then takes its runtime's name."""
     if run_span is not None and run_span.agent:
         return run_span.agent[:100]
     for s in members:
@@ -245,7 +258,7 @@ def _agent(run_span: Span | None, members: list[Span], fallback: str) -> str:
             return s.agent[:100]
     if run_span is not None and run_span.name:
         return run_span.name[:100]
-    return fallback
+    return None
 
 
 def _policy(row: Runtime, anchor: Span, members: list[Span]) -> Policy:

@@ -16,12 +16,12 @@ from tests.otel.collector import Collector, bridge_partitions, create_topic, rea
 from tests.otel.pydantic_ai_runs import SECRET
 
 
-@pytest.fixture
-def collector(kafka, tmp_path):
+@pytest.fixture(params=["otlp_proto"])
+def collector(kafka, tmp_path, request):
     """A Collector of its own writing to a fresh 3-partition otlp_spans topic on the session broker."""
     topic = f"otlp_spans-{uuid.uuid4().hex[:8]}"
     asyncio.run(create_topic(kafka.bootstrap, topic, 3))
-    c = Collector(tmp_path, kafka.bootstrap, topic).start()
+    c = Collector(tmp_path, kafka.bootstrap, topic, encoding=request.param).start()
     c.topic = topic
     yield c
     c.stop()
@@ -51,9 +51,19 @@ def _check(records, expected, secret: str) -> Counter:
     return Counter(got.values())
 
 
-@pytest.mark.parametrize("runtime", ["pydantic_ai_runs", "openai_agents_runs"])
+@pytest.mark.parametrize("runtime", ["genai_runs", "pydantic_ai_runs", "openai_agents_runs"])
 def test_runtime_through_the_collector(kafka, collector, runtime):
     """A runtime's runs exported over OTLP/HTTP to the real Collector reach Kafka and their expected states."""
+    _through(kafka, collector, runtime)
+
+
+@pytest.mark.parametrize("collector", ["otlp_json"], indirect=True)
+def test_otlp_json_through_the_collector(kafka, collector):
+    """With the exporter's otlp_json encoding the same runs reach the same states."""
+    assert all(r.value.startswith(b"{") for r in _through(kafka, collector, "genai_runs"))
+
+
+def _through(kafka, collector, runtime: str) -> list:
     scenarios = importlib.import_module(f"tests.otel.{runtime}")
     provider = _provider(collector.endpoint)
     expected = scenarios.run(provider)
@@ -62,3 +72,4 @@ def test_runtime_through_the_collector(kafka, collector, runtime):
     records = asyncio.run(read_spans(kafka.bootstrap, collector.topic, len(expected)))
     assert len({r.partition for r in records}) > 1, "traces spread over the topic's partitions"
     _check(records, expected, SECRET)
+    return records

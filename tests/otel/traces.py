@@ -72,13 +72,14 @@ class Run:
         self.t += dur
         return s
 
-    def tool(self, name: str = "lookup", dur: int = 5, error: bool = False, **kw) -> Span:
+    def tool(self, name: str = "lookup", dur: int = 5, error: bool = False, exception: str | None = None,
+             **kw) -> Span:
         attrs = {"gen_ai__operation__name": "execute_tool", "gen_ai__tool__name": name,
                  "gen_ai__tool__call__id": f"call-{next(_ids)}", "gen_ai__tool__call__arguments": SECRET,
                  "gen_ai__tool__call__result": SECRET}
         attrs.update(kw)
         s = span(self.tid, f"execute_tool {name}", self.t + 1, self.t + dur, parent=self.sid, error=error,
-                 exception="RuntimeError" if error else None, **attrs)
+                 exception=exception or ("RuntimeError" if error else None), **attrs)
         self.t += dur
         return s
 

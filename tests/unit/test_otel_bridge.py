@@ -115,6 +115,43 @@ def test_run_span_never_arrives_goes_stuck():
     assert final(events, advance_s=301) == {run_id: ("STUCK", "no_progress")}
 
 
+def test_run_without_agent_name_starts_after_the_start_grace():
+    """A run whose spans do not name its agent starts under its runtime's name once start_grace_s has passed."""
+    b = Bridge()
+    b.task = b.new_task(limits=Limits(start_grace_s=30))
+    r = Run()
+    plain = dict(gen_ai__agent__name="")
+    b.fold([traces(r.chat(**plain), r.tool(), r.chat(**plain), scope="some-runtime")])
+    assert b.outputs == []
+    b.now_ms += 29_000
+    b.fold([], punctuate=True)
+    assert b.outputs == []
+    b.task = b.new_task(limits=Limits(start_grace_s=30))  # a restart keeps the deadline (from the store)
+    b.now_ms += 1_000
+    b.fold([], punctuate=True)
+    events = b.events()
+    assert kinds(events) == ["run_started", "step_finished"] and events[0].agent == "genai"
+    assert final(events, advance_s=301) == {events[0].run_id: ("STUCK", "no_progress")}
+
+
+def test_end_grace_waits_for_spans_ending_after_the_run_span():
+    """With end_grace_s, a tool span ending after its run span still counts in the last step."""
+    b = Bridge()
+    b.task = b.new_task(limits=Limits(end_grace_s=2))
+    r = Run()
+    chat, run = r.chat(), None
+    cancelled = r.tool("slow", exception="asyncio.exceptions.CancelledError")
+    run = r.end()
+    b.fold([traces(chat, run)])
+    assert kinds(b.events()) == ["run_started"]
+    b.fold([traces(cancelled)])
+    b.now_ms += 2_000
+    b.fold([], punctuate=True)
+    events = b.events()
+    assert kinds(events) == ["run_started", "step_finished", "run_ended"]
+    assert [c.status for c in events[1].tool_calls] == ["pending"] and events[2].cause == "aborted"
+
+
 def test_span_of_an_ended_run_is_counted_and_ignored():
     """A span arriving after its run span is counted (span_after_end) and publishes nothing."""
     b = Bridge()
@@ -424,15 +461,14 @@ def test_ai_sdk_7_step_wrapper_is_one_step_with_its_model_call():
     b.fold([traces(chat1, scope="gen_ai", version="")])
     assert b.outputs == []  # which run it belongs to is not known until its wrapper arrives
     b.fold([traces(tool1, step1, chat2, scope="gen_ai", version="")])
-    assert kinds(b.events()) == ["run_started"]  # chat 2's run is known only with its wrapper
+    assert b.outputs == []  # AI SDK 7 names the agent on its run span only: the run waits for it (start grace)
     b.fold([traces(step2, run, scope="gen_ai", version="")])
     events = b.events()
     assert kinds(events) == ["run_started", "step_finished", "step_finished", "run_ended"]
-    # started before its run span arrived: named after the runtime (AI SDK 7 names the agent on the root only)
-    assert events[0].agent == "ai-sdk-7" and events[0].policy.stop_when == ()
+    assert events[0].agent == "weather" and events[0].policy.stop_when == ()
     whole = Bridge()
     whole.fold([traces(chat1, tool1, step1, chat2, step2, run, scope="gen_ai", version="")])
-    assert whole.events()[0].agent == "weather" and whole.events()[1:] == events[1:]
+    assert whole.events() == events
     assert [(s.step, s.finish_reason, len(s.tool_calls)) for s in events[1:3]] == [(0, "tool-calls", 1), (1, "stop", 0)]
     assert (events[3].cause, events[3].step_count) == ("natural_finish", 2)
 
