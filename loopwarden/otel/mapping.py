@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 ROLE_OTHER = 0
 ROLE_RUN = 1
 ROLE_MODEL = 2  # a model call: one step
@@ -51,6 +53,10 @@ class Runtime:
     # the span's status description (read only to compare with these prefixes, never copied)
     status_exceptions: tuple[tuple[str, str], ...] = ()
     run_needs_agent_name: bool = False  # an invoke_agent span without gen_ai.agent.name is not a run
+    # LangChain ``metadata`` that makes a CHAIN/AGENT span a run: (key, value) it must hold, and a key it
+    # must not (LangGraph: the graph's own span has no ``langgraph_node``; every node's span has one)
+    run_metadata: tuple[tuple[str, str], ...] = ()
+    run_metadata_absent: str = ""
     # Roles whose missing parent span is taken to be the run span (it ends last, so it is the one
     # missing while the run goes on): lets a run start, and go STUCK, before its run span arrives.
     parent_is_run: tuple[int, ...] = (ROLE_MODEL,)
@@ -87,10 +93,14 @@ RUNTIMES: tuple[Runtime, ...] = (
             status_exceptions=(("Max turns exceeded", "MaxTurnsExceeded"),), run_needs_agent_name=True),
     # LangGraph through OpenInference: the graph is the AGENT (or top CHAIN) span; interrupt() raises
     # GraphInterrupt; recursion_limit raises GraphRecursionError.
+    # OpenInference calls AGENT any run whose name holds "agent" (the react agent's model node too), so
+    # the run is the graph's own CHAIN/AGENT span, told by LangGraph's metadata. OpenInference records
+    # no GraphInterrupt (it is a control exception to it): an interrupt() for approval is not recorded.
     Runtime(name="langgraph-openinference", scopes=("openinference.instrumentation.langchain",),
-            run_ops=(), run_kinds=("AGENT",), model_ops=(), model_kinds=("LLM",), tool_ops=(),
+            run_ops=(), run_kinds=("CHAIN", "AGENT"), model_ops=(), model_kinds=("LLM",), tool_ops=(),
             tool_kinds=("TOOL",), approval_exceptions=("GraphInterrupt", "NodeInterrupt"),
-            bounds=(("GraphRecursionError", "recursion_limit"),), parent_is_run=()),
+            bounds=(("GraphRecursionError", "recursion_limit"),), parent_is_run=(),
+            run_metadata=(("ls_integration", "langgraph"),), run_metadata_absent="langgraph_node"),
 )
 GENAI, AI_SDK_6, OPENINFERENCE = 0, 2, 5
 _BY_SCOPE = {scope: (i, row) for i, row in enumerate(RUNTIMES) for scope in row.scopes}
@@ -125,7 +135,7 @@ def classify(row: Runtime, span_name: str, attrs: dict[str, Any]) -> int:
         if op in row.tool_ops:
             return ROLE_TOOL
     if kind is not None:
-        if kind in row.run_kinds:
+        if kind in row.run_kinds and (not row.run_metadata or _metadata_says_run(row, attrs.get("metadata"))):
             return ROLE_RUN
         if kind in row.model_kinds:
             return ROLE_MODEL
@@ -138,3 +148,17 @@ def classify(row: Runtime, span_name: str, attrs: dict[str, Any]) -> int:
     if op_id in row.tool_names:
         return ROLE_TOOL
     return ROLE_OTHER
+
+
+_metadata = msgspec.json.Decoder(dict[str, Any])
+
+
+def _metadata_says_run(row: Runtime, text: str | None) -> bool:
+    if not text:
+        return False
+    try:
+        meta = _metadata.decode(text)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return False
+    return (all(meta.get(k) == v for k, v in row.run_metadata)
+            and (not row.run_metadata_absent or row.run_metadata_absent not in meta))

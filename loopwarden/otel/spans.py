@@ -40,6 +40,7 @@ STATUS_ERROR = 2
 STR = "str"
 INT = "int"
 STRS = "strs"  # a string array (a lone string accepted: runtimes differ)
+JSONTEXT = "json"  # a JSON object as text, read for a few keys; anything else is ignored, not refused
 KNOWN: dict[str, str] = {
     "gen_ai.operation.name": STR,
     "gen_ai.agent.name": STR,
@@ -64,9 +65,10 @@ KNOWN: dict[str, str] = {
     "llm.token_count.prompt": INT,
     "llm.token_count.completion": INT,
     "llm.token_count.total": INT,
+    "llm.finish_reason": STR,
     "tool.name": STR,
     "tool_call.id": STR,
-    "graph.node.id": STR,
+    "metadata": JSONTEXT,  # LangChain run metadata: only which LangGraph node a span is (never copied)
     # Pydantic AI
     "pydantic_ai.tool.deferral.name": STR,
 }
@@ -153,6 +155,8 @@ def _checked(key: str, kind: str, value: Any, where: str) -> Any:
         if not isinstance(value, str):
             raise _wrong(key, "a string", value, where)
         return value
+    if kind == JSONTEXT:
+        return value if isinstance(value, str) else None
     if kind == INT:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
             raise _wrong(key, "an int >= 0", value, where)
@@ -177,6 +181,8 @@ def _build(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int
         finish = reasons[0]
     elif "ai.response.finishReason" in attrs:
         finish = attrs["ai.response.finishReason"]
+    elif "llm.finish_reason" in attrs:
+        finish = attrs["llm.finish_reason"]
     err_type = attrs.get("error.type")
     excs = ([err_type] if err_type else []) + exceptions
     if status == STATUS_ERROR and runtime.status_exceptions and status_message:

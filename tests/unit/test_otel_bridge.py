@@ -351,7 +351,12 @@ def _row(name: str):
     ("ai-sdk-6", "ai.generateText.doGenerate", {"ai.operationId": "ai.generateText.doGenerate"}, ROLE_MODEL),
     ("ai-sdk-6", "ai.streamText.doStream", {"ai.operationId": "ai.streamText.doStream"}, ROLE_MODEL),
     ("ai-sdk-6", "ai.toolCall", {"ai.operationId": "ai.toolCall"}, ROLE_TOOL),
-    ("langgraph-openinference", "agent", {"openinference.span.kind": "AGENT"}, ROLE_RUN),
+    ("langgraph-openinference", "my-graph", {"openinference.span.kind": "CHAIN",
+                                             "metadata": '{"ls_integration": "langgraph", "thread_id": "t"}'}, ROLE_RUN),
+    ("langgraph-openinference", "agent", {"openinference.span.kind": "AGENT", "metadata":
+                                          '{"ls_integration": "langgraph", "langgraph_node": "agent"}'}, ROLE_OTHER),
+    ("langgraph-openinference", "agent", {"openinference.span.kind": "AGENT"}, ROLE_OTHER),
+    ("langgraph-openinference", "my-graph", {"openinference.span.kind": "CHAIN", "metadata": "not json"}, ROLE_OTHER),
     ("langgraph-openinference", "ChatModel", {"openinference.span.kind": "LLM"}, ROLE_MODEL),
     ("langgraph-openinference", "lookup", {"openinference.span.kind": "TOOL"}, ROLE_TOOL),
     ("langgraph-openinference", "node", {"openinference.span.kind": "CHAIN"}, ROLE_OTHER),

@@ -16,7 +16,7 @@ from tests.otel.bridge import Bridge, replay
 from tests.otel.pydantic_ai_runs import SECRET
 
 
-@pytest.mark.parametrize("runtime", ["genai_runs", "pydantic_ai_runs", "openai_agents_runs"])
+@pytest.mark.parametrize("runtime", ["genai_runs", "pydantic_ai_runs", "openai_agents_runs", "langgraph_runs"])
 def test_runtime_runs_reach_their_states_in_memory(runtime):
     """Each scenario's spans (encoded as the OTLP exporter does, one message per span) give its expected state."""
     scenarios = importlib.import_module(f"tests.otel.{runtime}")
