@@ -43,9 +43,15 @@ promtool:
 	    echo "promtool not found: install Debian's prometheus package (sudo apt-get install prometheus) or put promtool on PATH"; exit 1; \
 	  fi; }
 
-node: node-runtime $(EMITTER)/node_modules/.package-lock.json k8s/validate/node_modules/.package-lock.json
+OTEL_AI_SDK := tests/otel/ai-sdk
+node: node-runtime $(EMITTER)/node_modules/.package-lock.json k8s/validate/node_modules/.package-lock.json $(OTEL_AI_SDK)/node_modules/.package-lock.json
 $(EMITTER)/node_modules/.package-lock.json: $(EMITTER)/package-lock.json $(EMITTER)/package.json
 	cd $(EMITTER) && npm ci --no-audit --no-fund
+	touch $@
+
+# The OpenTelemetry bridge's AI SDK harness: ai 7 + @ai-sdk/otel + the OTLP exporter (tests/otel/ai-sdk).
+$(OTEL_AI_SDK)/node_modules/.package-lock.json: $(OTEL_AI_SDK)/package-lock.json $(OTEL_AI_SDK)/package.json
+	cd $(OTEL_AI_SDK) && npm ci --no-audit --no-fund
 	touch $@
 
 # The CRDs' schemas (kubernetes-models) that k8s/monitoring's custom resources are validated against.

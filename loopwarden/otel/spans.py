@@ -52,6 +52,7 @@ KNOWN: dict[str, str] = {
     "error.type": STR,
     # AI SDK <= 6 (ai.*)
     "ai.operationId": STR,
+    "ai.telemetry.functionId": STR,  # the agent's name in AI SDK <= 6 telemetry
     "ai.response.finishReason": STR,
     "ai.usage.promptTokens": INT,
     "ai.usage.completionTokens": INT,
@@ -191,7 +192,7 @@ def _build(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int
         trace_id=trace_id, span_id=span_id, parent_id=parent_id, role=role, runtime=runtime_index,
         start_ns=start_ns, end_ns=end_ns, error=status == STATUS_ERROR,
         name=_cut(name) if role == ROLE_RUN else "",
-        agent=_cut(attrs.get("gen_ai.agent.name", "")),
+        agent=_cut(attrs.get("gen_ai.agent.name") or attrs.get("ai.telemetry.functionId") or ""),
         scope=_cut(scope) if role in (ROLE_RUN, ROLE_MODEL, ROLE_WRAPPER, ROLE_TOOL) else "",
         finish=_cut(finish),
         input_tokens=_first(attrs, _INPUT_KEYS), output_tokens=_first(attrs, _OUTPUT_KEYS),

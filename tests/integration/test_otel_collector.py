@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
+import subprocess
 import uuid
 from collections import Counter
 
@@ -13,7 +15,9 @@ from loopwarden.codecs import RunStarted
 from loopwarden.otel import decode_traces
 from tests.otel.bridge import replay
 from tests.otel.collector import Collector, bridge_partitions, create_topic, read_spans
-from tests.otel.pydantic_ai_runs import SECRET
+from tests.conftest import REPO
+from tests.e2e.test_ai_sdk_agents import _node
+from tests.otel.pydantic_ai_runs import SECRET, Expected
 
 
 @pytest.fixture(params=["otlp_proto"])
@@ -73,3 +77,19 @@ def _through(kafka, collector, runtime: str) -> list:
     assert len({r.partition for r in records}) > 1, "traces spread over the topic's partitions"
     _check(records, expected, SECRET)
     return records
+
+
+AI_SDK_HARNESS = REPO / "tests" / "otel" / "ai-sdk"
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["ai-sdk-7-otel", "ai-sdk-legacy-spans"])
+def test_ai_sdk_through_the_collector(kafka, collector, legacy):
+    """AI SDK 7 ToolLoopAgents on its mock model, traced by @ai-sdk/otel (or its legacy ai.* spans), via the Collector."""
+    node = _node()
+    assert (AI_SDK_HARNESS / "node_modules" / "@ai-sdk" / "otel").is_dir(), "run `make node` (npm ci in tests/otel/ai-sdk)"
+    cmd = [node, str(AI_SDK_HARNESS / "run.mjs"), "--endpoint", collector.endpoint] + (["--legacy"] if legacy else [])
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=AI_SDK_HARNESS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = [Expected(**json.loads(line)) for line in done.stdout.splitlines() if line.strip()]
+    records = asyncio.run(read_spans(kafka.bootstrap, collector.topic, len(expected)))
+    _check(records, expected, SECRET)
