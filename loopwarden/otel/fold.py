@@ -75,9 +75,9 @@ class Limits:
     max_spans_per_trace: int = 100_000
     trace_retention_s: float = 3600.0  # a trace with no new span for this long is dropped
     # How long after its run span a run's last step and run_ended wait for spans that end after the run
-    # span (a tool cut short by a cancellation ends after it in Python runtimes). 0: at once. Longer
-    # waits are released by the task's punctuation.
-    end_grace_s: float = 0.0
+    # span (a tool cut short by a cancellation ends after it in Python runtimes; one export batch may
+    # close before the other). 0: at once. Released by the task's punctuation (when caught up).
+    end_grace_s: float = 2.0
     # How long a run whose spans do not name its agent (gen_ai.agent.name, or its run span) waits for them
     # before it starts under its runtime's name. Runs shorter than an export interval arrive whole.
     start_grace_s: float = 30.0

@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from loopwarden.codecs import decode_input
+from loopwarden.otel import Limits
 from loopwarden.otel.task import BridgeBatch, BridgeTask
 from loopwarden.replay import Replay
 
@@ -36,8 +37,9 @@ class Bridge:
     def __post_init__(self) -> None:
         self.task = self.new_task()
 
-    def new_task(self, **kw) -> BridgeTask:
-        task = BridgeTask(0, self.store, steps_topic="agent.steps", wall_ms=lambda: self.now_ms, **kw)
+    def new_task(self, limits: Limits = Limits(end_grace_s=0), **kw) -> BridgeTask:
+        """A task over the committed store (no end grace unless asked: most tests look at one fold)."""
+        task = BridgeTask(0, self.store, steps_topic="agent.steps", wall_ms=lambda: self.now_ms, limits=limits, **kw)
         task.rebuild()
         return task
 
