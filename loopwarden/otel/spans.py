@@ -22,10 +22,9 @@ from typing import Any
 import msgspec
 
 from loopwarden.otel.mapping import (
-    ROLE_MODEL,
+    ROLE_OTHER,
     ROLE_RUN,
     ROLE_TOOL,
-    ROLE_WRAPPER,
     Runtime,
     classify,
     select_runtime,
@@ -80,6 +79,7 @@ _TOTAL_KEYS = ("ai.usage.totalTokens", "llm.token_count.total")
 _TOOL_NAME_KEYS = ("gen_ai.tool.name", "ai.toolCall.name", "tool.name")
 _TOOL_ID_KEYS = ("gen_ai.tool.call.id", "ai.toolCall.id", "tool_call.id")
 MAX_TOKENS = 2**53 - 1
+ZERO8 = bytes(8)
 
 
 class BadTraces(ValueError):
@@ -171,36 +171,41 @@ def _checked(key: str, kind: str, value: Any, where: str) -> Any:
 
 def _build(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int, end_ns: int, status: int,
            attrs: dict[str, Any], exceptions: list[str], scope: str, scope_name: str, status_message: str) -> Span:
-    where = f"span {span_id} of trace {trace_id}"
     if start_ns <= 0 or end_ns < start_ns:
-        raise BadTraces("bad_span_time", f"span times start={start_ns} end={end_ns} are not a span ({where})")
+        raise BadTraces("bad_span_time", f"span times start={start_ns} end={end_ns} are not a span "
+                                         f"(span {span_id} of trace {trace_id})")
     runtime_index, runtime = select_runtime(scope_name, name, attrs)
     role = classify(runtime, name, attrs)
-    finish = ""
-    reasons = attrs.get("gen_ai.response.finish_reasons")
-    if reasons:
-        finish = reasons[0]
-    elif "ai.response.finishReason" in attrs:
-        finish = attrs["ai.response.finishReason"]
-    elif "llm.finish_reason" in attrs:
-        finish = attrs["llm.finish_reason"]
-    err_type = attrs.get("error.type")
-    excs = ([err_type] if err_type else []) + exceptions
-    if status == STATUS_ERROR and runtime.status_exceptions and status_message:
-        excs += [exc for prefix, exc in runtime.status_exceptions if status_message.startswith(prefix)]
+    get = attrs.get
+    reasons = get("gen_ai.response.finish_reasons")
+    finish = reasons[0] if reasons else (get("ai.response.finishReason") or get("llm.finish_reason") or "")
+    err_type = get("error.type")
+    excs = [err_type, *exceptions] if err_type else exceptions
+    error = status == STATUS_ERROR
+    if error and runtime.status_exceptions and status_message:
+        excs = excs + [exc for prefix, exc in runtime.status_exceptions if status_message.startswith(prefix)]
+    agent = get("gen_ai.agent.name") or get("ai.telemetry.functionId") or ""
+    tool_name = tool_id = ""
+    if role == ROLE_TOOL:
+        tool_name = get("gen_ai.tool.name") or get("ai.toolCall.name") or get("tool.name") or ""
+        tool_id = get("gen_ai.tool.call.id") or get("ai.toolCall.id") or get("tool_call.id") or ""
+    input_tokens = get("gen_ai.usage.input_tokens")
+    output_tokens = get("gen_ai.usage.output_tokens")
+    total_tokens = None
+    if len(attrs) > 4:  # the other runtimes' usage keys, only where there is room for them
+        input_tokens = _first(attrs, _INPUT_KEYS)
+        output_tokens = _first(attrs, _OUTPUT_KEYS)
+        total_tokens = _first(attrs, _TOTAL_KEYS)
     return Span(
-        trace_id=trace_id, span_id=span_id, parent_id=parent_id, role=role, runtime=runtime_index,
-        start_ns=start_ns, end_ns=end_ns, error=status == STATUS_ERROR,
-        name=_cut(name) if role == ROLE_RUN else "",
-        agent=_cut(attrs.get("gen_ai.agent.name") or attrs.get("ai.telemetry.functionId") or ""),
-        scope=_cut(scope) if role in (ROLE_RUN, ROLE_MODEL, ROLE_WRAPPER, ROLE_TOOL) else "",
-        finish=_cut(finish),
-        input_tokens=_first(attrs, _INPUT_KEYS), output_tokens=_first(attrs, _OUTPUT_KEYS),
-        total_tokens=_first(attrs, _TOTAL_KEYS),
-        tool_name=_cut(_first(attrs, _TOOL_NAME_KEYS) or "") if role == ROLE_TOOL else "",
-        tool_id=_cut(_first(attrs, _TOOL_ID_KEYS) or "") if role == ROLE_TOOL else "",
-        approval=_approval(runtime, attrs, excs),
-        exceptions=tuple(_cut(e) for e in excs[:8]),
+        trace_id, span_id, parent_id, role, runtime_index, start_ns, end_ns, error,
+        name[:MAX_NAME] if role == ROLE_RUN else "",
+        agent[:MAX_NAME],
+        scope[:MAX_NAME] if role != ROLE_OTHER else "",
+        finish[:MAX_NAME],
+        input_tokens, output_tokens, total_tokens,
+        tool_name[:MAX_NAME], tool_id[:MAX_NAME],
+        _approval(runtime, attrs, excs) if ((role == ROLE_TOOL and runtime.approval_attrs) or excs) else False,
+        tuple(e[:MAX_NAME] for e in excs[:8]) if excs else (),
     )
 
 
@@ -253,30 +258,71 @@ def decode_proto(data: bytes) -> list[Span]:
         raise BadTraces("not_traces_data", f"not an OTLP TracesData protobuf: {exc}") from None
     out: list[Span] = []
     known = KNOWN
+    hex_ids: dict[bytes, str] = {}  # a message holds few traces: each trace id converted once
     for rs in traces.resource_spans:
         for ss in rs.scope_spans:
             scope_name = ss.scope.name
             scope = f"{scope_name}@{ss.scope.version}" if ss.scope.version else scope_name
             for sp in ss.spans:
-                trace_id = _hex_id(sp.trace_id, 16, "trace id", f"span {sp.span_id.hex()[:32]!r}")
-                span_id = _hex_id(sp.span_id, 8, "span id", f"trace {trace_id}")
-                where = f"span {span_id} of trace {trace_id}"
-                parent_id = _hex_id(sp.parent_span_id, 8, "parent span id", where, allow_empty=True)
+                raw_tid = sp.trace_id
+                trace_id = hex_ids.get(raw_tid)
+                if trace_id is None:
+                    trace_id = hex_ids[raw_tid] = _hex_id(raw_tid, 16, "trace id", f"span {sp.span_id.hex()[:32]!r}")
+                raw = sp.span_id
+                if len(raw) == 8 and raw != ZERO8:
+                    span_id = raw.hex()
+                else:
+                    span_id = _hex_id(raw, 8, "span id", f"trace {trace_id}")
+                raw = sp.parent_span_id
+                if not raw:
+                    parent_id = ""
+                elif len(raw) == 8 and raw != ZERO8:
+                    parent_id = raw.hex()
+                else:
+                    parent_id = _hex_id(raw, 8, "parent span id", f"span {span_id} of trace {trace_id}")
                 attrs: dict[str, Any] = {}
                 for kv in sp.attributes:
-                    kind = known.get(kv.key)
+                    key = kv.key
+                    kind = known.get(key)
                     if kind is not None:
-                        attrs[kv.key] = _checked(kv.key, kind, _proto_value(kv.value), where)
+                        v = kv.value
+                        if kind is STR and v.WhichOneof("value") == "string_value":
+                            attrs[key] = v.string_value  # the common case, inline
+                        else:
+                            attrs[key] = _proto_checked(key, kind, v, span_id, trace_id)
                 exceptions: list[str] = []
-                for ev in sp.events:
-                    if ev.name == "exception":
-                        for kv in ev.attributes:
-                            if kv.key == "exception.type":
-                                exceptions.append(_checked("exception.type", STR, _proto_value(kv.value), where))
+                if sp.events:
+                    for ev in sp.events:
+                        if ev.name == "exception":
+                            for kv in ev.attributes:
+                                if kv.key == "exception.type":
+                                    exceptions.append(_proto_checked("exception.type", STR, kv.value, span_id, trace_id))
+                status = sp.status
                 out.append(_build(trace_id, span_id, parent_id, sp.name, sp.start_time_unix_nano,
-                                  sp.end_time_unix_nano, sp.status.code, attrs, exceptions, scope, scope_name,
-                                  sp.status.message))
+                                  sp.end_time_unix_nano, status.code, attrs, exceptions, scope, scope_name,
+                                  status.message))
     return out
+
+
+def _proto_checked(key: str, kind: str, v, span_id: str, trace_id: str) -> Any:
+    """A mapped attribute's protobuf AnyValue, checked against its type without converting anything else."""
+    which = v.WhichOneof("value")
+    if kind == STR:
+        if which == "string_value":
+            return v.string_value
+    elif kind == INT:
+        if which == "int_value" and 0 <= v.int_value <= MAX_TOKENS:
+            return v.int_value
+    elif kind == STRS:
+        if which == "string_value":
+            return (v.string_value,)
+        if which == "array_value":
+            values = v.array_value.values
+            if all(x.WhichOneof("value") == "string_value" for x in values):
+                return tuple(x.string_value for x in values)
+    else:  # JSONTEXT: read when text, ignored otherwise
+        return v.string_value if which == "string_value" else None
+    return _checked(key, kind, _proto_value(v), f"span {span_id} of trace {trace_id}")  # raises, naming the value
 
 
 # -- OTLP/JSON (otlp_json) ---------------------------------------------------------------
