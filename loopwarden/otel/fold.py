@@ -46,11 +46,24 @@ NS_PER_MS = 1_000_000
 
 
 class RunProgress(msgspec.Struct, array_like=True, gc=False):
-    """What the bridge has published for one run (keyed by its run span id)."""
+    """One run (keyed by its run span id): what was published, and what is still open.
+
+    Only the spans that can still change an event are kept: the model calls not yet published, the
+    last published one, and the tool calls that may belong to them (``open``). A published step's
+    spans are dropped from the trace's state, so a long run costs what its open steps hold."""
 
     started: bool = False
-    steps: list[str] = []  # span ids of the model calls published as steps, in order
     ended: bool = False
+    steps: int = 0  # steps published
+    last_step: str = ""  # span id of the last published step's model call
+    last_step_start: int = -1  # its start (ns): a model call starting before it is too late to place
+    open: list[str] = []  # unpublished model calls, and tool calls starting at or after last_step_start
+    first_ns: int = 0  # earliest start among the run's spans seen (0: none yet)
+    agent: str = ""  # the first gen_ai.agent.name seen on its spans
+    scope: str = ""  # the instrumentation scope of its first span
+    runtime: int = 0  # the mapping row of its first span
+    last_end: int = 0  # end (ns) of the model or tool call that ended last ...
+    last_tool_error: bool = False  # ... and whether it was a tool call in ERROR
     close_ms: int = 0  # the run span arrived: run_ended is due at this processing time (0: not yet arrived)
     open_ms: int = 0  # no span has named the agent yet: run_started waits until this processing time
 
@@ -60,10 +73,11 @@ class TraceState(msgspec.Struct, array_like=True, gc=False):
 
     spans: dict[str, Span] = {}
     runs: dict[str, RunProgress] = {}
-    members: dict[str, list[str]] = {}  # run span id -> its model and tool calls' span ids, arrival order
-    unresolved: list[str] = []  # model and tool calls whose run is not known yet
+    # model and tool calls whose run is not known yet, by the missing ancestor they wait for
+    waiting: dict[str, list[str]] = {}
     last_ms: int = 0  # processing time of the last span that arrived (retention)
     dropped: int = 0  # spans refused because the trace was full
+    held: int = 0  # spans ever accepted (dropped ones excluded): the bound counts these
 
 
 encode_trace = msgspec.msgpack.Encoder().encode
@@ -104,7 +118,7 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
     ``state`` is changed in place when given (a fresh one is made otherwise)."""
     out = Folded()
     if state is None:
-        state = TraceState(spans={}, runs={}, members={}, unresolved=[])
+        state = TraceState(spans={}, runs={}, waiting={})
     known = state.spans
     touched: set[str] = set()
     new: list[Span] = []
@@ -112,41 +126,70 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
         if span.span_id in known:
             out.counts["span_duplicate"] += 1
             continue
-        if len(known) >= limits.max_spans_per_trace:
+        if state.held >= limits.max_spans_per_trace:
             state.dropped += 1
             out.counts["span_trace_full"] += 1
             continue
         known[span.span_id] = span
+        state.held += 1
         new.append(span)
         out.counts["spans"] += 1
     if not new:
         return state, out
     state.last_ms = max(state.last_ms, now_ms)
-    # A span is placed in its run once its ancestors say which run it is; the spans still waiting for
-    # an ancestor are tried again whenever new spans arrive (a wrapper after its model call, ...).
-    waiting = state.unresolved
-    state.unresolved = []
-    for span in [known[i] for i in waiting if i in known] + new:
+    # A span is placed in its run once its ancestors say which run it is. Spans still waiting for an
+    # ancestor are filed under the id they wait for, and tried again when a span of that id arrives.
+    queue = list(new)
+    waiting = state.waiting
+    i = 0
+    while i < len(queue):
+        span = queue[i]
+        i += 1
+        woken = waiting.pop(span.span_id, None)
+        if woken:
+            queue += [known[w] for w in woken if w in known]
         if span.role == ROLE_RUN:
             run = span.span_id
         elif span.role in (ROLE_MODEL, ROLE_TOOL):
-            run = _owner(known, span)
+            run, missing = _owner(known, span)
             if run is None:
-                state.unresolved.append(span.span_id)
+                if missing:
+                    waiting.setdefault(missing, []).append(span.span_id)
                 continue
         else:
             continue  # wrappers and other spans only link children to their run
         progress = state.runs.get(run)
-        if progress is not None and progress.ended:
+        if progress is None:
+            progress = state.runs[run] = RunProgress(open=[])
+        if progress.ended:
             out.counts["span_after_end"] += 1
             del known[span.span_id]
             continue
         if span.role != ROLE_RUN:
-            state.members.setdefault(run, []).append(span.span_id)
+            if span.start_ns < progress.last_step_start:  # older than a step already published
+                out.counts["span_late"] += 1
+                del known[span.span_id]
+                continue
+            _join(progress, span)
         touched.add(run)
     for run in sorted(touched, key=lambda r: _first_start(state, r)):
         _advance(state, trace_id, run, out, now_ms, limits)
     return state, out
+
+
+def _join(progress: RunProgress, span: Span) -> None:
+    """A model or tool call joins its run's open spans and what the run keeps of all of them."""
+    if not progress.first_ns or span.start_ns < progress.first_ns:
+        progress.first_ns = span.start_ns
+    if not progress.scope:
+        progress.scope, progress.runtime = span.scope, span.runtime
+    if not progress.agent and span.agent:
+        progress.agent = span.agent
+    is_tool = span.role == ROLE_TOOL
+    if span.end_ns > progress.last_end or (span.end_ns == progress.last_end and is_tool):
+        progress.last_end = span.end_ns
+        progress.last_tool_error = is_tool and span.error
+    progress.open.append(span.span_id)
 
 
 def close_due(state: TraceState, trace_id: str, now_ms: int, limits: Limits = Limits()) -> Folded:
@@ -165,52 +208,50 @@ def next_close(state: TraceState) -> int | None:
                + [p.open_ms for p in state.runs.values() if p.open_ms and not p.started], default=None)
 
 
-def _owner(known: dict[str, Span], span: Span) -> str | None:
-    """The run span id a span belongs to: its nearest run ancestor; a missing ancestor is taken for
-    the run when the runtime's row says that role's parent is the run (None: not known yet)."""
+def _owner(known: dict[str, Span], span: Span) -> tuple[str | None, str]:
+    """(the run span id a span belongs to, ""), or (None, the missing ancestor it waits for; "" when it
+    has none: a root that is no run). The run is its nearest run ancestor; a missing ancestor is taken
+    for the run when the runtime's row says that role's parent is the run."""
     row = RUNTIMES[span.runtime]
     node = span
     for _ in range(64):  # a bounded walk: a cycle of parent ids cannot hang the fold
         parent = node.parent_id
         if not parent:
-            return None
+            return None, ""
         above = known.get(parent)
         if above is None:
-            return parent if node.role in row.parent_is_run else None
+            return (parent, "") if node.role in row.parent_is_run else (None, parent)
         if above.role == ROLE_RUN:
-            return parent
+            return parent, ""
         node = above
-    return None
+    return None, ""
 
 
 def _first_start(state: TraceState, run: str) -> int:
-    known = state.spans
-    starts = [known[i].start_ns for i in state.members.get(run, ()) if i in known]
-    if run in known:
-        starts.append(known[run].start_ns)
+    progress = state.runs.get(run)
+    run_span = state.spans.get(run)
+    starts = [progress.first_ns] if progress is not None and progress.first_ns else []
+    if run_span is not None:
+        starts.append(run_span.start_ns)
     return min(starts, default=0)
 
 
 def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: int, limits: Limits) -> None:
     known = state.spans
-    members = [known[i] for i in state.members.get(run, ()) if i in known]
     run_span = known.get(run)
     progress = state.runs.get(run)
     if progress is None:
-        progress = state.runs[run] = RunProgress(steps=[])
+        progress = state.runs[run] = RunProgress(open=[])
     closing = run_span is not None and not progress.ended
     if closing and not progress.close_ms:
         progress.close_ms = max(1, now_ms + int(limits.end_grace_s * 1000))
     closed = closing and progress.close_ms <= now_ms
-    models = sorted((s for s in members if s.role == ROLE_MODEL), key=lambda s: (s.start_ns, s.span_id))
-    tools = sorted((s for s in members if s.role == ROLE_TOOL), key=lambda s: (s.start_ns, s.span_id))
-    anchor = run_span if run_span is not None else (models[0] if models else (members[0] if members else None))
-    if anchor is None:
-        return
-    row = RUNTIMES[anchor.runtime]
+    if run_span is None and not progress.scope:
+        return  # nothing of the run arrived yet
+    row = RUNTIMES[run_span.runtime if run_span is not None else progress.runtime]
     run_id = run_id_of(trace_id, run)
     if not progress.started:
-        agent = _agent(run_span, members)
+        agent = _agent(run_span, progress)
         if agent is None:
             if not progress.open_ms:
                 progress.open_ms = max(1, now_ms + int(limits.start_grace_s * 1000))
@@ -218,51 +259,57 @@ def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: in
                 return  # nothing of the run goes out before its run_started
             agent = row.name
         progress.started = True
-        first_ns = min([s.start_ns for s in members] + ([run_span.start_ns] if run_span else []))
-        out.events.append(RunStarted(run_id=run_id, ts=_ms(first_ns), agent=agent,
-                                     policy=_policy(row, anchor, members)))
-    published = set(progress.steps)
-    last_start = known[progress.steps[-1]].start_ns if progress.steps else -1
-    pending = []
-    for m in models:
-        if m.span_id in published:
-            continue
-        if m.start_ns < last_start:  # a model call older than a step already published: too late to place
-            out.counts["span_late"] += 1
-            del known[m.span_id]  # counted once; a redelivery of it is late again, not a duplicate
-            state.members[run].remove(m.span_id)
-            continue
-        pending.append(m)
-    ready = pending if closed else pending[:-1]
-    all_models = [known[s] for s in progress.steps] + pending
-    for m in ready:
-        index = len(progress.steps)
-        following = all_models[index + 1] if index + 1 < len(all_models) else None
-        window_end = following.start_ns if following is not None else None
+        out.events.append(RunStarted(run_id=run_id, ts=_ms(_first_start(state, run)), agent=agent,
+                                     policy=_policy(row, run_span, progress)))
+    opened = [known[i] for i in progress.open if i in known]
+    models = sorted((x for x in opened if x.role == ROLE_MODEL), key=_order)
+    tools = sorted((x for x in opened if x.role == ROLE_TOOL), key=_order)
+    ready = models if closed else models[:-1]
+    for k, m in enumerate(ready):
+        window_end = models[k + 1].start_ns if k + 1 < len(models) else None
         calls = [t for t in tools if t.start_ns >= m.start_ns and (window_end is None or t.start_ns < window_end)]
-        out.events.append(_step(run_id, index, m, calls))
-        progress.steps.append(m.span_id)
+        out.events.append(_step(run_id, progress.steps, m, calls))
+        progress.steps += 1
+        if progress.last_step:
+            known.pop(progress.last_step, None)  # a step before the last: nothing reads it again
+        progress.last_step, progress.last_step_start = m.span_id, m.start_ns
+    if ready:
+        start = progress.last_step_start
+        for t in tools:
+            if t.start_ns < start:
+                known.pop(t.span_id, None)  # a published step's tool call
+        progress.open = [x.span_id for x in models[len(ready):]] + [t.span_id for t in tools if t.start_ns >= start]
     if closed:
         progress.ended = True
-        out.events.append(_ended(run_id, row, run_span, models, tools, progress, known))
+        last_model = known.get(progress.last_step) if progress.last_step else None
+        last_calls = [t for t in tools if last_model is not None and t.start_ns >= last_model.start_ns]
+        out.events.append(_ended(run_id, row, run_span, last_model, last_calls, progress))
         out.counts["runs_ended"] += 1
+        for span_id in progress.open:  # the run is over: its calls are never read again
+            known.pop(span_id, None)
+        if progress.last_step:
+            known.pop(progress.last_step, None)
+        progress.open = []
 
 
-def _agent(run_span: Span | None, members: list[Span]) -> str | None:
+def _order(span: Span) -> tuple[int, str]:
+    return span.start_ns, span.span_id
+
+
+def _agent(run_span: Span | None, progress: RunProgress) -> str | None:
     """gen_ai.agent.name, else the run span's name; None while no span names it (AI SDK 7 names the agent
     on its run span only): the run then waits ``start_grace_s`` for it, then takes its runtime's name."""
     if run_span is not None and run_span.agent:
         return run_span.agent[:100]
-    for s in members:
-        if s.agent:
-            return s.agent[:100]
+    if progress.agent:
+        return progress.agent[:100]
     if run_span is not None and run_span.name:
         return run_span.name[:100]
     return None
 
 
-def _policy(row: Runtime, anchor: Span, members: list[Span]) -> Policy:
-    scope = anchor.scope or next((s.scope for s in members if s.scope), "") or row.name
+def _policy(row: Runtime, run_span: Span | None, progress: RunProgress) -> Policy:
+    scope = (run_span.scope if run_span is not None else "") or progress.scope or row.name
     bounds = tuple(Custom(name=name, role="bound") for _exc, name in row.bounds)
     # Spans carry no stop policy: only the bounds the runtime enforces by raising are declared.
     return Policy(version=f"otel:{scope}"[:200], stop_when=bounds)
@@ -308,18 +355,15 @@ def _step(run_id: str, index: int, model: Span, calls: list[Span]) -> StepFinish
     )
 
 
-def _ended(run_id: str, row: Runtime, run_span: Span, models: list[Span], tools: list[Span],
-           progress: RunProgress, known: dict[str, Span]) -> RunEnded:
+def _ended(run_id: str, row: Runtime, run_span: Span, last_model: Span | None, last_calls: list[Span],
+           progress: RunProgress) -> RunEnded:
     """The reported cause (spec section 9), first match."""
-    step_count = len(progress.steps)
-    last_model = known[progress.steps[-1]] if progress.steps else None
-    last_calls = [t for t in tools if last_model is not None and t.start_ns >= last_model.start_ns]
-    base = dict(run_id=run_id, ts=_ms(run_span.end_ns), step_count=step_count)
+    base = dict(run_id=run_id, ts=_ms(run_span.end_ns), step_count=progress.steps)
     excs = run_span.exceptions
     # 1. an approval deferral (a tool call marked so, or the runtime's interrupt on any span)
     deferred = next((t for t in last_calls if t.approval), None)
-    if deferred is None and any(s.approval for s in (run_span, *models)):
-        deferred = next(s for s in (run_span, *models) if s.approval)
+    if deferred is None:
+        deferred = next((x for x in (run_span, last_model) if x is not None and x.approval), None)
     if deferred is not None:
         call_id = deferred.tool_id or deferred.span_id
         approval = Approval(approval_id=call_id, tool_call_id=call_id,
@@ -340,10 +384,9 @@ def _ended(run_id: str, row: Runtime, run_span: Span, models: list[Span], tools:
         if hit is not None:
             return RunEnded(**base, cause=cause, approval=None, error_name=hit[:200])
     if run_span.error:
-        last = max(list(models) + list(tools), key=lambda s: (s.end_ns, s.role == ROLE_TOOL), default=None)
         error_name = shorts[0][:200] if shorts else None
         # 5. a tool span in ERROR was the last thing that happened
-        if last is not None and last.role == ROLE_TOOL and last.error:
+        if progress.last_tool_error:
             return RunEnded(**base, cause="tool_error", approval=None, error_name=error_name)
         # 6. any other error
         return RunEnded(**base, cause="error", approval=None, error_name=error_name)
@@ -362,4 +405,5 @@ def expired(state: TraceState, now_ms: int, limits: Limits) -> bool:
 
 
 def unended_runs(state: TraceState) -> int:
+    """Runs of the trace that started and never ended."""
     return sum(1 for p in state.runs.values() if p.started and not p.ended)

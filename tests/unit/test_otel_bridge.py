@@ -210,6 +210,47 @@ def test_a_trace_of_100_000_spans_is_held_and_the_next_counted():
     assert b.counts["otel", "span_trace_full"] == 1
 
 
+def test_long_run_keeps_only_its_open_steps():
+    """A run of 2,000 steps, one span per message: published steps' spans leave the state; the events are whole."""
+    b = Bridge()
+    r = Run()
+    for _ in range(2000):
+        b.fold([traces(r.chat())])
+        b.fold([traces(r.tool())])
+        assert len(decode_trace(next(iter(b.store.values()))).spans) <= 4
+    b.fold([traces(r.chat("stop"), r.end())])
+    events = b.events()
+    assert [e.step for e in events if isinstance(e, StepFinished)] == list(range(2001))
+    assert all(len(e.tool_calls) == 1 for e in events if isinstance(e, StepFinished) and e.step < 2000)
+    assert (events[-1].cause, events[-1].step_count) == ("natural_finish", 2001)
+    assert len(decode_trace(next(iter(b.store.values()))).spans) == 1  # the run span, for late spans
+
+
+def test_spans_waiting_for_their_run_are_woken_by_their_ancestor():
+    """OpenAI Agents spans wait for their run span (their parents arrive last); its arrival places them all."""
+    tid, root, turn = trace_id(), span_id(), span_id()
+    scope = "opentelemetry.instrumentation.openai_agents"
+    spans = []
+    for i in range(50):
+        spans.append(span(tid, "chat m", 10 * i + 1, 10 * i + 5, parent=turn, gen_ai__operation__name="chat",
+                          gen_ai__response__finish_reasons=["tool_calls" if i < 49 else "stop"]))
+        if i < 49:
+            spans.append(span(tid, "execute_tool t", 10 * i + 6, 10 * i + 8, parent=turn, gen_ai__tool__name="t",
+                              gen_ai__operation__name="execute_tool"))
+    b = Bridge()
+    for s in spans:
+        b.fold([traces(s, scope=scope)])
+    assert b.outputs == []
+    state = decode_trace(b.store[tid.hex().encode()])
+    assert list(state.waiting) == [turn.hex()] and len(state.waiting[turn.hex()]) == 99
+    b.fold([traces(span(tid, "unknown", 0, 600, sid=turn, parent=root, gen_ai__operation__name="unknown"),
+                   span(tid, "invoke_agent a", 0, 601, sid=root, gen_ai__operation__name="invoke_agent",
+                        gen_ai__agent__name="a"), scope=scope)])
+    events = b.events()
+    assert kinds(events) == ["run_started"] + ["step_finished"] * 50 + ["run_ended"]
+    assert final(events) == {events[0].run_id: ("VERIFYING", "natural_finish")}
+
+
 def test_trace_dropped_after_retention():
     """A trace with no new span for trace_retention_s is dropped at a punctuation, and counted."""
     b = Bridge()
