@@ -8,6 +8,8 @@ import random
 
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from loopwarden.codecs import RunEnded, RunStarted, StepFinished
 from loopwarden.otel import Limits, decode_traces, run_id_of
@@ -560,3 +562,40 @@ def test_state_is_msgspec_encoded():
     (raw,) = b.store.values()
     state = decode_trace(raw)
     assert msgspec.msgpack.encode(state) == raw and len(state.spans) == 2
+
+
+# -- properties -------------------------------------------------------------------------------
+@st.composite
+def _run_in_end_order(draw):
+    """A run's spans in the order they end (children first, the run span last), with their shape drawn."""
+    r = Run()
+    spans = []
+    n = draw(st.integers(1, 6))
+    for i in range(n):
+        last = i == n - 1
+        spans.append(r.chat("stop" if last else "tool_calls"))
+        if not last:
+            for _ in range(draw(st.integers(0, 3))):
+                spans.append(r.tool(error=draw(st.booleans())))
+    ending = draw(st.sampled_from([None, "ValueError", "pydantic_ai.exceptions.UsageLimitExceeded"]))
+    spans.append(r.end(error=ending is not None, exception=ending))
+    return spans
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spans=_run_in_end_order(), cuts=st.lists(st.integers(1, 30), max_size=8), restart=st.booleans())
+def test_any_split_into_messages_gives_the_same_events(spans, cuts, restart):
+    """However a run's spans are cut into messages (and restarts between them), the events are those of one message."""
+    whole = Bridge()
+    whole.fold([traces(*spans)])
+    b = Bridge()
+    at = 0
+    for cut in sorted(set(cuts)) + [len(spans)]:
+        if cut > at:
+            b.fold([traces(*spans[at:cut])])
+            if restart:
+                b.task = b.new_task()
+            at = cut
+    events, once = b.events(), whole.events()
+    assert kinds(events) == kinds(once) and events[1:] == once[1:]
+    assert events[0].run_id == once[0].run_id and events[0].agent == once[0].agent
