@@ -47,7 +47,7 @@ def _check(records, expected, secret: str) -> Counter:
         trace_ids = {s.trace_id for s in decode_traces(rec.value)}
         assert trace_ids == {rec.key.decode()}, "partition_traces_by_id: one trace per message, key = trace id"
     assert any(secret.encode() in rec.value for rec in records), "the runtime exported content"
-    events, produced = bridge_partitions(records)
+    events, produced, _outputs = bridge_partitions(records)
     assert produced and secret.encode() not in produced
     agents = {e.run_id: e.agent for e in events if isinstance(e, RunStarted)}
     got = {agents[run]: (t.to_state, t.reason) for run, t in replay(events).final.items()}
@@ -65,6 +65,26 @@ def test_runtime_through_the_collector(kafka, collector, runtime):
 def test_otlp_json_through_the_collector(kafka, collector):
     """With the exporter's otlp_json encoding the same runs reach the same states."""
     assert all(r.value.startswith(b"{") for r in _through(kafka, collector, "genai_runs"))
+
+
+def test_bridge_events_through_the_worker(kafka, collector, tmp_path):
+    """The bridge's events for Pydantic AI runs, published on agent.steps, bring the real worker to the same states."""
+    from tests.integration.harness import final_states, make_worker, publish, read_topic, run, transitions, unique_config
+
+    records = _through(kafka, collector, "pydantic_ai_runs")
+    events, _produced, outputs = bridge_partitions(records)
+    expected = {run_id: t.to_state for run_id, t in replay(events).final.items()}
+    worker = make_worker(unique_config(kafka.bootstrap, clock="event"), tmp_path).start()
+    try:  # the bridge's own records: its keys, bytes and headers, on the default partitioner
+        run(publish(worker.config, [("steps", o.key, o.value, list(o.headers)) for o in outputs]))
+
+        def done(recs):
+            return final_states(transitions(recs)) == expected
+
+        got = final_states(transitions(run(read_topic(worker.config, worker.config.health_topic, done, 120))))
+        assert got == expected, worker.log_tail()
+    finally:
+        worker.stop()
 
 
 def _through(kafka, collector, runtime: str) -> list:

@@ -99,14 +99,14 @@ async def read_spans(bootstrap: str, topic: str, runs: int, timeout_s: float = 9
         await consumer.stop()
 
 
-def bridge_partitions(records: list, limits: Limits = Limits(end_grace_s=2)) -> tuple[list, bytes]:
+def bridge_partitions(records: list, limits: Limits = Limits(end_grace_s=2)) -> tuple[list, bytes, list]:
     """Each partition's records through a bridge task of its own, as the engine runs them (one batch per
     poll-sized chunk, committed), then a punctuation after the end grace; the events, per partition order,
-    and every byte the bridge produced (keys, values, headers, changelog)."""
+    every byte the bridge produced (keys, values, headers, changelog), and its output records."""
     by_partition = defaultdict(list)
     for rec in records:
         by_partition[rec.partition].append(rec)
-    events = []
+    events, outputs = [], []
     produced = b""
     for partition, recs in sorted(by_partition.items()):
         b = Bridge()
@@ -118,9 +118,10 @@ def bridge_partitions(records: list, limits: Limits = Limits(end_grace_s=2)) -> 
         _commit(b, b.task.fold([], punctuate=True))
         assert b.deadletters == [], [(d.reason, d.error) for d in b.deadletters]
         events += b.events()
+        outputs += b.outputs
         produced += b"".join(o.key + o.value + b"".join(v for _k, v in o.headers) for o in b.outputs)
         produced += b"".join(k + v for k, v in b.store.items())
-    return events, produced
+    return events, produced, outputs
 
 
 def _commit(b: Bridge, out) -> None:
