@@ -73,13 +73,16 @@ class BridgeTask:
 
     def __init__(self, partition: int, store: Mapping[bytes, bytes], *, steps_topic: str,
                  limits: Limits = Limits(), wall_ms: Callable[[], int] = wall_clock_ms,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, max_future_ms: int = 300_000) -> None:
         self.partition = partition
         self.store = store
         self.steps_topic = steps_topic
         self.limits = limits
         self.wall_ms = wall_ms
         self.max_message_bytes = max_message_bytes
+        # A span ending further ahead of this wall clock is refused, as the worker refuses such events:
+        # its events would be dead-lettered there, leaving its run without them.
+        self.max_future_ms = max_future_ms
         self.last_ms: dict[bytes, int] = {}  # trace id -> last activity (committed), for retention
         self.closing: dict[bytes, int] = {}  # trace id -> when its next run's end grace is over (committed)
         self._live: dict[bytes, TraceState | None] = {}
@@ -123,6 +126,10 @@ class BridgeTask:
                 spans = decode_traces(value, header(rec.headers, "content-type"))
                 if not spans:
                     raise BadTraces("not_traces_data", "no spans in the message")
+                latest = max(s.end_ns for s in spans) // 1_000_000
+                if latest > now + self.max_future_ms:
+                    raise BadTraces("ts_in_future", f"a span ends at {latest} ms, {(latest - now) / 1000:.0f} s ahead "
+                                                    f"of this bridge's clock (at most {self.max_future_ms / 1000:g} s)")
             except BadTraces as exc:
                 out.deadletters.append(DeadLetter(rec, exc.reason, str(exc)))
                 out.counts["invalid", "otlp_spans", exc.reason] += 1

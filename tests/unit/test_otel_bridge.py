@@ -336,6 +336,16 @@ def test_error_messages_name_the_value():
     assert "attribute 'gen_ai.usage.input_tokens' must be an int >= 0, got 'ten'" in out.deadletters[0].error
 
 
+def test_span_ending_in_the_future_is_dead_lettered():
+    """A span ending beyond the bridge's clock + max_future_ms is refused (the worker would refuse its events)."""
+    b = Bridge()
+    b.now_ms = 1_790_000_000_000  # T0 of the hand-made spans
+    r = Run()
+    late = span(r.tid, "chat m", 0, 400_000, parent=r.sid, gen_ai__operation__name="chat")
+    out = b.fold([traces(late), traces(r.chat())])
+    assert [d.reason for d in out.deadletters] == ["ts_in_future"] and "400 s ahead" in out.deadletters[0].error
+
+
 def test_oversized_message_is_dead_lettered():
     """A message over max_message_bytes is refused before decoding."""
     b = Bridge()
