@@ -111,7 +111,11 @@ class BridgeTask:
              lagging: Collection[str] = ()) -> BridgeBatch:
         """Turn a batch of ``otlp_spans`` records (offset order) into events, state changes and offsets.
 
-        ``lagging`` is accepted for the engine's sake and unused: the bridge has one input."""
+        When ``caught_up`` (the input consumed to its end), runs whose start or end grace has passed
+        are published too (a call with no records does just that: the engine's punctuation); while a
+        backlog drains they wait, since their late spans may be in it. ``punctuate`` (and caught up)
+        also drops the traces past retention. ``lagging`` is accepted for the engine's sake and
+        unused: the bridge has one input."""
         out = BridgeBatch()
         self._live.clear()
         now = self.wall_ms()
@@ -148,13 +152,14 @@ class BridgeTask:
                 state, folded = fold_trace(self.load(key), trace_id, group, now, self.limits)
                 self._live[key] = state
                 self._emit(folded, out)
-        if punctuate and caught_up:
+        if caught_up:  # runs in their start or end grace: due ones go out (few: those of the last seconds)
             for key, due in list(self.closing.items()):
                 if due <= now:
                     state = self.load(key)
                     if state is not None:
                         self._live[key] = state
                         self._emit(close_due(state, key.decode(), now, self.limits), out)
+        if punctuate and caught_up:
             self._expire(now, out)
         for key, state in self._live.items():
             out.changes[key] = None if state is None else encode_trace(state)

@@ -154,6 +154,20 @@ def test_end_grace_waits_for_spans_ending_after_the_run_span():
     assert [c.status for c in events[1].tool_calls] == ["pending"] and events[2].cause == "aborted"
 
 
+def test_end_grace_waits_while_a_backlog_drains():
+    """A run past its end grace waits while the input is not caught up, and goes out with the next caught-up fold."""
+    b = Bridge()
+    b.task = b.new_task(limits=Limits(end_grace_s=2))
+    r = Run()
+    b.fold([traces(r.chat("stop"), r.end())])
+    b.now_ms += 5_000
+    out = b.task.fold([], caught_up=False)
+    assert out.outputs == []
+    b.task.discard()
+    b.fold([traces(Run().chat())])  # any caught-up fold, records or not
+    assert kinds(b.events()) == ["run_started", "run_started", "step_finished", "run_ended"]
+
+
 def test_span_of_an_ended_run_is_counted_and_ignored():
     """A span arriving after its run span is counted (span_after_end) and publishes nothing."""
     b = Bridge()
