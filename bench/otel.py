@@ -103,7 +103,7 @@ def traces(runs: int, chats: int, tools: int, seed: int = 7) -> tuple[list[_Rec]
 
 def _bridge(records: list[_Rec]) -> tuple[float, list]:
     store: dict = {}
-    now = [0]
+    now = [int(time.time() * 1000)]  # the spans are stamped from T0 (2026-09), in the past
     task = BridgeTask(0, store, steps_topic="agent.steps", limits=Limits(end_grace_s=0), wall_ms=lambda: now[0])
     outputs = []
     t0 = time.perf_counter()
@@ -116,6 +116,8 @@ def _bridge(records: list[_Rec]) -> tuple[float, list]:
                 store[key] = raw
         task.committed(out)
         outputs += out.outputs
+        if out.deadletters:
+            raise SystemExit(f"the bench's own messages were dead-lettered: {out.deadletters[0].error}")
     return time.perf_counter() - t0, outputs
 
 
