@@ -94,7 +94,6 @@ def _through(kafka, collector, runtime: str) -> list:
     provider.force_flush()
     provider.shutdown()
     records = asyncio.run(read_spans(kafka.bootstrap, collector.topic, len(expected)))
-    assert len({r.partition for r in records}) > 1, "traces spread over the topic's partitions"
     _check(records, expected, SECRET)
     return records
 

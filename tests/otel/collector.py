@@ -80,8 +80,9 @@ async def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
         await admin.close()
 
 
-async def read_spans(bootstrap: str, topic: str, runs: int, timeout_s: float = 90) -> list:
-    """Records of ``topic`` from the beginning until they hold ``runs`` run spans (or the timeout)."""
+async def read_spans(bootstrap: str, topic: str, runs: int, timeout_s: float = 90, quiet_s: float = 1.5) -> list:
+    """Records of ``topic`` from the beginning until they hold ``runs`` run spans and nothing more came for
+    ``quiet_s`` (spans that end after their run's, e.g. a cancelled tool's, may follow in a later message)."""
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                                 enable_auto_commit=False, group_id=None)
     await consumer.start()
@@ -89,11 +90,15 @@ async def read_spans(bootstrap: str, topic: str, runs: int, timeout_s: float = 9
     seen = 0
     try:
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and seen < runs:
-            for recs in (await consumer.getmany(timeout_ms=500)).values():
+        last_new = time.monotonic()
+        while time.monotonic() < deadline:
+            for recs in (await consumer.getmany(timeout_ms=300)).values():
                 for rec in recs:
                     records.append(rec)
+                    last_new = time.monotonic()
                     seen += sum(1 for s in decode_traces(rec.value) if s.role == ROLE_RUN)
+            if seen >= runs and time.monotonic() - last_new >= quiet_s:
+                break
         return records
     finally:
         await consumer.stop()
