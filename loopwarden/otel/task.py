@@ -10,6 +10,18 @@ counts for metrics — that the engine commits in one transaction, then
 
 Per-trace state is bounded (``Limits.max_spans_per_trace``) and dropped once a trace has
 had no new span for ``Limits.trace_retention_s`` (at a punctuation, when caught up).
+
+What the engine's adapter does with a :class:`BridgeBatch`, in one transaction: produce
+``outputs`` (``partition`` None: the default murmur2 partitioner over ``agent.steps``, so a
+run's events land where the worker expects them), produce ``deadletters`` to the dead-letter
+topic byte for byte with the worker's headers (reason, error, source topic, partition, offset),
+write ``changes`` to the stage's changelog (key = trace id in hex; None = tombstone), commit
+``offsets``; after the commit apply ``changes`` to the store and call :meth:`BridgeTask.committed`.
+Call ``fold([], punctuate=True, caught_up=...)`` once per tick interval, as for the worker's
+timers. ``counts`` keys: ``("invalid", "otlp_spans", reason)``, ``("otel", label)`` with label in
+``spans``, ``span_duplicate``, ``span_late``, ``span_after_end``, ``span_trace_full``,
+``runs_ended``, ``traces_expired``, ``runs_unended``, and ``("otel_event", event type)``;
+:attr:`BridgeTask.traces` is the number of traces held (a gauge).
 """
 
 from __future__ import annotations
