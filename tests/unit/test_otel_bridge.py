@@ -383,6 +383,24 @@ def test_random_bytes_never_crash():
     assert all(d.reason != "internal_error" for d in out.deadletters)
 
 
+def test_mutated_messages_never_crash():
+    """Bytes flipped anywhere in a real message: dead-lettered with a reason or folded, never an internal error."""
+    rnd = random.Random(11)
+    r = Run()
+    good = traces(r.chat(), r.tool(error=True), r.chat("stop"), r.end(error=True, exception="ValueError"))
+    values = []
+    for _ in range(2000):
+        data = bytearray(good)
+        for _ in range(rnd.randint(1, 4)):
+            data[rnd.randrange(len(data))] = rnd.randrange(256)
+        values.append(bytes(data))
+    b = Bridge()
+    out = b.fold(values)
+    assert out.consumed == 2000 and out.offsets["otlp_spans"] == 2000
+    reasons = {d.reason for d in out.deadletters}
+    assert "internal_error" not in reasons and {"not_traces_data", "bad_span_time"} <= reasons
+
+
 def test_no_content_leaves_the_bridge():
     """A secret planted in every content attribute (and exception messages) is in no event, key or state byte."""
     b = Bridge()
