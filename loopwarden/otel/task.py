@@ -20,7 +20,8 @@ write ``changes`` to the stage's changelog (key = trace id in hex; None = tombst
 Call ``fold([], punctuate=True, caught_up=...)`` once per tick interval, as for the worker's
 timers. ``counts`` keys: ``("invalid", "otlp_spans", reason)``, ``("otel", label)`` with label in
 ``spans``, ``span_duplicate``, ``span_late``, ``span_after_end``, ``span_trace_full``,
-``runs_ended``, ``traces_expired``, ``runs_unended``, and ``("otel_event", event type)``;
+``runs_ended``, ``traces_expired``, ``runs_unended``, ``message_not_keyed_by_trace`` (the exporter
+lacks ``partition_traces_by_id``), and ``("otel_event", event type)``;
 :attr:`BridgeTask.traces` is the number of traces held (a gauge).
 """
 
@@ -98,6 +99,7 @@ class BridgeTask:
         self.last_ms: dict[bytes, int] = {}  # trace id -> last activity (committed), for retention
         self.closing: dict[bytes, int] = {}  # trace id -> when its next run's end grace is over (committed)
         self._live: dict[bytes, TraceState | None] = {}
+        self._warned_keys = False
 
     # -- recovery -------------------------------------------------------------------
     def rebuild(self) -> int:
@@ -159,6 +161,15 @@ class BridgeTask:
             by_trace: dict[str, list] = {}
             for span in spans:
                 by_trace.setdefault(span.trace_id, []).append(span)
+            if len(by_trace) > 1 or rec.key is None or rec.key.decode("ascii", "replace") not in by_trace:
+                # Not one trace keyed by its id: without the exporter's partition_traces_by_id a trace's
+                # spans spread over partitions, and each partition sees part of a run. Counted, warned once.
+                out.counts["otel", "message_not_keyed_by_trace"] += 1
+                if not self._warned_keys:
+                    self._warned_keys = True
+                    log.warning("%s[%d]@%d is not one trace keyed by its trace id: set the Collector's kafka "
+                                "exporter partition_traces_by_id: true, or runs may be split across partitions",
+                                rec.topic, rec.partition, rec.offset)
             for trace_id, group in by_trace.items():
                 key = trace_id.encode()
                 state, folded = fold_trace(self.load(key), trace_id, group, now, self.limits)

@@ -122,6 +122,7 @@ def bridge_partitions(records: list, limits: Limits = Limits(end_grace_s=2)) -> 
         b.now_ms += int(limits.end_grace_s * 1000) + 1
         _commit(b, b.task.fold([], punctuate=True))
         assert b.deadletters == [], [(d.reason, d.error) for d in b.deadletters]
+        assert b.counts["otel", "message_not_keyed_by_trace"] == 0  # partition_traces_by_id holds
         events += b.events()
         outputs += b.outputs
         produced += b"".join(o.key + o.value + b"".join(v for _k, v in o.headers) for o in b.outputs)
@@ -136,5 +137,6 @@ def _commit(b: Bridge, out) -> None:
         else:
             b.store[key] = raw
     b.task.committed(out)
+    b.counts.update(out.counts)
     b.outputs += out.outputs
     b.deadletters += out.deadletters

@@ -15,7 +15,7 @@ from loopwarden.codecs import RunEnded, RunStarted, StepFinished
 from loopwarden.otel import Limits, decode_traces, run_id_of
 from loopwarden.otel.fold import FINISH, decode_trace
 from loopwarden.otel.mapping import ROLE_MODEL, ROLE_OTHER, ROLE_RUN, ROLE_TOOL, ROLE_WRAPPER, RUNTIMES, classify
-from tests.otel.bridge import Bridge, replay
+from tests.otel.bridge import Bridge, Rec, replay
 from tests.otel.traces import SECRET, Run, span, span_id, trace_id, traces
 
 
@@ -102,6 +102,17 @@ def test_many_traces_in_one_message():
     assert sorted(by_run) == sorted(run_id_of(r.tid.hex(), r.sid.hex()) for r, _ in runs)
     assert set(by_run.values()) == {("VERIFYING", "natural_finish")}
     assert len(b.store) == 3
+
+
+def test_messages_not_keyed_by_trace_are_counted():
+    """A message without the trace id as key, or holding several traces, folds but is counted (partition_traces_by_id off)."""
+    b = Bridge()
+    _r, spans = natural_run()
+    out = b.task.fold([Rec(traces(*spans), 0, key=None)])
+    assert out.counts["otel", "message_not_keyed_by_trace"] == 1 and len(out.outputs) == 4
+    r2, spans2 = natural_run()
+    out = b.task.fold([Rec(traces(*spans2), 1, key=r2.tid.hex().encode())])
+    assert out.counts["otel", "message_not_keyed_by_trace"] == 0
 
 
 def test_run_span_never_arrives_goes_stuck():
