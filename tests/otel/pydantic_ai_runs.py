@@ -89,7 +89,8 @@ async def scenarios(settings: InstrumentationSettings) -> list[Expected]:
     def remove(q: str) -> str:
         return f"removed {SECRET}"
 
-    done.append(Expected("pa-approval-unmarked", "UNCERTAIN", "cause_mismatch", await _run(unmarked)))
+    done.append(Expected("pa-approval-unmarked", "UNCERTAIN", "cause_mismatch", await _run(unmarked),
+                         truth="approval_required"))
 
     bounded = Agent(FunctionModel(_calls_tool("again", then_text=False)), name="pa-bounded")
 
@@ -108,7 +109,7 @@ async def scenarios(settings: InstrumentationSettings) -> list[Expected]:
         return f"never {SECRET}"
 
     # RunCancelled is not recorded on any span (the run span ends OK): the cause was not recorded
-    done.append(Expected("pa-cancelled", "UNCERTAIN", "cause_not_recorded", await _run(cancelled)))
+    done.append(Expected("pa-cancelled", "UNCERTAIN", "cause_not_recorded", await _run(cancelled), truth="aborted"))
 
     slow = Agent(FunctionModel(_calls_tool("wait")), name="pa-timeout")
 
