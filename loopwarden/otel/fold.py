@@ -33,7 +33,7 @@ from loopwarden.codecs.events import (
     ToolCall,
     Usage,
 )
-from loopwarden.otel.mapping import ROLE_MODEL, ROLE_RUN, ROLE_TOOL, ROLE_WRAPPER, RUNTIMES, Runtime
+from loopwarden.otel.mapping import ROLE_MODEL, ROLE_RUN, ROLE_TOOL, RUNTIMES, Runtime
 from loopwarden.otel.spans import Span
 
 FINISH = {
