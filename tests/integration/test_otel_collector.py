@@ -112,3 +112,20 @@ def test_ai_sdk_through_the_collector(kafka, collector, legacy):
     expected = [Expected(**json.loads(line)) for line in done.stdout.splitlines() if line.strip()]
     records = asyncio.run(read_spans(kafka.bootstrap, collector.topic, len(expected)))
     _check(records, expected, SECRET)
+
+
+def test_deployed_config_is_what_the_bridge_needs():
+    """deploy/otel-collector.yaml, as users copy it, is valid for the built Collector and sets what the bridge relies on."""
+    import yaml
+
+    from tests.otel.collector import DEPLOYED, OTELCOL
+
+    env = {"KAFKA_BROKERS": "kafka-1:9092", "PATH": "/usr/bin:/bin"}
+    check = subprocess.run([str(OTELCOL), "validate", "--config", str(DEPLOYED)], env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert check.returncode == 0, check.stderr
+    shown = subprocess.run([str(OTELCOL), "print-config", "--config", str(DEPLOYED)], env=env, capture_output=True,
+                           text=True, timeout=60)
+    kafka = yaml.safe_load(shown.stdout)["exporters"]["kafka"]
+    assert kafka["brokers"] == ["kafka-1:9092"] and kafka["partition_traces_by_id"] is True
+    assert kafka["traces"]["topic"] == "otlp_spans" and kafka["traces"]["encoding"] == "otlp_proto"
