@@ -66,7 +66,6 @@ async function attempt(agentName, steps, { stopWhen, abort, timeout } = {}) {
       prompt: `task ${SECRET}`,
       abortSignal: controller.signal,
       timeout,
-      experimental_telemetry: { functionId: agentName },
       telemetry: { functionId: agentName },
     });
     return null;
