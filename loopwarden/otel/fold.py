@@ -331,7 +331,7 @@ CANCELLED_STATUS = "cancelled" if "cancelled" in TOOL_STATUSES else "pending"
 
 
 def _cancelled(row: Runtime, span: Span) -> bool:
-    return any(e.rsplit(".", 1)[-1] in row.cancelled for e in span.exceptions)
+    return bool(span.exceptions) and any(e.rsplit(".", 1)[-1] in row.cancelled for e in span.exceptions)
 
 
 def _status(tool: Span) -> str:

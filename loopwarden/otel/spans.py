@@ -318,6 +318,8 @@ def _proto_checked(key: str, kind: str, v, span_id: str, trace_id: str) -> Any:
             return (v.string_value,)
         if which == "array_value":
             values = v.array_value.values
+            if len(values) == 1 and values[0].WhichOneof("value") == "string_value":
+                return (values[0].string_value,)  # finish reasons: one, nearly always
             if all(x.WhichOneof("value") == "string_value" for x in values):
                 return tuple(x.string_value for x in values)
     else:  # JSONTEXT: read when text, ignored otherwise
