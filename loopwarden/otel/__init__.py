@@ -1,0 +1,15 @@
+"""The OpenTelemetry bridge (spec.md section 9): TracesData on ``otlp_spans`` -> run events on ``agent.steps``.
+
+``spans`` decodes messages into content-free spans, ``mapping`` holds one row per agent runtime,
+``fold`` is the pure core (per-trace state -> events), ``task`` the per-partition stage the engine runs.
+"""
+
+from loopwarden.otel.fold import Limits, TraceState, fold_trace, run_id_of
+from loopwarden.otel.mapping import RUNTIMES, Runtime
+from loopwarden.otel.spans import BadTraces, Span, decode_traces
+from loopwarden.otel.task import BridgeBatch, BridgeTask, Output
+
+__all__ = [
+    "RUNTIMES", "BadTraces", "BridgeBatch", "BridgeTask", "Limits", "Output", "Runtime", "Span", "TraceState",
+    "decode_traces", "fold_trace", "run_id_of",
+]

@@ -1,0 +1,409 @@
+"""The bridge's pure core: a trace's spans in, contract events out (spec.md section 9).
+
+Spans arrive as they end — children first, the run span last — across many messages.
+:func:`fold_trace` adds a message's spans of one trace to that trace's
+:class:`TraceState` and returns the events that became due, in order:
+
+- ``run_started`` when a run's first span arrives (the run span itself, or a span whose
+  run it is: see ``Runtime.parent_is_run``);
+- ``step_finished`` for a model call once the next model call of the run has arrived (its
+  tool calls are then known) or the run span has ended;
+- ``run_ended`` when the run span arrives, with the cause of section 9's rules.
+
+No I/O, no clock: ``now_ms`` is an argument (it stamps only the trace's last activity, for
+retention). The state records what was published, so a fold after a restart from the
+committed state publishes nothing twice.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import msgspec
+
+from loopwarden.codecs.events import (
+    TOOL_STATUSES,
+    Approval,
+    Custom,
+    Policy,
+    RunEnded,
+    RunStarted,
+    StepFinished,
+    ToolCall,
+    Usage,
+)
+from loopwarden.otel.mapping import ROLE_MODEL, ROLE_RUN, ROLE_TOOL, RUNTIMES, Runtime
+from loopwarden.otel.spans import Span
+
+FINISH = {
+    "stop": "stop", "end_turn": "stop", "length": "length", "max_tokens": "length",
+    "content_filter": "content-filter", "content-filter": "content-filter",
+    "tool_calls": "tool-calls", "tool-calls": "tool-calls", "tool_call": "tool-calls", "tool_use": "tool-calls",
+    "error": "error", "other": "other", "unknown": "other",
+}
+NS_PER_MS = 1_000_000
+
+
+class RunProgress(msgspec.Struct, array_like=True, gc=False):
+    """One run (keyed by its run span id): what was published, and what is still open.
+
+    Only the spans that can still change an event are kept: the model calls not yet published, the
+    last published one, and the tool calls that may belong to them (``open``). A published step's
+    spans are dropped from the trace's state, so a long run costs what its open steps hold."""
+
+    started: bool = False
+    ended: bool = False
+    steps: int = 0  # steps published
+    last_step: str = ""  # span id of the last published step's model call
+    last_step_start: int = -1  # its start (ns): a model call starting before it is too late to place
+    open: list[str] = []  # unpublished model calls, and tool calls starting at or after last_step_start
+    first_ns: int = 0  # earliest start among the run's spans seen (0: none yet)
+    agent: str = ""  # the first gen_ai.agent.name seen on its spans
+    scope: str = ""  # the instrumentation scope of its first span
+    runtime: int = 0  # the mapping row of its first span
+    last_end: int = 0  # end (ns) of the model or tool call that ended last ...
+    last_tool_error: bool = False  # ... and whether it was a tool call in ERROR
+    close_ms: int = 0  # the run span arrived: run_ended is due at this processing time (0: not yet arrived)
+    open_ms: int = 0  # no span has named the agent yet: run_started waits until this processing time
+
+
+class TraceState(msgspec.Struct, array_like=True, gc=False):
+    """One trace: its spans (content-free), its runs' progress, its last activity."""
+
+    spans: dict[str, Span] = {}
+    runs: dict[str, RunProgress] = {}
+    # model and tool calls whose run is not known yet, by the missing ancestor they wait for
+    waiting: dict[str, list[str]] = {}
+    last_ms: int = 0  # processing time of the last span that arrived (retention)
+    dropped: int = 0  # spans refused because the trace was full
+    held: int = 0  # spans ever accepted (dropped ones excluded): the bound counts these
+
+
+encode_trace = msgspec.msgpack.Encoder().encode
+decode_trace = msgspec.msgpack.Decoder(TraceState).decode
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_spans_per_trace: int = 100_000
+    trace_retention_s: float = 3600.0  # a trace with no new span for this long is dropped
+    # How long after its run span a run's last step and run_ended wait for spans that end after the run
+    # span (a tool cut short by a cancellation ends after it in Python runtimes; one export batch may
+    # close before the other). 0: at once. Released by the task's punctuation (when caught up).
+    end_grace_s: float = 2.0
+    # How long a run whose spans do not name its agent (gen_ai.agent.name, or its run span) waits for them
+    # before it starts under its runtime's name. Runs shorter than an export interval arrive whole.
+    start_grace_s: float = 30.0
+
+
+@dataclass
+class Folded:
+    events: list = field(default_factory=list)  # RunStarted | StepFinished | RunEnded, in publish order
+    counts: Counter = field(default_factory=Counter)  # label -> n ("spans", "span_after_end", ...)
+
+
+def run_id_of(trace_id: str, run_span_id: str) -> str:
+    return f"otel-{trace_id}-{run_span_id}"
+
+
+def _ms(ns: int) -> int:
+    return ns // NS_PER_MS
+
+
+def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_ms: int,
+               limits: Limits = Limits()) -> tuple[TraceState, Folded]:
+    """Add ``spans`` (all of trace ``trace_id``) to ``state``; the events now due.
+
+    ``state`` is changed in place when given (a fresh one is made otherwise)."""
+    out = Folded()
+    if state is None:
+        state = TraceState(spans={}, runs={}, waiting={})
+    known = state.spans
+    touched: set[str] = set()
+    new: list[Span] = []
+    for span in spans:
+        if span.span_id in known:
+            out.counts["span_duplicate"] += 1
+            continue
+        if state.held >= limits.max_spans_per_trace:
+            state.dropped += 1
+            out.counts["span_trace_full"] += 1
+            continue
+        known[span.span_id] = span
+        state.held += 1
+        new.append(span)
+        out.counts["spans"] += 1
+    if not new:
+        return state, out
+    state.last_ms = max(state.last_ms, now_ms)
+    # A span is placed in its run once its ancestors say which run it is. Spans still waiting for an
+    # ancestor are filed under the id they wait for, and tried again when a span of that id arrives.
+    queue = list(new)
+    waiting = state.waiting
+    i = 0
+    while i < len(queue):
+        span = queue[i]
+        i += 1
+        woken = waiting.pop(span.span_id, None)
+        if woken:
+            queue += [known[w] for w in woken if w in known]
+        if span.role == ROLE_RUN:
+            run = span.span_id
+        elif span.role in (ROLE_MODEL, ROLE_TOOL):
+            run, missing = _owner(known, span)
+            if run is None:
+                if missing:
+                    waiting.setdefault(missing, []).append(span.span_id)
+                continue
+        else:
+            continue  # wrappers and other spans only link children to their run
+        progress = state.runs.get(run)
+        if progress is None:
+            progress = state.runs[run] = RunProgress(open=[])
+        if progress.ended:
+            out.counts["span_after_end"] += 1
+            del known[span.span_id]
+            continue
+        if span.role != ROLE_RUN:
+            if span.start_ns < progress.last_step_start:  # older than a step already published
+                out.counts["span_late"] += 1
+                del known[span.span_id]
+                continue
+            _join(progress, span)
+        touched.add(run)
+    for run in sorted(touched, key=lambda r: _first_start(state, r)):
+        _advance(state, trace_id, run, out, now_ms, limits)
+    return state, out
+
+
+def _join(progress: RunProgress, span: Span) -> None:
+    """A model or tool call joins its run's open spans and what the run keeps of all of them."""
+    if not progress.first_ns or span.start_ns < progress.first_ns:
+        progress.first_ns = span.start_ns
+    if not progress.scope:
+        progress.scope, progress.runtime = span.scope, span.runtime
+    if not progress.agent and span.agent:
+        progress.agent = span.agent
+    is_tool = span.role == ROLE_TOOL
+    if span.end_ns > progress.last_end or (span.end_ns == progress.last_end and is_tool):
+        progress.last_end = span.end_ns
+        progress.last_tool_error = is_tool and span.error
+    progress.open.append(span.span_id)
+
+
+def close_due(state: TraceState, trace_id: str, now_ms: int, limits: Limits = Limits()) -> Folded:
+    """Publish what the runs whose start or end grace has passed now owe (run_started; last step, run_ended)."""
+    out = Folded()
+    due = [run for run, p in state.runs.items()
+           if (p.close_ms and not p.ended and p.close_ms <= now_ms) or (p.open_ms and not p.started and p.open_ms <= now_ms)]
+    for run in sorted(due, key=lambda r: _first_start(state, r)):
+        _advance(state, trace_id, run, out, now_ms, limits)
+    return out
+
+
+def next_close(state: TraceState) -> int | None:
+    """When the next run of the trace is due to start or close (None: none waiting)."""
+    return min([p.close_ms for p in state.runs.values() if p.close_ms and not p.ended]
+               + [p.open_ms for p in state.runs.values() if p.open_ms and not p.started], default=None)
+
+
+def _owner(known: dict[str, Span], span: Span) -> tuple[str | None, str]:
+    """(the run span id a span belongs to, ""), or (None, the missing ancestor it waits for; "" when it
+    has none: a root that is no run). The run is its nearest run ancestor; a missing ancestor is taken
+    for the run when the runtime's row says that role's parent is the run."""
+    row = RUNTIMES[span.runtime]
+    node = span
+    for _ in range(64):  # a bounded walk: a cycle of parent ids cannot hang the fold
+        parent = node.parent_id
+        if not parent:
+            return None, ""
+        above = known.get(parent)
+        if above is None:
+            return (parent, "") if node.role in row.parent_is_run else (None, parent)
+        if above.role == ROLE_RUN:
+            return parent, ""
+        node = above
+    return None, ""
+
+
+def _first_start(state: TraceState, run: str) -> int:
+    progress = state.runs.get(run)
+    run_span = state.spans.get(run)
+    starts = [progress.first_ns] if progress is not None and progress.first_ns else []
+    if run_span is not None:
+        starts.append(run_span.start_ns)
+    return min(starts, default=0)
+
+
+def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: int, limits: Limits) -> None:
+    known = state.spans
+    run_span = known.get(run)
+    progress = state.runs.get(run)
+    if progress is None:
+        progress = state.runs[run] = RunProgress(open=[])
+    closing = run_span is not None and not progress.ended
+    if closing and not progress.close_ms:
+        progress.close_ms = max(1, now_ms + int(limits.end_grace_s * 1000))
+    closed = closing and progress.close_ms <= now_ms
+    if run_span is None and not progress.scope:
+        return  # nothing of the run arrived yet
+    row = RUNTIMES[run_span.runtime if run_span is not None else progress.runtime]
+    run_id = run_id_of(trace_id, run)
+    if not progress.started:
+        agent = _agent(run_span, progress)
+        if agent is None:
+            if not progress.open_ms:
+                progress.open_ms = max(1, now_ms + int(limits.start_grace_s * 1000))
+            if progress.open_ms > now_ms:
+                return  # nothing of the run goes out before its run_started
+            agent = row.name
+        progress.started = True
+        out.events.append(RunStarted(run_id=run_id, ts=_ms(_first_start(state, run)), agent=agent,
+                                     policy=_policy(row, run_span, progress)))
+    opened = [known[i] for i in progress.open if i in known]
+    models = sorted((x for x in opened if x.role == ROLE_MODEL), key=_order)
+    tools = sorted((x for x in opened if x.role == ROLE_TOOL), key=_order)
+    ready = models if closed else models[:-1]
+    for k, m in enumerate(ready):
+        window_end = models[k + 1].start_ns if k + 1 < len(models) else None
+        calls = [t for t in tools if t.start_ns >= m.start_ns and (window_end is None or t.start_ns < window_end)]
+        out.events.append(_step(run_id, progress.steps, m, calls))
+        progress.steps += 1
+        if progress.last_step:
+            known.pop(progress.last_step, None)  # a step before the last: nothing reads it again
+        progress.last_step, progress.last_step_start = m.span_id, m.start_ns
+    if ready:
+        start = progress.last_step_start
+        for t in tools:
+            if t.start_ns < start:
+                known.pop(t.span_id, None)  # a published step's tool call
+        progress.open = [x.span_id for x in models[len(ready):]] + [t.span_id for t in tools if t.start_ns >= start]
+    if closed:
+        progress.ended = True
+        last_model = known.get(progress.last_step) if progress.last_step else None
+        last_calls = [t for t in tools if last_model is not None and t.start_ns >= last_model.start_ns]
+        out.events.append(_ended(run_id, row, run_span, last_model, last_calls, progress))
+        out.counts["runs_ended"] += 1
+        for span_id in progress.open:  # the run is over: its calls are never read again
+            known.pop(span_id, None)
+        if progress.last_step:
+            known.pop(progress.last_step, None)
+        progress.open = []
+
+
+def _order(span: Span) -> tuple[int, str]:
+    return span.start_ns, span.span_id
+
+
+def _agent(run_span: Span | None, progress: RunProgress) -> str | None:
+    """gen_ai.agent.name, else the run span's name; None while no span names it (AI SDK 7 names the agent
+    on its run span only): the run then waits ``start_grace_s`` for it, then takes its runtime's name."""
+    if run_span is not None and run_span.agent:
+        return run_span.agent[:100]
+    if progress.agent:
+        return progress.agent[:100]
+    if run_span is not None and run_span.name:
+        return run_span.name[:100]
+    return None
+
+
+def _policy(row: Runtime, run_span: Span | None, progress: RunProgress) -> Policy:
+    scope = (run_span.scope if run_span is not None else "") or progress.scope or row.name
+    bounds = tuple(Custom(name=name, role="bound") for _exc, name in row.bounds)
+    # Spans carry no stop policy: only the bounds the runtime enforces by raising are declared.
+    return Policy(version=f"otel:{scope}"[:200], stop_when=bounds)
+
+
+def _finish(model: Span, calls: list[Span]) -> str:
+    if model.finish:
+        return FINISH.get(model.finish.lower(), "other")
+    if model.error:
+        return "error"
+    # Test models (and some runtimes) record no finish reason: a model call followed by tool
+    # calls asked for them; otherwise the reason was not recorded.
+    return "tool-calls" if calls else "other"
+
+
+# A tool call the run's own abort or timeout interrupted is `cancelled` (spec section 11) where the wire
+# types know the status; before that, `pending` (it has no result), never `error`: it is not a tool error.
+CANCELLED_STATUS = "cancelled" if "cancelled" in TOOL_STATUSES else "pending"
+
+
+def _cancelled(row: Runtime, span: Span) -> bool:
+    return bool(span.exceptions) and any(e.rsplit(".", 1)[-1] in row.cancelled for e in span.exceptions)
+
+
+def _status(tool: Span) -> str:
+    if tool.approval:
+        return "approval_requested"
+    if _cancelled(RUNTIMES[tool.runtime], tool):
+        return CANCELLED_STATUS
+    if tool.error:
+        return "error"
+    return "result"
+
+
+def _step(run_id: str, index: int, model: Span, calls: list[Span]) -> StepFinished:
+    end_ns = max([model.end_ns] + [t.end_ns for t in calls])
+    total = model.total_tokens
+    return StepFinished(
+        run_id=run_id, ts=_ms(end_ns), step=index, finish_reason=_finish(model, calls),
+        tool_calls=tuple(ToolCall(id=t.tool_id or t.span_id, name=t.tool_name or "unknown", status=_status(t))
+                         for t in calls),
+        usage=Usage(input_tokens=model.input_tokens, output_tokens=model.output_tokens, total_tokens=total),
+    )
+
+
+def _ended(run_id: str, row: Runtime, run_span: Span, last_model: Span | None, last_calls: list[Span],
+           progress: RunProgress) -> RunEnded:
+    """The reported cause (spec section 9), first match."""
+    base = dict(run_id=run_id, ts=_ms(run_span.end_ns), step_count=progress.steps)
+    excs = run_span.exceptions
+    # 1. an approval deferral (a tool call marked so, or the runtime's interrupt on any span)
+    deferred = next((t for t in last_calls if t.approval), None)
+    if deferred is None:
+        deferred = next((x for x in (run_span, last_model) if x is not None and x.approval), None)
+    if deferred is not None:
+        call_id = deferred.tool_id or deferred.span_id
+        approval = Approval(approval_id=call_id, tool_call_id=call_id,
+                            tool_name=deferred.tool_name or deferred.name or "unknown")
+        return RunEnded(**base, cause="approval_required", approval=approval, error_name=None)
+    # 2. a bound the runtime enforces by raising
+    for exc in excs:
+        bound = row.bound_name(exc)
+        if bound is not None:
+            return RunEnded(**base, cause="stop_condition", fired=(f"custom:{bound}",), approval=None,
+                            error_name=exc.rsplit(".", 1)[-1][:200])
+    shorts = [e.rsplit(".", 1)[-1] for e in excs]
+    # 3. a cancellation, 4. a timeout: on the run span, or on the last step's model call or tool calls
+    # (a runtime may end its run span cleanly after a cancellation cut a tool short)
+    inner = [e.rsplit(".", 1)[-1] for s in ([last_model] if last_model else []) + last_calls for e in s.exceptions]
+    for cause, names in (("aborted", row.cancelled), ("timeout", row.timeouts)):
+        hit = next((s for s in shorts + inner if s in names), None)
+        if hit is not None:
+            return RunEnded(**base, cause=cause, approval=None, error_name=hit[:200])
+    if run_span.error:
+        error_name = shorts[0][:200] if shorts else None
+        # 5. a tool span in ERROR was the last thing that happened
+        if progress.last_tool_error:
+            return RunEnded(**base, cause="tool_error", approval=None, error_name=error_name)
+        # 6. any other error
+        return RunEnded(**base, cause="error", approval=None, error_name=error_name)
+    # 7. ended well, and the last step did not ask for tools
+    if last_model is not None:
+        finish = _finish(last_model, last_calls)
+        if finish != "tool-calls":
+            return RunEnded(**base, cause="natural_finish", approval=None, error_name=None)
+    # 8. the cause was not recorded
+    return RunEnded(**base, cause="unknown", approval=None, error_name=None)
+
+
+def expired(state: TraceState, now_ms: int, limits: Limits) -> bool:
+    """True when the trace has had no new span for the retention period."""
+    return now_ms - state.last_ms >= limits.trace_retention_s * 1000
+
+
+def unended_runs(state: TraceState) -> int:
+    """Runs of the trace that started and never ended."""
+    return sum(1 for p in state.runs.values() if p.started and not p.ended)

@@ -1,0 +1,164 @@
+"""One row per agent runtime: which spans are runs, steps, tool calls; what means a bound,
+an approval, a cancellation, a timeout (spec.md section 9). Data, not code paths.
+
+A row is chosen by the span's instrumentation scope name; a span from an unknown scope
+gets the OpenInference row when it carries ``openinference.span.kind``, the AI SDK <= 6
+row when its name starts with ``ai.``, and the GenAI-conventions row otherwise.
+
+What a row cannot tell is not guessed: a runtime with no bound exception in its row can
+never report ``stop_condition``, and a run whose cause no rule of spec section 9
+recognises is reported ``unknown`` (UNCERTAIN).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+ROLE_OTHER = 0
+ROLE_RUN = 1
+ROLE_MODEL = 2  # a model call: one step
+ROLE_WRAPPER = 3  # a runtime's own per-step span around the model call (AI SDK 7 `step N`): not a step
+ROLE_TOOL = 4
+
+GENAI_MODEL_OPS = ("chat", "generate_content", "text_completion")
+CANCELLED = ("CancelledError", "AbortError", "KeyboardInterrupt")
+TIMEOUTS = ("TimeoutError", "ReadTimeout", "TimeoutException")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    name: str
+    scopes: tuple[str, ...] = ()  # instrumentation scope names that select this row
+    run_ops: tuple[str, ...] = ("invoke_agent",)  # gen_ai.operation.name of a run span
+    run_names: tuple[str, ...] = ()  # span names of a run span (runtimes without a GenAI name)
+    run_kinds: tuple[str, ...] = ()  # openinference.span.kind of a run span
+    model_ops: tuple[str, ...] = GENAI_MODEL_OPS
+    model_name_suffixes: tuple[str, ...] = ()
+    model_kinds: tuple[str, ...] = ()
+    wrapper_ops: tuple[str, ...] = ()
+    tool_ops: tuple[str, ...] = ("execute_tool",)
+    tool_names: tuple[str, ...] = ()
+    tool_kinds: tuple[str, ...] = ()
+    # (attribute, value) on a tool span that marks the call as deferred for approval
+    approval_attrs: tuple[tuple[str, str], ...] = ()
+    approval_exceptions: tuple[str, ...] = ()  # exception types that mean "interrupted for approval"
+    # exception type (last dotted part) raised by a bound the runtime enforces -> custom condition name
+    bounds: tuple[tuple[str, str], ...] = ()
+    cancelled: tuple[str, ...] = CANCELLED
+    timeouts: tuple[str, ...] = TIMEOUTS
+    # (status description prefix, exception type): a runtime that records an exception it raised only in
+    # the span's status description (read only to compare with these prefixes, never copied)
+    status_exceptions: tuple[tuple[str, str], ...] = ()
+    run_needs_agent_name: bool = False  # an invoke_agent span without gen_ai.agent.name is not a run
+    # LangChain ``metadata`` that makes a CHAIN/AGENT span a run: (key, value) it must hold, and a key it
+    # must not (LangGraph: the graph's own span has no ``langgraph_node``; every node's span has one)
+    run_metadata: tuple[tuple[str, str], ...] = ()
+    run_metadata_absent: str = ""
+    # Roles whose missing parent span is taken to be the run span (it ends last, so it is the one
+    # missing while the run goes on): lets a run start, and go STUCK, before its run span arrives.
+    parent_is_run: tuple[int, ...] = (ROLE_MODEL,)
+
+    def bound_name(self, exc_type: str) -> str | None:
+        short = exc_type.rsplit(".", 1)[-1]
+        for exc, name in self.bounds:
+            if exc == short:
+                return name
+        return None
+
+
+RUNTIMES: tuple[Runtime, ...] = (
+    # 0: any runtime that follows the GenAI semantic conventions (ADK, ...): no bound, no approval known
+    Runtime(name="genai"),
+    # AI SDK 7 + @ai-sdk/otel: `invoke_agent` > `step N` (agent_step) > `chat`, `execute_tool`.
+    # A pending approval leaves no tool span and no marker: the cause is then `unknown`.
+    Runtime(name="ai-sdk-7", scopes=("gen_ai", "@ai-sdk/otel"), wrapper_ops=("agent_step",),
+            parent_is_run=(ROLE_WRAPPER,), cancelled=CANCELLED + ("AbortError",)),
+    # AI SDK <= 6 (LegacyOpenTelemetry): ai.generateText > ai.generateText.doGenerate, ai.toolCall
+    Runtime(name="ai-sdk-6", scopes=("ai",), run_ops=(), run_names=("ai.generateText", "ai.streamText"),
+            model_ops=(), model_name_suffixes=(".doGenerate", ".doStream"), tool_ops=(),
+            tool_names=("ai.toolCall",)),
+    # Pydantic AI (instrumentation version >= 5): deferral marker on the tool span; usage limits raise
+    Runtime(name="pydantic-ai", scopes=("pydantic-ai",),
+            approval_attrs=(("pydantic_ai.tool.deferral.name", "ApprovalRequired"),),
+            bounds=(("UsageLimitExceeded", "usage_limit"),), parent_is_run=(ROLE_MODEL, ROLE_TOOL),
+            cancelled=CANCELLED + ("RunCancelled",), timeouts=TIMEOUTS + ("RunTimedOut",)),
+    # OpenAI Agents SDK through opentelemetry-instrumentation-openai-agents-v2: max_turns raises
+    # (its workflow root is also invoke_agent, without an agent name: not a run). MaxTurnsExceeded is only
+    # in the agent span's status description.
+    Runtime(name="openai-agents", scopes=("opentelemetry.instrumentation.openai_agents",),
+            bounds=(("MaxTurnsExceeded", "max_turns"),), parent_is_run=(),
+            status_exceptions=(("Max turns exceeded", "MaxTurnsExceeded"),), run_needs_agent_name=True),
+    # LangGraph through OpenInference: the graph is the AGENT (or top CHAIN) span; interrupt() raises
+    # GraphInterrupt; recursion_limit raises GraphRecursionError.
+    # OpenInference calls AGENT any run whose name holds "agent" (the react agent's model node too), so
+    # the run is the graph's own CHAIN/AGENT span, told by LangGraph's metadata. OpenInference records
+    # no GraphInterrupt (it is a control exception to it): an interrupt() for approval is not recorded.
+    Runtime(name="langgraph-openinference", scopes=("openinference.instrumentation.langchain",),
+            run_ops=(), run_kinds=("CHAIN", "AGENT"), model_ops=(), model_kinds=("LLM",), tool_ops=(),
+            tool_kinds=("TOOL",), approval_exceptions=("GraphInterrupt", "NodeInterrupt"),
+            bounds=(("GraphRecursionError", "recursion_limit"),), parent_is_run=(),
+            run_metadata=(("ls_integration", "langgraph"),), run_metadata_absent="langgraph_node"),
+)
+GENAI, AI_SDK_6, OPENINFERENCE = 0, 2, 5
+_BY_SCOPE = {scope: (i, row) for i, row in enumerate(RUNTIMES) for scope in row.scopes}
+
+
+def select_runtime(scope_name: str, span_name: str, attrs: dict[str, Any]) -> tuple[int, Runtime]:
+    """The row of a span: by its scope, else by what it carries."""
+    found = _BY_SCOPE.get(scope_name)
+    if found is not None:
+        return found
+    if "openinference.span.kind" in attrs:
+        return OPENINFERENCE, RUNTIMES[OPENINFERENCE]
+    if span_name.startswith("ai.") or "ai.operationId" in attrs:
+        return AI_SDK_6, RUNTIMES[AI_SDK_6]
+    return GENAI, RUNTIMES[GENAI]
+
+
+def classify(row: Runtime, span_name: str, attrs: dict[str, Any]) -> int:
+    """The span's role under its runtime's row."""
+    op = attrs.get("gen_ai.operation.name")
+    kind = attrs.get("openinference.span.kind")
+    op_id = attrs.get("ai.operationId") or span_name
+    if op is not None:
+        if op in row.run_ops:
+            if row.run_needs_agent_name and not attrs.get("gen_ai.agent.name"):
+                return ROLE_OTHER
+            return ROLE_RUN
+        if op in row.wrapper_ops:
+            return ROLE_WRAPPER
+        if op in row.model_ops:
+            return ROLE_MODEL
+        if op in row.tool_ops:
+            return ROLE_TOOL
+    if kind is not None:
+        if kind in row.run_kinds and (not row.run_metadata or _metadata_says_run(row, attrs.get("metadata"))):
+            return ROLE_RUN
+        if kind in row.model_kinds:
+            return ROLE_MODEL
+        if kind in row.tool_kinds:
+            return ROLE_TOOL
+    if op_id in row.run_names:
+        return ROLE_RUN
+    if row.model_name_suffixes and op_id.endswith(row.model_name_suffixes):
+        return ROLE_MODEL
+    if op_id in row.tool_names:
+        return ROLE_TOOL
+    return ROLE_OTHER
+
+
+_metadata = msgspec.json.Decoder(dict[str, Any])
+
+
+def _metadata_says_run(row: Runtime, text: str | None) -> bool:
+    if not text:
+        return False
+    try:
+        meta = _metadata.decode(text)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return False
+    return (all(meta.get(k) == v for k, v in row.run_metadata)
+            and (not row.run_metadata_absent or row.run_metadata_absent not in meta))

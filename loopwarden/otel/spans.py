@@ -1,0 +1,469 @@
+"""TracesData in, content-free spans out: the only place that reads OTLP bytes.
+
+The Collector's Kafka exporter writes one TracesData per message (``otlp_proto``:
+protobuf, the default; ``otlp_json``: OTLP/JSON). :func:`decode_traces` turns one
+message into :class:`Span` records that keep **only** what the mapping tables
+(``loopwarden.otel.mapping``) read: ids, times, status, the span's role, and a few
+named attributes (operation, agent and tool names, finish reasons, usage, an
+approval marker, exception types). Every other attribute — prompts, messages, tool
+arguments and results, anything a runtime adds — is skipped unread (in JSON it is
+not even parsed), so no content can reach an event.
+
+A message that cannot be trusted whole is refused whole: :class:`BadTraces` names
+the reason (a bounded code, for the dead-letter header and the metric) and the
+value. One bad span refuses its message, since the message's other spans may be
+just as wrong and the dead letter keeps them all byte for byte.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from loopwarden.otel.mapping import (
+    ROLE_OTHER,
+    ROLE_RUN,
+    ROLE_TOOL,
+    Runtime,
+    classify,
+    select_runtime,
+)
+
+MAX_NAME = 200  # names (agent, tool, span) are cut to the wire types' bound
+MAX_SPANS_PER_MESSAGE = 1_000_000  # bounded by the message size anyway; a guard for JSON
+
+STATUS_ERROR = 2
+
+# Attributes read, and the type each must have. Anything else is never read.
+STR = "str"
+INT = "int"
+STRS = "strs"  # a string array (a lone string accepted: runtimes differ)
+JSONTEXT = "json"  # a JSON object as text, read for a few keys; anything else is ignored, not refused
+KNOWN: dict[str, str] = {
+    "gen_ai.operation.name": STR,
+    "gen_ai.agent.name": STR,
+    "gen_ai.response.finish_reasons": STRS,
+    "gen_ai.usage.input_tokens": INT,
+    "gen_ai.usage.output_tokens": INT,
+    "gen_ai.tool.name": STR,
+    "gen_ai.tool.call.id": STR,
+    "error.type": STR,
+    # AI SDK <= 6 (ai.*)
+    "ai.operationId": STR,
+    "ai.telemetry.functionId": STR,  # the agent's name in AI SDK <= 6 telemetry
+    "ai.response.finishReason": STR,
+    "ai.usage.promptTokens": INT,
+    "ai.usage.completionTokens": INT,
+    "ai.usage.inputTokens": INT,
+    "ai.usage.outputTokens": INT,
+    "ai.usage.totalTokens": INT,
+    "ai.toolCall.name": STR,
+    "ai.toolCall.id": STR,
+    # OpenInference
+    "openinference.span.kind": STR,
+    "llm.token_count.prompt": INT,
+    "llm.token_count.completion": INT,
+    "llm.token_count.total": INT,
+    "llm.finish_reason": STR,
+    "tool.name": STR,
+    "tool_call.id": STR,
+    "metadata": JSONTEXT,  # LangChain run metadata: only which LangGraph node a span is (never copied)
+    # Pydantic AI
+    "pydantic_ai.tool.deferral.name": STR,
+}
+_INPUT_KEYS = ("gen_ai.usage.input_tokens", "ai.usage.inputTokens", "ai.usage.promptTokens", "llm.token_count.prompt")
+_OUTPUT_KEYS = ("gen_ai.usage.output_tokens", "ai.usage.outputTokens", "ai.usage.completionTokens",
+                "llm.token_count.completion")
+_TOTAL_KEYS = ("ai.usage.totalTokens", "llm.token_count.total")
+_TOOL_NAME_KEYS = ("gen_ai.tool.name", "ai.toolCall.name", "tool.name")
+_TOOL_ID_KEYS = ("gen_ai.tool.call.id", "ai.toolCall.id", "tool_call.id")
+MAX_TOKENS = 2**53 - 1
+ZERO8 = bytes(8)
+
+
+class BadTraces(ValueError):
+    """A message the bridge refuses; ``reason`` is a bounded code."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class Span(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One span, content-free: what the fold needs and nothing else (times in ns)."""
+
+    trace_id: str  # 32 lowercase hex
+    span_id: str  # 16 lowercase hex
+    parent_id: str  # "" for a root span
+    role: int  # mapping.ROLE_*
+    runtime: int  # index of its row in mapping.RUNTIMES
+    start_ns: int
+    end_ns: int
+    error: bool  # status ERROR
+    name: str = ""  # the span name (run spans: the agent name's fallback)
+    agent: str = ""  # gen_ai.agent.name
+    scope: str = ""  # "<scope name>@<scope version>"
+    finish: str = ""  # the first finish reason, as the runtime wrote it
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    total_tokens: int | None = None
+    tool_name: str = ""
+    tool_id: str = ""
+    approval: bool = False  # the runtime marked this tool call as deferred for approval
+    exceptions: tuple[str, ...] = ()  # exception types recorded on the span (error.type first)
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_NAME else text[:MAX_NAME]
+
+
+def _hex_id(raw: bytes, size: int, what: str, where: str, allow_empty: bool = False) -> str:
+    if not raw:
+        if allow_empty:
+            return ""
+        raise BadTraces("bad_span_id", f"{what} missing ({where})")
+    if len(raw) != size or not any(raw):
+        raise BadTraces("bad_span_id", f"{what} {raw.hex()[:80]!r} is not {size} bytes, non-zero ({where})")
+    return raw.hex()
+
+
+def _check_hex(text: Any, size: int, what: str, where: str, allow_empty: bool = False) -> str:
+    if text is None or text == "":
+        if allow_empty:
+            return ""
+        raise BadTraces("bad_span_id", f"{what} missing ({where})")
+    if not isinstance(text, str) or len(text) != 2 * size:
+        raise BadTraces("bad_span_id", f"{what} {str(text)[:80]!r} is not {2 * size} hex characters ({where})")
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError:
+        raise BadTraces("bad_span_id", f"{what} {text[:80]!r} is not hex ({where})") from None
+    if not any(raw):
+        raise BadTraces("bad_span_id", f"{what} {text!r} is all zero ({where})")
+    return text.lower()
+
+
+def _wrong(key: str, want: str, got: Any, where: str) -> BadTraces:
+    shown = repr(got)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return BadTraces("bad_attribute", f"attribute {key!r} must be {want}, got {shown} ({where})")
+
+
+def _checked(key: str, kind: str, value: Any, where: str) -> Any:
+    """A mapped attribute's value checked against its type (``value`` already a Python value)."""
+    if kind == STR:
+        if not isinstance(value, str):
+            raise _wrong(key, "a string", value, where)
+        return value
+    if kind == JSONTEXT:
+        return value if isinstance(value, str) else None
+    if kind == INT:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
+            raise _wrong(key, "an int >= 0", value, where)
+        return value
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise _wrong(key, "a string array", value, where)
+    return tuple(value)
+
+
+def _build(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int, end_ns: int, status: int,
+           attrs: dict[str, Any], exceptions: list[str], scope: str, scope_name: str, status_message: str) -> Span:
+    if start_ns <= 0 or end_ns < start_ns:
+        raise BadTraces("bad_span_time", f"span times start={start_ns} end={end_ns} are not a span "
+                                         f"(span {span_id} of trace {trace_id})")
+    runtime_index, runtime = select_runtime(scope_name, name, attrs)
+    role = classify(runtime, name, attrs)
+    get = attrs.get
+    reasons = get("gen_ai.response.finish_reasons")
+    finish = reasons[0] if reasons else (get("ai.response.finishReason") or get("llm.finish_reason") or "")
+    err_type = get("error.type")
+    excs = [err_type, *exceptions] if err_type else exceptions
+    error = status == STATUS_ERROR
+    if error and runtime.status_exceptions and status_message:
+        excs = excs + [exc for prefix, exc in runtime.status_exceptions if status_message.startswith(prefix)]
+    agent = get("gen_ai.agent.name") or get("ai.telemetry.functionId") or ""
+    tool_name = tool_id = ""
+    if role == ROLE_TOOL:
+        tool_name = get("gen_ai.tool.name") or get("ai.toolCall.name") or get("tool.name") or ""
+        tool_id = get("gen_ai.tool.call.id") or get("ai.toolCall.id") or get("tool_call.id") or ""
+    input_tokens = get("gen_ai.usage.input_tokens")
+    output_tokens = get("gen_ai.usage.output_tokens")
+    total_tokens = None
+    if len(attrs) > 4:  # the other runtimes' usage keys, only where there is room for them
+        input_tokens = _first(attrs, _INPUT_KEYS)
+        output_tokens = _first(attrs, _OUTPUT_KEYS)
+        total_tokens = _first(attrs, _TOTAL_KEYS)
+    return Span(
+        trace_id, span_id, parent_id, role, runtime_index, start_ns, end_ns, error,
+        name[:MAX_NAME] if role == ROLE_RUN else "",
+        agent[:MAX_NAME],
+        scope[:MAX_NAME] if role != ROLE_OTHER else "",
+        finish[:MAX_NAME],
+        input_tokens, output_tokens, total_tokens,
+        tool_name[:MAX_NAME], tool_id[:MAX_NAME],
+        _approval(runtime, attrs, excs) if ((role == ROLE_TOOL and runtime.approval_attrs) or excs) else False,
+        tuple(e[:MAX_NAME] for e in excs[:8]) if excs else (),
+    )
+
+
+def _first(attrs: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    for key in keys:
+        if key in attrs:
+            return attrs[key]
+    return None
+
+
+def _approval(runtime: Runtime, attrs: dict[str, Any], exceptions: list[str]) -> bool:
+    for key, value in runtime.approval_attrs:
+        if attrs.get(key) == value:
+            return True
+    return any(_short(e) in runtime.approval_exceptions for e in exceptions)
+
+
+def _short(exc_type: str) -> str:
+    """``pydantic_ai.exceptions.UsageLimitExceeded`` -> ``UsageLimitExceeded``."""
+    return exc_type.rsplit(".", 1)[-1]
+
+
+# -- protobuf (otlp_proto) -------------------------------------------------------------
+def _proto_value(v) -> Any:
+    which = v.WhichOneof("value")
+    if which == "string_value":
+        return v.string_value
+    if which == "int_value":
+        return v.int_value
+    if which == "bool_value":
+        return v.bool_value
+    if which == "double_value":
+        return v.double_value
+    if which == "array_value":
+        return [_proto_value(x) for x in v.array_value.values]
+    if which == "bytes_value":
+        return bytes(v.bytes_value)
+    if which == "kvlist_value":
+        return {"kvlist": len(v.kvlist_value.values)}
+    return None
+
+
+def decode_proto(data: bytes) -> list[Span]:
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
+
+    try:
+        traces = TracesData.FromString(data)
+    except (DecodeError, RecursionError, ValueError) as exc:
+        raise BadTraces("not_traces_data", f"not an OTLP TracesData protobuf: {exc}") from None
+    out: list[Span] = []
+    known = KNOWN
+    hex_ids: dict[bytes, str] = {}  # a message holds few traces: each trace id converted once
+    for rs in traces.resource_spans:
+        for ss in rs.scope_spans:
+            scope_name = ss.scope.name
+            scope = f"{scope_name}@{ss.scope.version}" if ss.scope.version else scope_name
+            for sp in ss.spans:
+                raw_tid = sp.trace_id
+                trace_id = hex_ids.get(raw_tid)
+                if trace_id is None:
+                    trace_id = hex_ids[raw_tid] = _hex_id(raw_tid, 16, "trace id", f"span {sp.span_id.hex()[:32]!r}")
+                raw = sp.span_id
+                if len(raw) == 8 and raw != ZERO8:
+                    span_id = raw.hex()
+                else:
+                    span_id = _hex_id(raw, 8, "span id", f"trace {trace_id}")
+                raw = sp.parent_span_id
+                if not raw:
+                    parent_id = ""
+                elif len(raw) == 8 and raw != ZERO8:
+                    parent_id = raw.hex()
+                else:
+                    parent_id = _hex_id(raw, 8, "parent span id", f"span {span_id} of trace {trace_id}")
+                attrs: dict[str, Any] = {}
+                for kv in sp.attributes:
+                    key = kv.key
+                    kind = known.get(key)
+                    if kind is not None:
+                        v = kv.value
+                        if kind is STR and v.WhichOneof("value") == "string_value":
+                            attrs[key] = v.string_value  # the common case, inline
+                        else:
+                            attrs[key] = _proto_checked(key, kind, v, span_id, trace_id)
+                exceptions: list[str] = []
+                if sp.events:
+                    for ev in sp.events:
+                        if ev.name == "exception":
+                            for kv in ev.attributes:
+                                if kv.key == "exception.type":
+                                    exceptions.append(_proto_checked("exception.type", STR, kv.value, span_id, trace_id))
+                status = sp.status
+                out.append(_build(trace_id, span_id, parent_id, sp.name, sp.start_time_unix_nano,
+                                  sp.end_time_unix_nano, status.code, attrs, exceptions, scope, scope_name,
+                                  status.message))
+    return out
+
+
+def _proto_checked(key: str, kind: str, v, span_id: str, trace_id: str) -> Any:
+    """A mapped attribute's protobuf AnyValue, checked against its type without converting anything else."""
+    which = v.WhichOneof("value")
+    if kind == STR:
+        if which == "string_value":
+            return v.string_value
+    elif kind == INT:
+        if which == "int_value" and 0 <= v.int_value <= MAX_TOKENS:
+            return v.int_value
+    elif kind == STRS:
+        if which == "string_value":
+            return (v.string_value,)
+        if which == "array_value":
+            values = v.array_value.values
+            if len(values) == 1 and values[0].WhichOneof("value") == "string_value":
+                return (values[0].string_value,)  # finish reasons: one, nearly always
+            if all(x.WhichOneof("value") == "string_value" for x in values):
+                return tuple(x.string_value for x in values)
+    else:  # JSONTEXT: read when text, ignored otherwise
+        return v.string_value if which == "string_value" else None
+    return _checked(key, kind, _proto_value(v), f"span {span_id} of trace {trace_id}")  # raises, naming the value
+
+
+# -- OTLP/JSON (otlp_json) ---------------------------------------------------------------
+# Attribute values stay raw bytes (msgspec.Raw) until a key is known to be mapped: content
+# attributes are never parsed.
+class _KV(msgspec.Struct):
+    key: str = ""
+    value: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+class _Event(msgspec.Struct, rename="camel"):
+    name: str = ""
+    attributes: list[_KV] = []
+
+
+class _Status(msgspec.Struct):
+    code: int = 0
+    message: str = ""
+
+
+class _JSpan(msgspec.Struct, rename="camel"):
+    trace_id: str | None = None
+    span_id: str | None = None
+    parent_span_id: str | None = None
+    name: str = ""
+    start_time_unix_nano: int | str = 0
+    end_time_unix_nano: int | str = 0
+    attributes: list[_KV] = []
+    events: list[_Event] = []
+    status: _Status = msgspec.field(default_factory=_Status)
+
+
+class _Scope(msgspec.Struct):
+    name: str = ""
+    version: str = ""
+
+
+class _ScopeSpans(msgspec.Struct, rename="camel"):
+    scope: _Scope = msgspec.field(default_factory=_Scope)
+    spans: list[_JSpan] = []
+
+
+class _ResourceSpans(msgspec.Struct, rename="camel"):
+    scope_spans: list[_ScopeSpans] = []
+
+
+class _TracesData(msgspec.Struct, rename="camel"):
+    resource_spans: list[_ResourceSpans]
+
+
+_json_traces = msgspec.json.Decoder(_TracesData)
+_json_any = msgspec.json.Decoder()
+
+
+def _json_value(raw: msgspec.Raw) -> Any:
+    """An OTLP/JSON AnyValue (``{"stringValue": ...}``, ``{"intValue": "12"}``, ...) as a Python value."""
+    try:
+        v = _json_any.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return _any(v)
+
+
+def _any(v: Any) -> Any:
+    if not isinstance(v, dict) or len(v) != 1:
+        return v
+    (kind, x), = v.items()
+    if kind == "stringValue":
+        return x
+    if kind == "intValue":
+        if isinstance(x, str):
+            try:
+                return int(x)
+            except ValueError:
+                return x
+        return x
+    if kind in ("boolValue", "doubleValue"):
+        return x
+    if kind == "arrayValue":
+        return [_any(e) for e in (x or {}).get("values", [])] if isinstance(x, dict) else x
+    return x
+
+
+def _nanos(value: int | str, where: str) -> int:
+    if isinstance(value, int):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise BadTraces("bad_span_time", f"span time {value[:40]!r} is not an integer ({where})") from None
+
+
+def decode_json(data: bytes) -> list[Span]:
+    try:
+        traces = _json_traces.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+        raise BadTraces("not_traces_data", f"not OTLP/JSON TracesData: {exc}") from None
+    out: list[Span] = []
+    known = KNOWN
+    for rs in traces.resource_spans:
+        for ss in rs.scope_spans:
+            scope_name = ss.scope.name
+            scope = f"{scope_name}@{ss.scope.version}" if ss.scope.version else scope_name
+            for sp in ss.spans:
+                trace_id = _check_hex(sp.trace_id, 16, "trace id", f"span {str(sp.span_id)[:32]!r}")
+                span_id = _check_hex(sp.span_id, 8, "span id", f"trace {trace_id}")
+                where = f"span {span_id} of trace {trace_id}"
+                parent_id = _check_hex(sp.parent_span_id, 8, "parent span id", where, allow_empty=True)
+                attrs: dict[str, Any] = {}
+                for kv in sp.attributes:
+                    kind = known.get(kv.key)
+                    if kind is not None:
+                        attrs[kv.key] = _checked(kv.key, kind, _json_value(kv.value), where)
+                exceptions = [
+                    _checked("exception.type", STR, _json_value(kv.value), where)
+                    for ev in sp.events if ev.name == "exception"
+                    for kv in ev.attributes if kv.key == "exception.type"
+                ]
+                out.append(_build(trace_id, span_id, parent_id, sp.name, _nanos(sp.start_time_unix_nano, where),
+                                  _nanos(sp.end_time_unix_nano, where), sp.status.code, attrs, exceptions,
+                                  scope, scope_name, sp.status.message))
+                if len(out) > MAX_SPANS_PER_MESSAGE:
+                    raise BadTraces("oversized", f"more than {MAX_SPANS_PER_MESSAGE} spans in one message")
+    return out
+
+
+PROTO = "application/x-protobuf"
+JSON = "application/json"
+
+
+def decode_traces(data: bytes, content_type: str | None = None) -> list[Span]:
+    """The spans of one ``otlp_spans`` message, content-free; :class:`BadTraces` if it is not TracesData.
+
+    ``content_type``: the message's ``content-type`` header when present; without one, a message
+    starting with ``{`` is OTLP/JSON (a TracesData protobuf starts with field 1's tag, 0x0a)."""
+    if not data:
+        raise BadTraces("not_traces_data", "empty message")
+    if content_type is not None and "json" in content_type.lower():
+        return decode_json(data)
+    if content_type is None and data.lstrip(b" \t\r")[:1] == b"{":  # protobuf's first byte is 0x0a ("\n")
+        return decode_json(data)
+    return decode_proto(data)

@@ -1,0 +1,268 @@
+"""The bridge's work on one owned partition of ``otlp_spans``, without Kafka.
+
+Shaped like :class:`loopwarden.streams.task.PartitionTask`, so the engine runs it as a
+stage: :meth:`BridgeTask.rebuild` from the committed store (trace id -> encoded
+:class:`~loopwarden.otel.fold.TraceState`), :meth:`BridgeTask.fold` a batch into a
+:class:`BridgeBatch` — the events to publish on ``agent.steps`` (keyed by run id, default
+partitioner), dead letters, one changelog record per trace touched, the consumed offsets,
+counts for metrics — that the engine commits in one transaction, then
+:meth:`BridgeTask.committed` (or :meth:`BridgeTask.discard` when the transaction failed).
+
+Per-trace state is bounded (``Limits.max_spans_per_trace``) and dropped once a trace has
+had no new span for ``Limits.trace_retention_s`` (at a punctuation, when caught up).
+
+What the engine's adapter does with a :class:`BridgeBatch`, in one transaction: produce
+``outputs`` (``partition`` None: the default murmur2 partitioner over ``agent.steps``, so a
+run's events land where the worker expects them), produce ``deadletters`` to the dead-letter
+topic byte for byte with the worker's headers (reason, error, source topic, partition, offset),
+write ``changes`` to the stage's changelog (key = trace id in hex; None = tombstone), commit
+``offsets``; after the commit apply ``changes`` to the store and call :meth:`BridgeTask.committed`.
+Call ``fold([], punctuate=True, caught_up=...)`` once per tick interval, as for the worker's
+timers. ``counts`` keys: ``("invalid", "otlp_spans", reason)``, ``("otel", label)`` with label in
+``spans``, ``span_duplicate``, ``span_late``, ``span_after_end``, ``span_trace_full``,
+``runs_ended``, ``traces_expired``, ``runs_unended``, ``message_not_keyed_by_trace`` (the exporter
+lacks ``partition_traces_by_id``), and ``("otel_event", event type)``;
+:attr:`BridgeTask.traces` is the number of traces held (a gauge).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import msgspec
+
+from loopwarden.otel.fold import (
+    Limits,
+    TraceState,
+    close_due,
+    decode_trace,
+    encode_trace,
+    expired,
+    fold_trace,
+    next_close,
+    unended_runs,
+)
+from loopwarden.otel.spans import BadTraces, decode_traces
+
+log = logging.getLogger("loopwarden.otel")
+
+
+# The same shapes as loopwarden.streams.task's (kept here so that the engine's rework of that module
+# cannot break the bridge; the adapter maps one onto the other).
+class Record(Protocol):
+    """What a consumed Kafka record offers (aiokafka's ConsumerRecord has these)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: object
+
+
+@dataclass
+class DeadLetter:
+    """A consumed record refused as it is, with a bounded ``reason`` and a message naming the value."""
+
+    record: Record
+    reason: str
+    error: str
+
+
+def header(headers, name: str) -> str | None:
+    """A header's value as text (aiokafka gives a sequence of (str, bytes) pairs)."""
+    for key, value in headers or ():
+        if key.lower() == name:
+            return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
+    return None
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # the Collector's exporter sends at most 1 MB by default
+_encode_event = msgspec.json.Encoder().encode
+JSON_HEADERS = (("content-type", b"application/json"),)
+
+
+@dataclass(frozen=True)
+class Output:
+    """A record to produce. ``partition`` None: the default (murmur2) partitioner over the topic's partitions."""
+
+    topic: str
+    key: bytes
+    value: bytes
+    headers: tuple = JSON_HEADERS
+    partition: int | None = None
+
+
+@dataclass
+class BridgeBatch:
+    """A partition's outputs for one batch, to be committed in one transaction."""
+
+    outputs: list[Output] = field(default_factory=list)
+    deadletters: list[DeadLetter] = field(default_factory=list)
+    changes: dict[bytes, bytes | None] = field(default_factory=dict)  # trace id (hex) -> state, None: dropped
+    offsets: dict[str, int] = field(default_factory=dict)  # input topic -> next offset to consume
+    counts: Counter = field(default_factory=Counter)  # (kind, label) -> n, bounded labels
+    consumed: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.outputs or self.deadletters or self.changes or self.offsets)
+
+
+class BridgeTask:
+    """One partition of ``otlp_spans``: its traces' committed states (``store``) and their last activity."""
+
+    def __init__(self, partition: int, store: Mapping[bytes, bytes], *, steps_topic: str,
+                 limits: Limits = Limits(), wall_ms: Callable[[], int] = wall_clock_ms,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, max_future_ms: int = 300_000) -> None:
+        self.partition = partition
+        self.store = store
+        self.steps_topic = steps_topic
+        self.limits = limits
+        self.wall_ms = wall_ms
+        self.max_message_bytes = max_message_bytes
+        # A span ending further ahead of this wall clock is refused, as the worker refuses such events:
+        # its events would be dead-lettered there, leaving its run without them.
+        self.max_future_ms = max_future_ms
+        self.last_ms: dict[bytes, int] = {}  # trace id -> last activity (committed), for retention
+        self.closing: dict[bytes, int] = {}  # trace id -> when its next run's end grace is over (committed)
+        self._live: dict[bytes, TraceState | None] = {}
+        self._warned_keys = False
+
+    # -- recovery -------------------------------------------------------------------
+    def rebuild(self) -> int:
+        """The retention index from the committed store; returns the traces held."""
+        self.last_ms.clear()
+        self.closing.clear()
+        for key, raw in self.store.items():
+            state = decode_trace(raw)
+            self.last_ms[key] = state.last_ms
+            due = next_close(state)
+            if due is not None:
+                self.closing[key] = due
+        return len(self.last_ms)
+
+    def load(self, trace_id: bytes) -> TraceState | None:
+        if trace_id in self._live:
+            return self._live[trace_id]
+        raw = self.store.get(trace_id)
+        return None if raw is None else decode_trace(raw)
+
+    # -- the batch ------------------------------------------------------------------------
+    def fold(self, records: Iterable[Record], *, punctuate: bool = False, caught_up: bool = True,
+             lagging: Collection[str] = ()) -> BridgeBatch:
+        """Turn a batch of ``otlp_spans`` records (offset order) into events, state changes and offsets.
+
+        When ``caught_up`` (the input consumed to its end), runs whose start or end grace has passed
+        are published too (a call with no records does just that: the engine's punctuation); while a
+        backlog drains they wait, since their late spans may be in it. ``punctuate`` (and caught up)
+        also drops the traces past retention. ``lagging`` is accepted for the engine's sake and
+        unused: the bridge has one input."""
+        out = BridgeBatch()
+        self._live.clear()
+        now = self.wall_ms()
+        for rec in records:
+            out.consumed += 1
+            out.offsets[rec.topic] = rec.offset + 1
+            value = rec.value if rec.value is not None else b""
+            try:
+                if len(value) > self.max_message_bytes:
+                    raise BadTraces("oversized", f"message of {len(value)} bytes is over max_message_bytes="
+                                                 f"{self.max_message_bytes}")
+                spans = decode_traces(value, header(rec.headers, "content-type"))
+                if not spans:
+                    raise BadTraces("not_traces_data", "no spans in the message")
+                latest = max(s.end_ns for s in spans) // 1_000_000
+                if latest > now + self.max_future_ms:
+                    raise BadTraces("ts_in_future", f"a span ends at {latest} ms, {(latest - now) / 1000:.0f} s ahead "
+                                                    f"of this bridge's clock (at most {self.max_future_ms / 1000:g} s)")
+            except BadTraces as exc:
+                out.deadletters.append(DeadLetter(rec, exc.reason, str(exc)))
+                out.counts["invalid", "otlp_spans", exc.reason] += 1
+                log.warning("dead-lettered %s[%d]@%d (%s): %s", rec.topic, rec.partition, rec.offset, exc.reason, exc)
+                continue
+            except Exception as exc:  # a bug of ours must not stop the partition nor lose the message
+                log.exception("internal error on %s[%d]@%d; dead-lettered", rec.topic, rec.partition, rec.offset)
+                out.deadletters.append(DeadLetter(rec, "internal_error", f"{type(exc).__name__}: {exc}"))
+                out.counts["invalid", "otlp_spans", "internal_error"] += 1
+                continue
+            by_trace: dict[str, list] = {}
+            for span in spans:
+                by_trace.setdefault(span.trace_id, []).append(span)
+            if len(by_trace) > 1 or rec.key is None or rec.key.decode("ascii", "replace") not in by_trace:
+                # Not one trace keyed by its id: without the exporter's partition_traces_by_id a trace's
+                # spans spread over partitions, and each partition sees part of a run. Counted, warned once.
+                out.counts["otel", "message_not_keyed_by_trace"] += 1
+                if not self._warned_keys:
+                    self._warned_keys = True
+                    log.warning("%s[%d]@%d is not one trace keyed by its trace id: set the Collector's kafka "
+                                "exporter partition_traces_by_id: true, or runs may be split across partitions",
+                                rec.topic, rec.partition, rec.offset)
+            for trace_id, group in by_trace.items():
+                key = trace_id.encode()
+                state, folded = fold_trace(self.load(key), trace_id, group, now, self.limits)
+                self._live[key] = state
+                self._emit(folded, out)
+        if caught_up:  # runs in their start or end grace: due ones go out (few: those of the last seconds)
+            for key, due in list(self.closing.items()):
+                if due <= now:
+                    state = self.load(key)
+                    if state is not None:
+                        self._live[key] = state
+                        self._emit(close_due(state, key.decode(), now, self.limits), out)
+        if punctuate and caught_up:
+            self._expire(now, out)
+        for key, state in self._live.items():
+            out.changes[key] = None if state is None else encode_trace(state)
+        return out
+
+    def _emit(self, folded, out: BridgeBatch) -> None:
+        for label, n in folded.counts.items():
+            out.counts["otel", label] += n
+        for event in folded.events:
+            out.counts["otel_event", event.__struct_config__.tag] += 1
+            out.outputs.append(Output(self.steps_topic, event.run_id.encode(), _encode_event(event)))
+
+    def _expire(self, now: int, out: BridgeBatch) -> None:
+        """Drop the traces with no new span for the retention period (runs still open go STUCK in the worker)."""
+        limit_ms = self.limits.trace_retention_s * 1000
+        for key, last in list(self.last_ms.items()):
+            if key in self._live or now - last < limit_ms:
+                continue
+            state = self.load(key)
+            if state is not None and expired(state, now, self.limits):
+                out.counts["otel", "traces_expired"] += 1
+                open_runs = unended_runs(state)
+                if open_runs:
+                    out.counts["otel", "runs_unended"] += open_runs
+                self._live[key] = None
+
+    # -- after the transaction ----------------------------------------------------------
+    def committed(self, out: BridgeBatch) -> None:
+        """The batch's transaction committed: its traces' activity becomes the retention index."""
+        for key, state in self._live.items():
+            due = None if state is None else next_close(state)
+            if due is None:
+                self.closing.pop(key, None)
+            else:
+                self.closing[key] = due
+            if state is None:
+                self.last_ms.pop(key, None)
+            else:
+                self.last_ms[key] = state.last_ms
+        self._live.clear()
+
+    def discard(self) -> None:
+        """The batch's transaction failed: the store still holds the committed states."""
+        self._live.clear()
+
+    @property
+    def traces(self) -> int:
+        return len(self.last_ms)

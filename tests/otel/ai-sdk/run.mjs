@@ -1,0 +1,99 @@
+#!/usr/bin/env node
+// AI SDK 7 ToolLoopAgents on MockLanguageModelV4 (no network), traced by @ai-sdk/otel and exported
+// with the OTLP/HTTP protobuf exporter to ENDPOINT, one run per health state the spans can express.
+// Prints the expectations as JSON lines on stdout: {agent, state, reason, raised, truth}.
+//
+// usage: node run.mjs --endpoint http://127.0.0.1:4318/v1/traces [--legacy]
+//   --legacy: the LegacyOpenTelemetry integration (AI SDK <= 6 span shapes: ai.generateText, ...)
+import { parseArgs } from 'node:util';
+import { OpenTelemetry, LegacyOpenTelemetry } from '@ai-sdk/otel';
+import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-proto';
+import { BatchSpanProcessor, TracerProvider } from '@opentelemetry/sdk-trace';
+import { ToolLoopAgent, isStepCount, jsonSchema, registerTelemetry, tool } from 'ai';
+import { MockLanguageModelV4 } from 'ai/test';
+
+const { values } = parseArgs({ options: { endpoint: { type: 'string' }, legacy: { type: 'boolean', default: false } } });
+const SECRET = 's3cr3t-PLANTED-0xC0FFEE';
+
+const provider = new TracerProvider({
+  spanProcessors: [new BatchSpanProcessor({ exporter: new OTLPTraceExporter({ url: values.endpoint }), scheduledDelayMillis: 200 })],
+});
+// the scope names the integrations use on the global provider: `gen_ai` (OpenTelemetry), `ai` (legacy)
+const telemetry = values.legacy
+  ? new LegacyOpenTelemetry({ tracer: provider.getTracer('ai') })
+  : new OpenTelemetry({ tracer: provider.getTracer('gen_ai') });
+registerTelemetry(telemetry);
+
+const usage = { inputTokens: { total: 10 }, outputTokens: { total: 5 } };
+const step = (calls, text) => ({
+  content: [
+    ...(text ? [{ type: 'text', text: `${text} ${SECRET}` }] : []),
+    ...calls.map(([id, name]) => ({ type: 'tool-call', toolCallId: id, toolName: name, input: JSON.stringify({ q: SECRET }) })),
+  ],
+  finishReason: { unified: calls.length ? 'tool-calls' : 'stop', raw: undefined },
+  usage,
+  warnings: [],
+});
+const scripted = (steps) => {
+  let next = 0;
+  return new MockLanguageModelV4({
+    doGenerate: async ({ abortSignal }) => {
+      const s = steps[next++];
+      if (s instanceof Error) throw s;
+      if (s === 'hang') {
+        return await new Promise((_, reject) => {
+          const keep = setTimeout(() => reject(new Error('hung')), 30_000);
+          abortSignal?.addEventListener('abort', () => { clearTimeout(keep); reject(abortSignal.reason); }, { once: true });
+        });
+      }
+      return s;
+    },
+  });
+};
+const schema = jsonSchema({ type: 'object', properties: { q: { type: 'string' } } });
+const tools = {
+  lookup: tool({ description: 'look up', inputSchema: schema, execute: async () => ({ found: SECRET }) }),
+  boom: tool({ description: 'fails', inputSchema: schema, execute: async () => { throw new Error(`tool failed ${SECRET}`); } }),
+  pay: tool({ description: 'pay, after approval', inputSchema: schema, needsApproval: true, execute: async () => ({ paid: SECRET }) }),
+};
+
+async function attempt(agentName, steps, { stopWhen, abort, timeout } = {}) {
+  const agent = new ToolLoopAgent({ model: scripted(steps), tools, stopWhen: stopWhen ?? isStepCount(10) });
+  const controller = new AbortController();
+  if (abort) setTimeout(() => controller.abort(), abort);
+  try {
+    await agent.generate({
+      prompt: `task ${SECRET}`,
+      abortSignal: controller.signal,
+      timeout,
+      telemetry: { functionId: agentName },
+    });
+    return null;
+  } catch (err) {
+    return err?.name ?? String(err);
+  }
+}
+
+const out = [];
+const expect = (agent, state, reason, raised, truth = null) => out.push({ agent, state, reason, raised, truth });
+
+expect('sdk-natural', 'VERIFYING', 'natural_finish', await attempt('sdk-natural', [step([['c1', 'lookup']]), step([], 'done')]));
+// a tool error is handed back to the model, which answers: a natural finish (tool_errors 1 in evidence)
+expect('sdk-tool-error', 'VERIFYING', 'natural_finish', await attempt('sdk-tool-error', [step([['c1', 'boom']]), step([], 'sorry')]));
+// needsApproval: the loop stops with the call awaiting approval; no tool span, no marker: the last step
+// asked for a tool and ended OK: the cause is not recorded (reported unknown, derived natural_finish)
+expect('sdk-approval', 'UNCERTAIN', 'cause_mismatch', await attempt('sdk-approval', [step([['c1', 'pay']])]), 'approval_required');
+// isStepCount(2) while the model keeps calling tools: every span OK, the spans cannot say which condition
+expect('sdk-step-cap', 'UNCERTAIN', 'cause_not_recorded',
+  await attempt('sdk-step-cap', [step([['c1', 'lookup']]), step([['c2', 'lookup']]), step([['c3', 'lookup']])], { stopWhen: isStepCount(2) }),
+  'stop_condition');
+// the model throws: chat, step and invoke_agent spans ERROR
+expect('sdk-exception', 'FAILED', 'error', await attempt('sdk-exception', [new Error(`provider exploded ${SECRET}`)]));
+// abort while the model call hangs: the spans record the AbortError
+expect('sdk-aborted', 'BOUNDED_STOP', 'aborted', await attempt('sdk-aborted', [step([['c1', 'lookup']]), 'hang'], { abort: 300 }));
+// the call's own total timeout while the model call hangs
+expect('sdk-timeout', 'STUCK', 'timeout', await attempt('sdk-timeout', [step([['c1', 'lookup']]), 'hang'], { timeout: 300 }));
+
+await provider.forceFlush();
+await provider.shutdown();
+for (const e of out) process.stdout.write(`${JSON.stringify(e)}\n`);

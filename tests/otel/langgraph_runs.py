@@ -1,0 +1,130 @@
+"""LangGraph agents on a fake chat model (no model calls), traced by OpenInference's LangChain
+instrumentation, one per health state LangGraph can express."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage
+from langchain_core.tools import tool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, create_react_agent, tools_condition
+from langgraph.types import interrupt
+from langgraph.warnings import LangGraphDeprecatedSinceV10
+
+from tests.otel.pydantic_ai_runs import SECRET, Expected
+
+_ids = itertools.count()
+
+
+class FakeToolModel(GenericFakeChatModel):
+    """GenericFakeChatModel that accepts tools (the scripted messages carry the tool calls)."""
+
+    def bind_tools(self, tools, **kwargs):
+        return self
+
+
+def _calls(name: str) -> AIMessage:
+    return AIMessage(content="", tool_calls=[{"name": name, "args": {"q": SECRET}, "id": f"call_{next(_ids)}"}],
+                     response_metadata={"finish_reason": "tool_calls"})
+
+
+def _answer() -> AIMessage:
+    return AIMessage(content=f"done {SECRET}", response_metadata={"finish_reason": "stop"})
+
+
+@tool
+def lookup(q: str) -> str:
+    """Look something up."""
+    return f"found {SECRET}"
+
+
+@tool
+def boom(q: str) -> str:
+    """Fail."""
+    raise RuntimeError(f"tool failed {SECRET}")
+
+
+@tool
+def delete(q: str) -> str:
+    """Delete something, after a human approves."""
+    answer = interrupt({"question": f"delete {SECRET}?"})
+    return f"deleted {answer}"
+
+
+def _react(model, tools, **kw):
+    # create_react_agent moved to the `langchain` package (not installed here); LangGraph keeps it to 2.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LangGraphDeprecatedSinceV10)
+        return create_react_agent(model, tools, **kw)
+
+
+def _agent(name: str, messages, tools, **kw):
+    return _react(FakeToolModel(messages=iter(messages)), tools, name=name, **kw)
+
+
+def _loop_graph(name: str, messages, tools):
+    """The classic hand-built agent graph: a model node and a ToolNode, looping while tools are called."""
+    model = FakeToolModel(messages=iter(messages))
+
+    def call_model(state: MessagesState):
+        return {"messages": [model.invoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("model", call_model)
+    graph.add_node("tools", ToolNode(tools))
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", tools_condition)
+    graph.add_edge("tools", "model")
+    return graph.compile(name=name)
+
+
+def _invoke(agent, config=None) -> str | None:
+    try:
+        agent.invoke({"messages": [("user", f"task {SECRET}")]}, config=config)
+    except Exception as exc:  # noqa: BLE001 - what the framework raised is the fact
+        return type(exc).__name__
+    return None
+
+
+def run(tracer_provider) -> list[Expected]:
+    from openinference.instrumentation.langchain import LangChainInstrumentor
+
+    instrumentor = LangChainInstrumentor()
+    instrumentor.instrument(tracer_provider=tracer_provider)
+    try:
+        done = []
+        a = _agent("lg-natural", [_calls("lookup"), _answer()], [lookup])
+        done.append(Expected("lg-natural", "VERIFYING", "natural_finish", _invoke(a)))
+        a = _agent("lg-tool-error", [_calls("boom"), _answer()], [boom])
+        done.append(Expected("lg-tool-error", "FAILED", "tool_error", _invoke(a)))
+        # interrupt() in a tool: OpenInference keeps the span OK but records the GraphInterrupt exception
+        a = _agent("lg-approval", [_calls("delete"), _answer()], [delete], checkpointer=InMemorySaver())
+        done.append(Expected("lg-approval", "WAITING_UNROUTED", "approval_required",
+                             _invoke(a, {"configurable": {"thread_id": "t1"}})))
+        # a graph of its own (model node, ToolNode) at recursion_limit 4: model, tools, model, tools, then
+        # GraphRecursionError: the bound after a step's tools ran
+        g = _loop_graph("lg-bounded", [_calls("lookup") for _ in range(20)], [lookup])
+        done.append(Expected("lg-bounded", "BOUNDED_STOP", "stop_condition", _invoke(g, {"recursion_limit": 4})))
+        # create_react_agent at an odd limit raises right after a model call asked for a tool: the steps
+        # show a last step no tool ran for (derived natural_finish) against the recorded bound
+        a = _agent("lg-react-bounded", [_calls("lookup") for _ in range(20)], [lookup])
+        done.append(Expected("lg-react-bounded", "UNCERTAIN", "cause_mismatch",
+                             _invoke(a, {"recursion_limit": 5}), truth="stop_condition"))
+        # ... and at an even limit it stops by itself ("need more steps"), recording nothing
+        a = _agent("lg-react-bounded-quiet", [_calls("lookup") for _ in range(20)], [lookup])
+        done.append(Expected("lg-react-bounded-quiet", "UNCERTAIN", "cause_mismatch",
+                             _invoke(a, {"recursion_limit": 4}), truth="stop_condition"))
+
+        class Failing(FakeToolModel):
+            def _generate(self, *a, **k):
+                raise ValueError(f"provider exploded {SECRET}")
+
+        a = _react(Failing(messages=iter([])), [lookup], name="lg-exception")
+        done.append(Expected("lg-exception", "FAILED", "error", _invoke(a)))
+        return done
+    finally:
+        instrumentor.uninstrument()
