@@ -121,6 +121,7 @@ KAFKA_COMMANDS = {
     "deadletters": "print agent.deadletter: reason, source, offset, a preview",
     "verify": "check declared outcomes at their destinations; publish signed receipts",
     "receipt": "publish a person's signed decision on a run's outcome (verifier: human)",
+    "bridge": "run the OpenTelemetry bridge: spans from the Collector's Kafka exporter -> run events",
     "board": "serve the runs board: the whole fleet's runs from agent.health, live in a browser",
 }
 
@@ -206,9 +207,9 @@ def set_up_process(args: argparse.Namespace) -> None:
     from loopwarden import gctune
 
     command = args.command
-    if command in ("replay", "worker"):
+    if command in ("replay", "worker", "bridge"):
         gctune.for_streaming()  # fewer collector passes: a batch allocates many short-lived objects
-    if command == "worker" and args.func is not _needs_processor:
+    if command in ("worker", "bridge") and args.func is not _needs_processor:
         from loopwarden.streams.cliutil import _config, _watch_startup
         from loopwarden.streams.logs import quiet_repeats
 

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 import msgspec
 
 from loopwarden.codecs.events import (
-    TOOL_STATUSES,
     Approval,
     Custom,
     Policy,
@@ -325,9 +324,9 @@ def _finish(model: Span, calls: list[Span]) -> str:
     return "tool-calls" if calls else "other"
 
 
-# A tool call the run's own abort or timeout interrupted is `cancelled` (spec section 11) where the wire
-# types know the status; before that, `pending` (it has no result), never `error`: it is not a tool error.
-CANCELLED_STATUS = "cancelled" if "cancelled" in TOOL_STATUSES else "pending"
+# A tool call the run's own abort or timeout interrupted is `cancelled` (docs/contract.md section 11),
+# never `error`: it is not a tool error.
+CANCELLED_STATUS = "cancelled"
 
 
 def _cancelled(row: Runtime, span: Span) -> bool:

@@ -18,7 +18,6 @@ from loopwarden.codecs.events import (
     DEFAULT_POLICY_CONDITIONS,
     Condition,
     Custom,
-    LoopFinished,
     Policy,
     StepCount,
     StepFinished,

@@ -62,7 +62,22 @@ def add_commands(sub) -> None:
                    help="consumer group session timeout (LOOPWARDEN_SESSION_TIMEOUT_S; default 6)")
     p.add_argument("--trusted-verifiers", dest="trusted_verifiers", metavar="KEY_ID=PUBLIC_KEY[,...]",
                    help="only receipts signed by these keys count (LOOPWARDEN_TRUSTED_VERIFIERS; unset: every receipt)")
+    _otel_flags(p)
+    p.add_argument("--otel", action="store_true",
+                   help="also run the OpenTelemetry bridge in this process (otlp_spans -> agent.steps; docs/opentelemetry.md)")
     p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("bridge", help="run the OpenTelemetry bridge alone: spans from the Collector's Kafka exporter "
+                                      "-> run events on agent.steps (exactly-once)")
+    _common(p, topics=("steps", "deadletter"), partitions=False)
+    _otel_flags(p)
+    p.add_argument("--app-id", dest="app_id", help="its consumer group is <app id>-otel (LOOPWARDEN_APP_ID; default loopwarden)")
+    p.add_argument("--web-host", dest="web_host", help="HTTP bind address for /metrics, /readyz (LOOPWARDEN_WEB_HOST)")
+    p.add_argument("--web-port", dest="web_port", type=int, help="HTTP port (LOOPWARDEN_WEB_PORT; default 6066)")
+    p.add_argument("--store", choices=STORES, help="trace store (LOOPWARDEN_STORE; default memory)")
+    p.add_argument("--data-dir", dest="data_dir", help="RocksDB data directory (LOOPWARDEN_DATA_DIR)")
+    p.add_argument("--log-level", dest="log_level", help="info, warning, debug (LOOPWARDEN_LOG_LEVEL)")
+    p.set_defaults(func=cmd_bridge)
 
     from loopwarden.verify.commands import (
         add_verify_commands,  # verify, receipt (docs/contract.md section 10)
@@ -129,6 +144,30 @@ def cmd_config_doc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _otel_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--otel-topic", dest="otel_topic",
+                   help="the Collector's Kafka exporter topic (LOOPWARDEN_OTEL_TOPIC; default otlp_spans)")
+    p.add_argument("--otel-partitions", dest="otel_partitions", type=int,
+                   help="partitions of the otel topic and the bridge's changelog (LOOPWARDEN_OTEL_PARTITIONS; default 8)")
+
+
+def cmd_bridge(args: argparse.Namespace) -> int:
+    from aiokafka.errors import KafkaConnectionError
+
+    from loopwarden.otel.run import run_bridge
+    from loopwarden.streams.exceptions import TopicLayoutError
+
+    config = _config(args)
+    print(f"loopwarden bridge: broker={config.broker} {config.otel_topic} -> {config.steps_topic} "
+          f"partitions={config.otel_partitions} http://{config.web_host}:{config.web_port}", file=sys.stderr, flush=True)
+    try:
+        return run_bridge(config, on_recovered=getattr(args, "on_recovered", None))
+    except KafkaConnectionError as exc:
+        raise SystemExit(cannot_connect("bridge", config, exc)) from None
+    except TopicLayoutError as exc:
+        raise SystemExit(f"loopwarden bridge: {exc}") from None
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from loopwarden.cli import _verifiers
     from loopwarden.streams.worker import run_worker
@@ -150,7 +189,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from loopwarden.streams.exceptions import TopicLayoutError
 
     try:
-        return run_worker(config, on_recovered=getattr(args, "on_recovered", None), verifiers=verifiers)
+        return run_worker(config, on_recovered=getattr(args, "on_recovered", None), verifiers=verifiers,
+                          otel=args.otel)
     except KafkaConnectionError as exc:
         raise SystemExit(cannot_connect("worker", config, exc)) from None
     except TopicLayoutError as exc:

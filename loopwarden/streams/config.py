@@ -71,6 +71,11 @@ class Config:
     states_doc_url: str = "docs/states.md"
     # The worker also serves the board at /board/ (its own reader of agent.health, every partition).
     board_in_worker: bool = False
+    # The OpenTelemetry bridge (`loopwarden bridge`, `worker --otel`): the topic the Collector's Kafka
+    # exporter writes (otlp_proto or otlp_json, one trace per message, keyed by trace id).
+    otel_topic: str = "otlp_spans"
+    # Partitions of the otel topic and of the bridge's changelog (created with this many when missing).
+    otel_partitions: int = 8
     # Timers on processing time (`wall`) or on the event-time clock (`event`: steps' ts and explicit ticks).
     clock: str = "wall"
     # How often each partition's due timers fire.
@@ -120,11 +125,12 @@ class Config:
     ssl_check_hostname: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("steps_topic", "outcomes_topic", "health_topic", "deadletter_topic", "ticks_topic"):
+        for name in ("steps_topic", "outcomes_topic", "health_topic", "deadletter_topic", "ticks_topic", "otel_topic"):
             value = getattr(self, name)
             if not _TOPIC.match(value):
                 raise ConfigError(f"{name}: {value!r} is not a valid Kafka topic name ([A-Za-z0-9._-], 1-249 chars)")
-        names = [self.steps_topic, self.outcomes_topic, self.health_topic, self.deadletter_topic, self.ticks_topic]
+        names = [self.steps_topic, self.outcomes_topic, self.health_topic, self.deadletter_topic, self.ticks_topic,
+                 self.otel_topic]
         if len(set(names)) != len(names):
             raise ConfigError(f"topic names must differ, got {names}")
         for part in self.broker.split(","):
@@ -136,6 +142,8 @@ class Config:
             raise ConfigError(f"app_id: {self.app_id!r} must be 1-100 chars of [A-Za-z0-9._-]")
         if not 1 <= self.partitions <= 10_000:
             raise ConfigError(f"partitions: {self.partitions} must be between 1 and 10000")
+        if not 1 <= self.otel_partitions <= 10_000:
+            raise ConfigError(f"otel_partitions: {self.otel_partitions} must be between 1 and 10000")
         if not 1 <= self.replication <= 100:
             raise ConfigError(f"replication: {self.replication} must be between 1 and 100")
         if self.store not in STORES:

@@ -104,6 +104,16 @@ class Metrics:
                              "Owned partitions with lag whose committed offset has not moved for the stall timeout.",
                              registry=r)
         self.stalls = Counter("loopwarden_stalls_total", "Times an owned partition was found stalled.", registry=r)
+        # The OpenTelemetry bridge (loopwarden.otel): spans by what became of them, events it published,
+        # traces held per owned partition of otlp_spans.
+        self.otel_spans = Counter("loopwarden_otel_spans_total",
+                                  "Spans the OpenTelemetry bridge read, by outcome (spans: folded; the others: counted "
+                                  "and ignored, or traces dropped).", ["outcome"], registry=r)
+        self.otel_events = Counter("loopwarden_otel_events_total",
+                                   "Events the OpenTelemetry bridge published on agent.steps, by type.", ["type"],
+                                   registry=r)
+        self.otel_traces = Gauge("loopwarden_otel_traces", "Traces the OpenTelemetry bridge holds, per owned partition.",
+                                 ["partition"], registry=r)
         for result in ("committed", "aborted", "fenced"):
             self.transactions.labels(result)
         for t in TOPIC_ROLES:

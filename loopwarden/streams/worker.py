@@ -68,13 +68,22 @@ class Worker(Engine):
         return readmodel.page({p: task.index for p, task in self.tasks.items()}, **query)
 
 
-def run_worker(config: Config, on_recovered: Callable[[], None] | None = None, verifiers=None) -> int:
+def run_worker(config: Config, on_recovered: Callable[[], None] | None = None, verifiers=None,
+               otel: bool = False) -> int:
     """Run one worker until SIGTERM/SIGINT; exit by ``shutdown_timeout_s`` after the signal whatever happens.
 
-    ``verifiers``: loopwarden.trust.TrustedVerifiers, or None (every receipt counts)."""
+    ``verifiers``: loopwarden.trust.TrustedVerifiers, or None (every receipt counts). ``otel``: the
+    OpenTelemetry bridge runs in the same process, as its own engine (its own group; metrics shared)."""
 
     async def main() -> None:
-        worker = Worker(config, on_recovered=on_recovered, verifiers=verifiers)
+        metrics = Metrics()
+        worker = Worker(config, metrics, on_recovered=on_recovered, verifiers=verifiers)
+        engines: list[Engine] = [worker]
+        if otel:
+            from loopwarden.otel.stage import BridgeStage, bridge_config
+
+            bridge = bridge_config(config)
+            engines.append(Engine(bridge, BridgeStage(bridge, metrics), metrics, on_recovered))
         from loopwarden.streams.http import serve
 
         loop = asyncio.get_running_loop()
@@ -86,18 +95,30 @@ def run_worker(config: Config, on_recovered: Callable[[], None] | None = None, v
             watchdog = threading.Timer(config.shutdown_timeout_s, _exit_now, args=(config.shutdown_timeout_s,))
             watchdog.daemon = True
             watchdog.start()
-            worker.stop()
+            for engine in engines:
+                engine.stop()
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal)
         runner = await serve(worker)
         try:
-            await worker.run()
+            await run_together(engines)
         finally:
             await runner.cleanup()
 
     asyncio.run(main())
     return 0
+
+
+async def run_together(engines: list[Engine]) -> None:
+    """Run engines side by side; the first to end (stopped, or failed) stops the others, and its error is raised."""
+    runs = [asyncio.create_task(engine.run()) for engine in engines]
+    done, pending = await asyncio.wait(runs, return_when=asyncio.FIRST_COMPLETED)
+    for engine in engines:
+        engine.stop()
+    await asyncio.gather(*pending, return_exceptions=True)
+    for task in done:
+        task.result()
 
 
 def _exit_now(timeout_s: float) -> None:

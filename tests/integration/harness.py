@@ -38,7 +38,8 @@ def env_for(config: Config) -> dict[str, str]:
     for name in ("broker", "app_id", "steps_topic", "outcomes_topic", "health_topic", "deadletter_topic",
                  "ticks_topic", "partitions", "store", "data_dir", "clock", "tick_interval_s", "web_port",
                  "shutdown_timeout_s", "stall_timeout_s", "session_timeout_s", "max_message_bytes", "batch_max_records",
-                 "max_future_skew_s", "seq_memory_s", "retention_s", "malloc_trim_s", "commit_gap_ms", "batch_wait_ms", "align_max_ms"):
+                 "max_future_skew_s", "seq_memory_s", "retention_s", "malloc_trim_s", "commit_gap_ms", "batch_wait_ms", "align_max_ms",
+                 "otel_topic", "otel_partitions"):
         env["LOOPWARDEN_" + name.upper()] = str(getattr(config, name))
     for name in ("token", "security_protocol", "sasl_mechanism", "sasl_username", "sasl_password", "ssl_cafile",
                  "ssl_certfile", "ssl_keyfile"):
@@ -51,12 +52,14 @@ def env_for(config: Config) -> dict[str, str]:
 
 @dataclass
 class Worker:
-    """A `loopwarden worker` subprocess."""
+    """A `loopwarden worker` subprocess (or another long-running command: ``bridge``)."""
 
     config: Config
     log_path: Path
     proc: subprocess.Popen | None = None
     extra_env: dict = field(default_factory=dict)
+    command: str = "worker"
+    args: tuple = ()  # extra command-line arguments
 
     @property
     def url(self) -> str:
@@ -64,7 +67,7 @@ class Worker:
 
     def start(self, timeout_s: float = 60) -> "Worker":
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "loopwarden.cli", "worker"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "loopwarden.cli", self.command, *self.args],
                                      env={**env_for(self.config), **self.extra_env}, stdout=log, stderr=subprocess.STDOUT)
         self.wait_ready(timeout_s)
         return self
@@ -84,7 +87,7 @@ class Worker:
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.log_tail()}")
+                raise RuntimeError(f"{self.command} exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 status, _ = self.get("/readyz", self.config.token)
                 if status == 200:

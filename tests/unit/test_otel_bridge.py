@@ -162,7 +162,7 @@ def test_end_grace_waits_for_spans_ending_after_the_run_span():
     b.fold([], punctuate=True)
     events = b.events()
     assert kinds(events) == ["run_started", "step_finished", "run_ended"]
-    assert [c.status for c in events[1].tool_calls] == ["pending"] and events[2].cause == "aborted"
+    assert [c.status for c in events[1].tool_calls] == ["cancelled"] and events[2].cause == "aborted"
 
 
 def test_end_grace_waits_while_a_backlog_drains():
