@@ -1,0 +1,140 @@
+"""Bench b2: what a worker holds per run, without Kafka: the fold's own memory, as RSS and as Python heap.
+
+Each figure comes from a fresh interpreter (``python -m bench.memory child ...``) so
+nothing else of the bench is in its RSS. The child folds a simulated fleet through
+eight :class:`PartitionTask` over memory stores, in batches of 2,500 with the store
+written and ``committed`` called per batch, as the worker does; the collector set as
+the worker sets it (``gctune``, then ``gc.freeze`` as after a recovery). Then:
+
+* **RSS per run**, at two fleet sizes: the slope between them is what one more run
+  costs (``marginal``); RSS / runs at one size also carries the interpreter's
+  fixed cost and whatever the allocator keeps of the fold's garbage. Read before and
+  after ``malloc_trim(0)`` (the worker calls it every ``malloc_trim_s``).
+* **Python heap per run** (tracemalloc), split into the store (dict of encoded states),
+  the timer queue, and the rest.
+
+The Kafka bench's figure (RSS at the end minus RSS at ready, over the runs held) is an
+average over one fleet size: it also holds the Kafka clients' buffers, which do not
+grow with runs; bench c reports its own marginal figure beside it.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import tracemalloc
+
+from bench.common import Report, nbytes, progress, rss_kb
+
+BENCH = "b state"
+
+
+def _fold(runs: int, trace: bool) -> dict:
+    from bench.core import _Rec, valid_messages
+    from loopwarden import gctune
+    from loopwarden.rules import Settings
+    from loopwarden.streams.assignment import partition_of
+    from loopwarden.streams.memory import trim
+    from loopwarden.streams.store import MemoryPartition
+    from loopwarden.streams.task import PartitionTask
+
+    messages = valid_messages(runs, seed=23)
+    by_partition: dict[int, list] = {}
+    offsets: dict[tuple[str, int], int] = {}
+    for m in messages:
+        p = partition_of(m.key, 8)
+        off = offsets.get((m.topic, p), 0)
+        offsets[m.topic, p] = off + 1
+        by_partition.setdefault(p, []).append(_Rec(m.topic, p, off, m.key, m.value))
+    del messages
+    gctune.for_streaming()
+    roles = {"steps": "steps", "outcomes": "outcomes", "ticks": "ticks"}
+    gc.collect()
+    if trace:
+        tracemalloc.start()
+    rss0 = rss_kb(_pid())["VmRSS"] * 1024
+    heap0 = tracemalloc.get_traced_memory()[0] if trace else 0
+    tasks = []
+    for p, records in sorted(by_partition.items()):
+        task = PartitionTask(p, MemoryPartition(), roles, settings=Settings(), clock="event")
+        for i in range(0, len(records), 2500):
+            out = task.fold(records[i:i + 2500], punctuate=True)
+            task.store.write(out.changes, None)
+            task.committed(out)
+        tasks.append(task)
+    held = sum(sum(t.state_counts.values()) for t in tasks)
+    by_partition.clear()
+    gc.collect()
+    gc.freeze()
+    out = {"runs": held, "rss": rss_kb(_pid())["VmRSS"] * 1024 - rss0}
+    trim()
+    out["rss_trimmed"] = rss_kb(_pid())["VmRSS"] * 1024 - rss0
+    if trace:
+        out["heap"] = tracemalloc.get_traced_memory()[0] - heap0
+        timers = sum(_timer_bytes(t.timers) for t in tasks)
+        out["timers"] = timers
+        out["store"] = sum(_store_bytes(t.store) for t in tasks)
+        tracemalloc.stop()
+    return out
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def _deep(objs) -> int:
+    """Bytes of the given objects and of the containers' direct items (not shared singletons)."""
+    return sum(sys.getsizeof(o) for o in objs)
+
+
+def _store_bytes(store) -> int:
+    data = dict(store.items())  # a copy of the same size: the store's own dict is private
+    return sys.getsizeof(data) + _deep(data.keys()) + _deep(data.values())
+
+
+def _timer_bytes(timers) -> int:
+    """The timer queue's heap, buckets and queued maps with the objects only they hold (run id str, deadlines)."""
+    size = sys.getsizeof(timers.heap) + _deep(timers.heap)
+    size += sys.getsizeof(timers.buckets) + sum(
+        sys.getsizeof(v) if v.__class__ is list else 0 for v in timers.buckets.values())
+    size += sys.getsizeof(timers.queued) + _deep(timers.queued.keys()) + _deep(timers.queued.values())
+    return size
+
+
+def _child(runs: int, trace: bool) -> dict:
+    cmd = [sys.executable, "-m", "bench.memory", "child", str(runs)] + (["--trace"] if trace else [])
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def fold_memory(report: Report, small: int, large: int) -> dict:
+    """Report RSS per run held (marginal and average, before/after malloc_trim) and the heap split."""
+    progress(f"[b] worker fold memory: {small:,} and {large:,} runs, fresh interpreters ...")
+    a, b = _child(small, False), _child(large, False)
+    t = _child(large, True)
+    slope = (b["rss"] - a["rss"]) / (b["runs"] - a["runs"])
+    slope_trim = (b["rss_trimmed"] - a["rss_trimmed"]) / (b["runs"] - a["runs"])
+    report.add(BENCH, "worker fold: RSS per run held, marginal", nbytes(slope_trim),
+               f"slope between {a['runs']:,} and {b['runs']:,} runs after malloc_trim; {nbytes(slope)} before it; "
+               f"8 PartitionTasks, memory store, no Kafka; target <= 600 B")
+    report.add(BENCH, "worker fold: RSS / runs held (average)", nbytes(b["rss_trimmed"] / b["runs"]),
+               f"{b['runs']:,} runs, after malloc_trim; {nbytes(b['rss'] / b['runs'])} before it")
+    n = t["runs"]
+    report.add(BENCH, "worker fold: Python heap per run held", nbytes(t["heap"] / n),
+               f"tracemalloc; store {nbytes(t['store'] / n)}, timer queue {nbytes(t['timers'] / n)}, "
+               f"rest {nbytes((t['heap'] - t['store'] - t['timers']) / n)}")
+    return {"marginal": slope_trim, "average": b["rss_trimmed"] / b["runs"], "heap": t["heap"] / n}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "child":
+        print(json.dumps(_fold(int(sys.argv[2]), "--trace" in sys.argv)))
+    else:
+        r = Report("memory")
+        fold_memory(r, 10_000, 40_000)
+        for row in r.rows:
+            print(f"{row.figure:<45} {row.value:>10}  {row.note}")
