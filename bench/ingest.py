@@ -51,7 +51,8 @@ from loopwarden.simulate import fleet
 BENCH = "e ingest"
 PARTITIONS = 8
 REPO = Path(__file__).resolve().parent.parent
-APPS = ("bare", "decode", "quix", "quix1s", "kstreams", "faust", "worker")
+APPS = ("bare", "decode", "quix", "quix1s", "kstreams", "worker")  # the default set
+EXTRA_APPS = ("faust", "worker-alt")  # --apps only: Faust (a slow no-op baseline), the worker with --alt-env
 LABELS = {
     "bare": "bare aiokafka consumer (getmany, no decode)",
     "decode": "msgspec decode_input only (offline)",
@@ -60,7 +61,9 @@ LABELS = {
     "kstreams": "Kafka Streams 4.4: count per run + output, exactly_once_v2, 1 thread, no cache",
     "faust": "Faust agent doing nothing per event",
     "worker": "loopwarden worker",
+    "worker-alt": "loopwarden worker, --alt-env",
 }
+ALT_ENV: dict[str, str] = {}  # worker-alt's extra environment (bench.run --alt-env KEY=VALUE)
 KSTREAMS = REPO / "bench" / "peers" / "kstreams" / "target"
 SAMPLE_S = 0.05  # the worker's progress (/metrics) is sampled this often; peers mark it themselves
 READY_TIMEOUT_S = 120.0
@@ -352,7 +355,7 @@ async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s
     ready_file = adir / "ready.json"
     progress_file = adir / "progress.jsonl"
     port = 0
-    if app == "worker":
+    if app.startswith("worker"):
         port = free_port()
         env = _env({
             "LOOPWARDEN_BROKER": backlog.bootstrap, "LOOPWARDEN_APP_ID": group,
@@ -361,6 +364,8 @@ async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s
             "LOOPWARDEN_TICKS_TOPIC": f"ticks-{tag}", "LOOPWARDEN_PARTITIONS": str(PARTITIONS),
             "LOOPWARDEN_CLOCK": "event", "LOOPWARDEN_WEB_PORT": str(port), "LOOPWARDEN_DATA_DIR": str(adir / "data"),
         })
+        if app == "worker-alt":
+            env.update(ALT_ENV)
         argv = [sys.executable, "-m", "loopwarden.cli", "worker"]
     else:
         output = f"{app}-out-{tag}"
@@ -391,7 +396,7 @@ async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"{app} exited with {proc.returncode} before ready; {log}:\n{_tail(log)}")
-            if app == "worker":
+            if app.startswith("worker"):
                 if _readyz(port):
                     t_ready, c_ready = time.monotonic(), cpu_s(proc.pid)
                     break
@@ -401,14 +406,14 @@ async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s
                 break
             if time.monotonic() - t_spawn > READY_TIMEOUT_S:
                 raise TimeoutError(f"{app} not ready after {READY_TIMEOUT_S:.0f}s; {log}:\n{_tail(log)}")
-            await asyncio.sleep(0.02 if app != "worker" else 0.1)
+            await asyncio.sleep(0.1 if app.startswith("worker") else 0.02)
         b_ready = cpu_s(broker_pid)
-        limit = cap_s if app == "worker" else DONE_TIMEOUT_S
+        limit = cap_s if app.startswith("worker") else DONE_TIMEOUT_S
         samples: list[tuple[float, float, float]] = []  # the worker's (handled, t, cpu)
         last_check = 0.0
         # Done: the group's committed offsets at the end offsets of both input topics.
         while True:
-            if app == "worker":
+            if app.startswith("worker"):
                 handled = _handled(port)
                 if handled is not None:
                     samples.append((handled, time.monotonic(), cpu_s(proc.pid)))
@@ -420,7 +425,7 @@ async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s
             now, c_now, b_now = time.monotonic(), cpu_s(proc.pid), cpu_s(broker_pid)
             if done >= backlog.n:
                 res = Result(app, done, now - t_ready, c_now - c_ready, t_ready - t_spawn, b_now - b_ready)
-                if app == "worker":
+                if app.startswith("worker"):
                     with open(progress_file, "w") as f:  # the whole timeline, for a look with --keep
                         f.writelines(json.dumps({"n": n, "t": t, "cpu": c}) + "\n" for n, t, c in samples)
                     marks = [crossing(samples, backlog.n * f) for f in (0.1, 0.9)]
@@ -432,11 +437,11 @@ async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s
                 raise RuntimeError(f"{app} exited with {proc.returncode} at {done} of {backlog.n}; "
                                    f"{log}:\n{_tail(log)}")
             if now - t_ready > limit:
-                if app != "worker":
+                if not app.startswith("worker"):
                     raise TimeoutError(f"{app} committed {done} of {backlog.n} in {limit:.0f}s; {log}")
                 return Result(app, done, now - t_ready, c_now - c_ready, t_ready - t_spawn, b_now - b_ready,
                               capped=True)
-            await asyncio.sleep(SAMPLE_S if app == "worker" else POLL_S)
+            await asyncio.sleep(SAMPLE_S if app.startswith("worker") else POLL_S)
     finally:
         await asyncio.shield(admin.close())
         stop(proc)
@@ -451,7 +456,7 @@ async def _rounds(bootstrap: str, broker_pid: int, workdir: Path, events: int, r
     backlog = await preload(bootstrap, events, seed=11)
     progress(f"[e]   {backlog.n:,} messages in {backlog.produce_s:.1f}s "
              f"(steps {backlog.counts['steps']:,}, outcomes {backlog.counts['outcomes']:,})")
-    results: dict[str, list[Result]] = {a: [] for a in APPS}
+    results: dict[str, list[Result]] = {a: [] for a in APPS + EXTRA_APPS}
     errors: dict[str, str] = {}
     for i in range(rounds):
         order = apps[i % len(apps):] + apps[:i % len(apps)]
@@ -514,8 +519,10 @@ def _report(report: Report, backlog: Backlog, results: dict[str, list[Result]], 
     report.add(BENCH, "backlog (valid fleet events, pre-loaded)", f"{backlog.n:,}",
                f"steps {backlog.counts['steps']:,} / outcomes {backlog.counts['outcomes']:,}, {PARTITIONS} partitions "
                f"each; produced at {si(backlog.n / backlog.produce_s, 'msg/s')}; median of {rounds} round(s)")
-    for app in APPS:
+    for app in APPS + EXTRA_APPS:
         label = LABELS[app]
+        if app == "worker-alt":
+            label = f"loopwarden worker with {' '.join(f'{k}={v}' for k, v in ALT_ENV.items())}"
         if not results[app] and app not in errors:
             continue  # not run (--apps)
         if not results[app]:
@@ -536,7 +543,7 @@ def _report(report: Report, backlog: Backlog, results: dict[str, list[Result]], 
             note += (f"; CAPPED: {int(med(app, 'events')):,} of {backlog.n:,} committed in {med(app, 'wall_s'):.0f} s, "
                      "rate = committed / time")
         report.add(BENCH, label + ", steady state", si(steady, "ev/s") if steady == steady else "n/a", note)
-        if app in ("quix1s", "worker"):
+        if app in ("quix1s", "worker", "worker-alt"):
             # Last week's method, kept beside the new one: ready -> done, done seen at a 1 s commit.
             report.add(BENCH, LABELS[app] + ", ready -> done at a 1 s commit (old row)", si(med(app, "eps"), "ev/s"),
                        f"CPU {med(app, 'cpu_us'):.3g} µs/event; {duration(med(app, 'wall_s'))} wall; "
@@ -564,6 +571,7 @@ def _report(report: Report, backlog: Backlog, results: dict[str, list[Result]], 
             ("quix1s", "", "steady_eps", "steady state both, Quix committing every 1 s"),
             ("kstreams", "target >= 1.5", "steady_eps", "steady state both"),
             ("bare", "target >= 0.25", "steady_eps", "steady state both"),
+            ("worker-alt", "the same worker, another setting, same rounds", "steady_eps", "steady state both"),
     ):
         if peer not in errors and not results[peer]:
             continue
@@ -573,7 +581,7 @@ def _report(report: Report, backlog: Backlog, results: dict[str, list[Result]], 
         cpu = ratio("worker", peer, "steady_cpu_us" if attr == "steady_eps" else "cpu_us")
         report.add(BENCH, f"ratio worker : {peer} ({what})", x(ratio("worker", peer, attr)),
                    "; ".join(p for p in (target, ratios("worker", peer, attr), f"CPU per event {x(cpu)} {peer}'s") if p))
-    for app in ("quix", "kstreams", "faust"):
+    for app in ("quix", "kstreams", "faust", "worker-alt"):
         if results[app] and results["bare"]:
             report.add(BENCH, f"ratio {app} : bare consumer (steady ev/s)", x(ratio(app, "bare", "steady_eps")),
                        f"CPU per event {x(ratio(app, 'bare', 'steady_cpu_us'))} the bare consumer's")

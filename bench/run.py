@@ -35,7 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pace-eps", type=float, default=None,
                         help="rate of the kafka bench's paced (latency) phase; default half the ingest maximum")
     parser.add_argument("--apps", default=None,
-                        help="the ingest bench's apps, comma-separated (default all: bare,decode,quix,quix1s,kstreams,faust,worker)")
+                        help="the ingest bench's apps, comma-separated (default bare,decode,quix,quix1s,kstreams,worker; "
+                             "also faust, and worker-alt: the worker with --alt-env)")
+    parser.add_argument("--alt-env", action="append", default=[], metavar="LOOPWARDEN_NAME=VALUE",
+                        help="worker-alt's setting (repeatable): the worker with and without it, side by side")
     parser.add_argument("--rounds", type=int, default=None, help="the ingest bench's rounds (default 3, 1 with --quick)")
     parser.add_argument("--events", type=int, default=None, help="the ingest bench's backlog (default 200,000)")
     parser.add_argument("--keep", action="store_true", help="keep the broker and worker logs (path printed)")
@@ -69,12 +72,18 @@ def main(argv: list[str] | None = None) -> int:
         if "ingest" in only:
             from bench.ingest import ingest
 
-            from bench.ingest import APPS
+            from bench import ingest as ingest_bench
 
-            apps = tuple(args.apps.split(",")) if args.apps else APPS
-            unknown = set(apps) - set(APPS)
+            apps = tuple(args.apps.split(",")) if args.apps else ingest_bench.APPS
+            known = ingest_bench.APPS + ingest_bench.EXTRA_APPS
+            unknown = set(apps) - set(known)
             if unknown:
-                parser.error(f"--apps: unknown {sorted(unknown)}; known: {','.join(APPS)}")
+                parser.error(f"--apps: unknown {sorted(unknown)}; known: {','.join(known)}")
+            for pair in args.alt_env:
+                key, sep, value = pair.partition("=")
+                if not sep or not key.startswith("LOOPWARDEN_"):
+                    parser.error(f"--alt-env: {pair!r} is not LOOPWARDEN_NAME=VALUE")
+                ingest_bench.ALT_ENV[key] = value
             maxima = ingest(report, workdir, args.events or size["ingest_events"], args.rounds or size["ingest_rounds"],
                              apps=apps)
         max_eps = maxima.get("worker")
