@@ -35,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.kafka import _minus, quantile
 from bench.common import Report, cpu_s, duration, progress, si
+from bench import ingest as ingest_bench
 from bench.ingest import PARTITIONS, REPO, _env, _readyz, create_topics, spawn, start_broker, stop, stop_all
 from dev.localkafka import free_port
 from loopwarden.codecs import decode_input, encode
@@ -121,6 +122,8 @@ async def one_app(app: str, bootstrap: str, workdir: Path, rate: float, warm_s: 
             "LOOPWARDEN_TICKS_TOPIC": f"lat-ticks-{tag}", "LOOPWARDEN_PARTITIONS": str(PARTITIONS),
             "LOOPWARDEN_CLOCK": "event", "LOOPWARDEN_WEB_PORT": str(port), "LOOPWARDEN_DATA_DIR": str(adir / "data"),
         })
+        if app == "worker-alt":
+            env.update(ingest_bench.ALT_ENV)
         argv = [__import__("sys").executable, "-m", "loopwarden.cli", "worker"]
         await create_topics(bootstrap, [steps, outcomes])
         stamp = "value"
@@ -221,7 +224,8 @@ def latency(report: Report, workdir: Path, rate: float, own_rate: float | None, 
     """Worker and Quix (default and smallest commit interval) at ``rate``; the worker again at ``own_rate``."""
     progress("[g] latency: starting a local Kafka broker (KRaft) ...")
     kafka = start_broker(workdir / "kafka-latency")
-    plan = [("worker", rate), ("quix", rate), ("quix-min", rate)]
+    plan = [("worker", rate)] + ([("worker-alt", rate)] if ingest_bench.ALT_ENV else []) + \
+        [("quix", rate), ("quix-min", rate)]
     if own_rate and own_rate > rate * 1.2:
         plan.append(("worker-own", own_rate))
     results = []
@@ -246,7 +250,8 @@ def latency(report: Report, workdir: Path, rate: float, own_rate: float | None, 
         kafka.stop()
     labels = {"worker": "loopwarden worker", "quix": "Quix Streams, exactly-once, default commit (5 s)",
               "quix-min": f"Quix Streams, exactly-once, commit every {QUIX_MIN_COMMIT_S * 1000:.0f} ms",
-              "worker-own": "loopwarden worker, at half its own maximum"}
+              "worker-own": "loopwarden worker, at half its own maximum",
+              "worker-alt": "loopwarden worker with " + " ".join(f"{k}={v}" for k, v in ingest_bench.ALT_ENV.items())}
     for res in results:
         note = (f"{res['n']:,} outputs over {measure_s:.0f} s (read_committed, raw samples); mean {duration(res['mean'])}; "
                 f"sent {si(res['sent_eps'], 'ev/s')}; app CPU {res['cpu_share']:.0%} of a core")

@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import pickle
 import subprocess
 import sys
+import tempfile
 import tracemalloc
 
 from bench.common import Report, nbytes, progress, rss_kb
@@ -31,27 +34,40 @@ from bench.common import Report, nbytes, progress, rss_kb
 BENCH = "b state"
 
 
-def _fold(runs: int, trace: bool) -> dict:
-    from bench.core import _Rec, valid_messages
+def _inputs(runs: int, path: str) -> None:
+    """Write a fleet's valid messages, as (partition, topic, offset, key, value) per partition, to ``path``."""
+    from bench.core import valid_messages
+    from loopwarden.streams.assignment import partition_of
+
+    by_partition: dict[int, list] = {}
+    offsets: dict[tuple[str, int], int] = {}
+    for m in valid_messages(runs, seed=23):
+        p = partition_of(m.key, 8)
+        off = offsets.get((m.topic, p), 0)
+        offsets[m.topic, p] = off + 1
+        by_partition.setdefault(p, []).append((m.topic, off, m.key, m.value))
+    with open(path, "wb") as f:
+        pickle.dump(by_partition, f)
+
+
+def _fold(path: str, trace: bool) -> dict:
+    from bench.core import _Rec
     from loopwarden import gctune
     from loopwarden.rules import Settings
-    from loopwarden.streams.assignment import partition_of
     from loopwarden.streams.memory import trim
     from loopwarden.streams.store import MemoryPartition
     from loopwarden.streams.task import PartitionTask
 
-    messages = valid_messages(runs, seed=23)
-    by_partition: dict[int, list] = {}
-    offsets: dict[tuple[str, int], int] = {}
-    for m in messages:
-        p = partition_of(m.key, 8)
-        off = offsets.get((m.topic, p), 0)
-        offsets[m.topic, p] = off + 1
-        by_partition.setdefault(p, []).append(_Rec(m.topic, p, off, m.key, m.value))
-    del messages
+    # Read from a file, not simulated here: the simulation's garbage would leave free slots in
+    # pymalloc's arenas that the fold reuses, and RSS would not show the runs.
+    with open(path, "rb") as f:
+        raw = pickle.load(f)
+    by_partition = {p: [_Rec(t, p, off, k, v) for t, off, k, v in items] for p, items in raw.items()}
+    del raw
     gctune.for_streaming()
     roles = {"steps": "steps", "outcomes": "outcomes", "ticks": "ticks"}
     gc.collect()
+    trim()
     if trace:
         tracemalloc.start()
     rss0 = rss_kb(_pid())["VmRSS"] * 1024
@@ -63,9 +79,10 @@ def _fold(runs: int, trace: bool) -> dict:
             out = task.fold(records[i:i + 2500], punctuate=True)
             task.store.write(out.changes, None)
             task.committed(out)
+        del out
         tasks.append(task)
     held = sum(sum(t.state_counts.values()) for t in tasks)
-    by_partition.clear()
+    # The inputs stay held until the end: freed, their pages would be reused for the runs and hide them.
     gc.collect()
     gc.freeze()
     out = {"runs": held, "rss": rss_kb(_pid())["VmRSS"] * 1024 - rss0}
@@ -77,12 +94,11 @@ def _fold(runs: int, trace: bool) -> dict:
         out["timers"] = timers
         out["store"] = sum(_store_bytes(t.store) for t in tasks)
         tracemalloc.stop()
+    by_partition.clear()
     return out
 
 
 def _pid() -> int:
-    import os
-
     return os.getpid()
 
 
@@ -105,8 +121,8 @@ def _timer_bytes(timers) -> int:
     return size
 
 
-def _child(runs: int, trace: bool) -> dict:
-    cmd = [sys.executable, "-m", "bench.memory", "child", str(runs)] + (["--trace"] if trace else [])
+def _child(path: str, trace: bool) -> dict:
+    cmd = [sys.executable, "-m", "bench.memory", "child", path] + (["--trace"] if trace else [])
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -114,8 +130,12 @@ def _child(runs: int, trace: bool) -> dict:
 def fold_memory(report: Report, small: int, large: int) -> dict:
     """Report RSS per run held (marginal and average, before/after malloc_trim) and the heap split."""
     progress(f"[b] worker fold memory: {small:,} and {large:,} runs, fresh interpreters ...")
-    a, b = _child(small, False), _child(large, False)
-    t = _child(large, True)
+    with tempfile.TemporaryDirectory(prefix="loopwarden-memory-") as tmp:
+        paths = {n: os.path.join(tmp, f"fleet-{n}.pickle") for n in (small, large)}
+        for n, path in paths.items():
+            _inputs(n, path)
+        a, b = _child(paths[small], False), _child(paths[large], False)
+        t = _child(paths[large], True)
     slope = (b["rss"] - a["rss"]) / (b["runs"] - a["runs"])
     slope_trim = (b["rss_trimmed"] - a["rss_trimmed"]) / (b["runs"] - a["runs"])
     report.add(BENCH, "worker fold: RSS per run held, marginal", nbytes(slope_trim),
@@ -132,7 +152,7 @@ def fold_memory(report: Report, small: int, large: int) -> dict:
 
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "child":
-        print(json.dumps(_fold(int(sys.argv[2]), "--trace" in sys.argv)))
+        print(json.dumps(_fold(sys.argv[2], "--trace" in sys.argv)))
     else:
         r = Report("memory")
         fold_memory(r, 10_000, 40_000)

@@ -45,6 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     size = QUICK if args.quick else FULL
     only = set(args.only or BENCHES)
+    from bench import ingest as ingest_bench
+
+    for pair in args.alt_env:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.startswith("LOOPWARDEN_"):
+            parser.error(f"--alt-env: {pair!r} is not LOOPWARDEN_NAME=VALUE")
+        ingest_bench.ALT_ENV[key] = value
     report = Report("loopwarden bench")
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="loopwarden-bench-"))
@@ -79,11 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             unknown = set(apps) - set(known)
             if unknown:
                 parser.error(f"--apps: unknown {sorted(unknown)}; known: {','.join(known)}")
-            for pair in args.alt_env:
-                key, sep, value = pair.partition("=")
-                if not sep or not key.startswith("LOOPWARDEN_"):
-                    parser.error(f"--alt-env: {pair!r} is not LOOPWARDEN_NAME=VALUE")
-                ingest_bench.ALT_ENV[key] = value
+
             maxima = ingest(report, workdir, args.events or size["ingest_events"], args.rounds or size["ingest_rounds"],
                              apps=apps)
         max_eps = maxima.get("worker")
