@@ -220,7 +220,7 @@ async def one_app(app: str, bootstrap: str, workdir: Path, rate: float, warm_s: 
 
 
 def latency(report: Report, workdir: Path, rate: float, own_rate: float | None, warm_s: float = 3.0,
-            measure_s: float = 8.0) -> None:
+            measure_s: float = 8.0, only: set[str] | None = None, rounds: int = 1) -> None:
     """Worker and Quix (default and smallest commit interval) at ``rate``; the worker again at ``own_rate``."""
     progress("[g] latency: starting a local Kafka broker (KRaft) ...")
     kafka = start_broker(workdir / "kafka-latency")
@@ -228,6 +228,10 @@ def latency(report: Report, workdir: Path, rate: float, own_rate: float | None, 
         [("quix", rate), ("quix-min", rate)]
     if own_rate and own_rate > rate * 1.2:
         plan.append(("worker-own", own_rate))
+    if only:
+        plan = [(a, r) for a, r in plan if a in only]
+    # More than one round: the order alternates (an app's position in the run is no advantage).
+    plan = [step for i in range(rounds) for step in (plan if i % 2 == 0 else plan[::-1])]
     results = []
     try:
         for i, (app, r) in enumerate(plan):

@@ -97,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
             # and the worker again at half its own maximum.
             slowest = min((maxima[a] for a in ("quix", "quix1s", "worker") if a in maxima), default=None)
             rate = args.pace_eps or (slowest / 2 if slowest else size["pace_eps"])
-            latency(report, workdir, rate, max_eps / 2 if max_eps else None, measure_s=size["latency_s"])
+            latency(report, workdir, rate, max_eps / 2 if max_eps else None, measure_s=size["latency_s"],
+                    only=set(args.apps.split(",")) if args.apps and "ingest" not in only else None,
+                    rounds=args.rounds if "ingest" not in only and args.rounds else 1)
         if "kafka" in only:
             from bench.kafka import processor_e2e
 
