@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+import sys
 import time
 import urllib.request
 import uuid
@@ -124,7 +125,7 @@ async def one_app(app: str, bootstrap: str, workdir: Path, rate: float, warm_s: 
         })
         if app == "worker-alt":
             env.update(ingest_bench.ALT_ENV)
-        argv = [__import__("sys").executable, "-m", "loopwarden.cli", "worker"]
+        argv = [sys.executable, "-m", "loopwarden.cli", "worker"]
         await create_topics(bootstrap, [steps, outcomes])
         stamp = "value"
     else:
@@ -137,7 +138,7 @@ async def one_app(app: str, bootstrap: str, workdir: Path, rate: float, warm_s: 
         })
         if app == "quix-min":
             env["PEER_COMMIT_INTERVAL"] = str(QUIX_MIN_COMMIT_S)
-        argv = [__import__("sys").executable, "-m", "bench.peers.quix_app"]
+        argv = [sys.executable, "-m", "bench.peers.quix_app"]
         stamp = "timestamp"
     proc = spawn(argv, env, adir / "app.log")
     reader = Reader(bootstrap, output, stamp)

@@ -2,11 +2,12 @@
 
 Each figure comes from a fresh interpreter (``python -m bench.memory child ...``) so
 nothing else of the bench is in its RSS. The child folds a simulated fleet through
-eight :class:`PartitionTask` over memory stores, in batches of 2,500 with the store
+eight :class:`PartitionTask` over memory stores, round-robin in batches with the store
 written and ``committed`` called per batch, as the worker does; the collector set as
 the worker sets it (``gctune``, then ``gc.freeze`` as after a recovery). Then:
 
-* **RSS per run**, at two fleet sizes: the slope between them is what one more run
+* **RSS per run**, at two fleet sizes and two batch sizes (2,500, and 300 as the worker's
+  transactions are under load), partitions round-robin: the slope between them is what one more run
   costs (``marginal``); RSS / runs at one size also carries the interpreter's
   fixed cost and whatever the allocator keeps of the fold's garbage. Read before and
   after ``malloc_trim(0)`` (the worker calls it every ``malloc_trim_s``).
@@ -50,7 +51,7 @@ def _inputs(runs: int, path: str) -> None:
         pickle.dump(by_partition, f)
 
 
-def _fold(path: str, trace: bool) -> dict:
+def _fold(path: str, trace: bool, batch: int = 2500) -> dict:
     from bench.core import _Rec
     from loopwarden import gctune
     from loopwarden.rules import Settings
@@ -72,15 +73,18 @@ def _fold(path: str, trace: bool) -> dict:
         tracemalloc.start()
     rss0 = rss_kb(_pid())["VmRSS"] * 1024
     heap0 = tracemalloc.get_traced_memory()[0] if trace else 0
-    tasks = []
-    for p, records in sorted(by_partition.items()):
-        task = PartitionTask(p, MemoryPartition(), roles, settings=Settings(), clock="event")
-        for i in range(0, len(records), 2500):
-            out = task.fold(records[i:i + 2500], punctuate=True)
-            task.store.write(out.changes, None)
-            task.committed(out)
-        del out
-        tasks.append(task)
+    tasks = {p: PartitionTask(p, MemoryPartition(), roles, settings=Settings(), clock="event") for p in by_partition}
+    # Round-robin over the partitions, ``batch`` records each: as the worker's pipelines interleave.
+    longest = max(map(len, by_partition.values()))
+    for i in range(0, longest, batch):
+        for p, records in by_partition.items():
+            if i < len(records):
+                task = tasks[p]
+                out = task.fold(records[i:i + batch], punctuate=True)
+                task.store.write(out.changes, None)
+                task.committed(out)
+                del out
+    tasks = list(tasks.values())
     held = sum(sum(t.state_counts.values()) for t in tasks)
     # The inputs stay held until the end: freed, their pages would be reused for the runs and hide them.
     gc.collect()
@@ -121,8 +125,8 @@ def _timer_bytes(timers) -> int:
     return size
 
 
-def _child(path: str, trace: bool) -> dict:
-    cmd = [sys.executable, "-m", "bench.memory", "child", path] + (["--trace"] if trace else [])
+def _child(path: str, trace: bool, batch: int = 2500) -> dict:
+    cmd = [sys.executable, "-m", "bench.memory", "child", path, str(batch)] + (["--trace"] if trace else [])
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -136,23 +140,29 @@ def fold_memory(report: Report, small: int, large: int) -> dict:
             _inputs(n, path)
         a, b = _child(paths[small], False), _child(paths[large], False)
         t = _child(paths[large], True)
+        a300, b300 = _child(paths[small], False, 300), _child(paths[large], False, 300)
     slope = (b["rss"] - a["rss"]) / (b["runs"] - a["runs"])
     slope_trim = (b["rss_trimmed"] - a["rss_trimmed"]) / (b["runs"] - a["runs"])
     report.add(BENCH, "worker fold: RSS per run held, marginal", nbytes(slope_trim),
                f"slope between {a['runs']:,} and {b['runs']:,} runs after malloc_trim; {nbytes(slope)} before it; "
                f"8 PartitionTasks, memory store, no Kafka; target <= 600 B")
+    slope300 = (b300["rss_trimmed"] - a300["rss_trimmed"]) / (b300["runs"] - a300["runs"])
+    report.add(BENCH, "  same, batches of 300", nbytes(slope300),
+               f"slope, after malloc_trim; as the worker's transactions under load (100-400 records each): each "
+               f"batch re-encodes the state of every run it touches, more often with smaller batches")
     report.add(BENCH, "worker fold: RSS / runs held (average)", nbytes(b["rss_trimmed"] / b["runs"]),
                f"{b['runs']:,} runs, after malloc_trim; {nbytes(b['rss'] / b['runs'])} before it")
     n = t["runs"]
     report.add(BENCH, "worker fold: Python heap per run held", nbytes(t["heap"] / n),
                f"tracemalloc; store {nbytes(t['store'] / n)}, timer queue {nbytes(t['timers'] / n)}, "
                f"rest {nbytes((t['heap'] - t['store'] - t['timers']) / n)}")
-    return {"marginal": slope_trim, "average": b["rss_trimmed"] / b["runs"], "heap": t["heap"] / n}
+    return {"marginal": slope_trim, "marginal300": slope300, "average": b["rss_trimmed"] / b["runs"],
+            "heap": t["heap"] / n}
 
 
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "child":
-        print(json.dumps(_fold(sys.argv[2], "--trace" in sys.argv)))
+        print(json.dumps(_fold(sys.argv[2], "--trace" in sys.argv, int(sys.argv[3]))))
     else:
         r = Report("memory")
         fold_memory(r, 10_000, 40_000)
