@@ -567,8 +567,8 @@ def _report(report: Report, backlog: Backlog, results: dict[str, list[Result]], 
         report.add(BENCH, f"ratio worker : {peer} ({what})", x(ratio("worker", peer, attr)),
                    "; ".join(p for p in (target, ratios("worker", peer, attr), f"CPU per event {x(cpu)} {peer}'s") if p))
     # The CPU-bound rate: what one core would give at the CPU per event measured. On a shared machine the
-    # rates above follow the CPU each app gets (the worker's steady rate varied 17-61k ev/s over rounds
-    # while its CPU per event stayed within 10.7-12.5 µs); this one does not.
+    # rates above follow the CPU each app gets (the worker's steady rate varied 17-102k ev/s over a day's
+    # rounds while its CPU per event stayed within 9.4-12.5 µs); this one does not.
     if results["worker"]:
         w_cap = 1e6 / med("worker", "steady_cpu_us")
         for peer in ("quix", "kstreams"):
