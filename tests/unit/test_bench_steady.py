@@ -1,0 +1,58 @@
+"""The ingest bench's steady-state window: 10 % and 90 % crossings of a sampled progress series."""
+
+from __future__ import annotations
+
+import json
+
+from bench.ingest import Result, _marks, crossing
+
+
+def test_crossing_interpolates_between_samples():
+    """A target between two samples is placed linearly in time and CPU."""
+    samples = [(0, 10.0, 1.0), (100, 11.0, 2.0), (300, 12.0, 4.0)]
+    assert crossing(samples, 200) == (200, 11.5, 3.0)
+
+
+def test_crossing_on_a_sample_and_out_of_reach():
+    """A target met exactly returns that sample; one never reached gives None."""
+    samples = [(0, 1.0, 0.0), (50, 2.0, 0.5), (50, 3.0, 0.6)]
+    assert crossing(samples, 50) == (50, 2.0, 0.5)
+    assert crossing(samples, 51) is None
+
+
+def test_steady_rate_from_two_marks():
+    """The steady rate and CPU per event come from the marks, not from ready -> done."""
+    res = Result("worker", events=1000, wall_s=10.0, cpu_s=5.0)
+    res.set_steady([(100, 2.0, 1.0), (900, 4.0, 1.8)])
+    assert res.steady_eps == 400.0
+    assert abs(res.steady_cpu_us - 1000.0) < 1e-9
+    assert res.eps == 100.0
+
+
+def test_no_marks_leave_the_steady_figures_unknown():
+    """Fewer than two marks: the steady figures are nan, never a made-up rate."""
+    res = Result("quix", events=10, wall_s=1.0, cpu_s=1.0)
+    res.set_steady([(1, 0.0, 0.0)])
+    assert res.steady_eps != res.steady_eps
+
+
+def test_peer_marks_file(tmp_path):
+    """The peers' progress file (one JSON line per mark) reads back as (n, t, cpu)."""
+    path = tmp_path / "progress.jsonl"
+    path.write_text("".join(json.dumps({"n": n, "t": t, "cpu": c}) + "\n" for n, t, c in [(10, 1.5, 0.2), (90, 3.5, 1.0)]))
+    assert _marks(path) == [(10, 1.5, 0.2), (90, 3.5, 1.0)]
+    assert _marks(tmp_path / "missing.jsonl") == []
+
+
+def test_peer_progress_marks_ready_then_ten_and_ninety_percent(tmp_path, monkeypatch):
+    """A Python peer writes its ready file at the first message and one mark at 10 % and at 90 %."""
+    from bench.peers import Progress
+
+    monkeypatch.setenv("PEER_TOTAL", "200")
+    monkeypatch.setenv("PEER_PROGRESS_FILE", str(tmp_path / "progress.jsonl"))
+    monkeypatch.setenv("PEER_READY_FILE", str(tmp_path / "ready.json"))
+    progress = Progress()
+    for _ in range(200):
+        progress.tick()
+    assert json.loads((tmp_path / "ready.json").read_text()).keys() == {"t", "cpu"}
+    assert [n for n, _t, _c in _marks(tmp_path / "progress.jsonl")] == [20, 180]
