@@ -1,0 +1,62 @@
+"""What a layout read from the cluster allows the worker to do (loopwarden.streams.topology.assess)."""
+
+from __future__ import annotations
+
+import pytest
+
+from loopwarden.streams.config import Config
+from loopwarden.streams.topology import assess, co_partitioned, outputs
+
+C = Config(partitions=8)
+GOOD = {t: 8 for t in co_partitioned(C)} | {C.health_topic: 8, C.deadletter_topic: 3}
+STARTED = {C.health_topic: 8, C.deadletter_topic: 3}
+
+
+def test_the_layout_the_worker_started_with_allows_everything() -> None:
+    """All co-partitioned topics at `partitions`, outputs as they were: fold and produce, no problem."""
+    v = assess(C, GOOD, STARTED)
+    assert (v.fold, v.produce, v.problems, v.ok) == (True, True, (), True)
+
+
+@pytest.mark.parametrize("topic", [C.steps_topic, C.outcomes_topic, C.ticks_topic, C.changelog_topic])
+def test_an_input_grown_alone_stops_folding_and_names_the_topic(topic: str) -> None:
+    """One co-partitioned topic grown 8 -> 12: nothing may be folded; the line names topic and counts."""
+    v = assess(C, GOOD | {topic: 12}, STARTED)
+    assert not v.fold and v.produce and not v.ok
+    assert v.reason() == (f"{topic} has 12 partitions, expected 8: co-partitioning is broken "
+                          "(grow all input topics together with `loopwarden topics expand`)")
+
+
+def test_all_inputs_grown_together_still_differ_from_the_configured_count() -> None:
+    """Grown together (12 each) the inputs agree, but this worker was configured for 8: it must not fold."""
+    v = assess(C, GOOD | {t: 12 for t in co_partitioned(C)}, STARTED)
+    assert not v.fold
+    assert len(v.problems) == 4
+
+
+def test_a_missing_input_stops_folding() -> None:
+    """A deleted input topic is named as missing."""
+    layout = {k: n for k, n in GOOD.items() if k != C.outcomes_topic}
+    v = assess(C, layout, STARTED)
+    assert not v.fold and "agent.outcomes is missing (expected 8 partitions)" in v.problems
+
+
+def test_an_output_recreated_with_another_count_stops_producing() -> None:
+    """agent.health deleted and auto-created with 1 partition: produce nothing, say why and what to set."""
+    v = assess(C, GOOD | {C.health_topic: 1}, STARTED)
+    assert v.fold and not v.produce
+    assert v.reason() == ("agent.health has 1 partitions, it had 8 when this worker started "
+                          "(deleted and re-created? set auto.create.topics.enable=false on the brokers)")
+
+
+def test_a_missing_output_stops_producing_and_returns_when_it_is_back() -> None:
+    """A deleted output blocks producing; the same layout as at start allows it again."""
+    gone = {k: n for k, n in GOOD.items() if k != C.deadletter_topic}
+    assert assess(C, gone, STARTED).problems == ("agent.deadletter is missing",)
+    assert assess(C, GOOD, STARTED).ok
+
+
+def test_outputs_may_have_any_count_they_started_with() -> None:
+    """Output topics need not be co-partitioned: only a change while running counts."""
+    assert outputs(C) == (C.health_topic, C.deadletter_topic)
+    assert assess(C, GOOD | {C.health_topic: 30}, {C.health_topic: 30, C.deadletter_topic: 3}).ok
