@@ -45,7 +45,7 @@ EventReason = Literal[
 # The kinds of (kind, label) notes the rules core returns for metrics.
 NoteKind = Literal["ignored", "disagreement", "cause", "reported_cause", "receipt", "timer", "evicted"]
 # Why a message went to the dead-letter topic: a decode error's, or the shell's own.
-ShellInvalid = Literal["key_mismatch", "ts_in_future", "wrong_topic", "internal_error"]
+ShellInvalid = Literal["key_mismatch", "ts_in_future", "wrong_topic", "internal_error", "wrong_partition"]
 
 DISAGREEMENTS: tuple[str, ...] = Disagreement.__args__  # type: ignore[attr-defined]
 IGNORED: tuple[str, ...] = Ignored.__args__  # type: ignore[attr-defined]

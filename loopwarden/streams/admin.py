@@ -32,6 +32,8 @@ def _describe(layout, config: Config) -> list[str]:
 async def _topics(config: Config, args: argparse.Namespace) -> int:
     from loopwarden.streams.topics import read_layout, repair, repair_plan
 
+    if args.action == "expand":
+        return await _expand(config, args)
     if args.action == "check":
         layout = await read_layout(config)
         _connected()
@@ -65,6 +67,25 @@ async def _topics(config: Config, args: argparse.Namespace) -> int:
             return 1
     await repair(config, empty)
     print("repaired: " + "; ".join(steps))
+    return 0
+
+
+async def _expand(config: Config, args: argparse.Namespace) -> int:
+    from loopwarden.streams.expand import expand
+
+    if args.expand_to is None:
+        raise SystemExit("loopwarden topics expand: --to N is required (the new partition count)")
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise SystemExit("loopwarden topics expand: not a terminal, so not asking: run again with --yes to expand")
+        print(f"expand {config.steps_topic}, {config.outcomes_topic}, {config.ticks_topic} and {config.changelog_topic} "
+              f"to {args.expand_to} partitions, moving the runs whose partition changes (every worker must be stopped)")
+        if input("go ahead? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("nothing changed")
+            return 1
+    report = await expand(config, args.expand_to)
+    _connected()
+    print(f"loopwarden topics: {report}")
     return 0
 
 

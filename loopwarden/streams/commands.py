@@ -120,12 +120,14 @@ def add_commands(sub) -> None:
     p.add_argument("--preview-bytes", type=int, default=120, help="bytes of each value shown (default 120)")
     p.set_defaults(func=cmd_deadletters)
 
-    p = sub.add_parser("topics", help="check the topic layout, or repair it (create missing topics, recreate empty "
-                                      "ones of the wrong partition count)")
-    p.add_argument("action", choices=("check", "repair"))
+    p = sub.add_parser("topics", help="check the topic layout, repair it (create missing topics, recreate empty "
+                                      "ones of the wrong partition count), or expand it (add partitions to every "
+                                      "co-partitioned topic together; runs in flight move with it)")
+    p.add_argument("action", choices=("check", "repair", "expand"))
     _common(p)
     p.add_argument("--app-id", dest="app_id", help="whose changelog topic (LOOPWARDEN_APP_ID; default loopwarden)")
-    p.add_argument("--yes", action="store_true", help="repair without asking")
+    p.add_argument("--to", dest="expand_to", type=int, metavar="N", help="expand: the new partition count")
+    p.add_argument("--yes", action="store_true", help="repair or expand without asking")
     p.set_defaults(func=cmd_topics)
 
     p = sub.add_parser("config-doc", help="print docs/configuration.md: every setting, generated from Config")

@@ -94,6 +94,9 @@ class Config:
     # more on the broker than has been consumed, wait for it (so steps and receipts meet in event
     # time across batches), this long at most; 0: no waiting.
     align_max_ms: int = 1000
+    # How often the worker reads the topic layout again (and at every rebalance): a co-partitioned topic
+    # grown alone, or an output deleted or re-created, stops processing until the layout is right again.
+    topology_check_s: float = 10.0
     # A partition with lag whose committed offset has not moved for this long is stalled (/readyz 503).
     stall_timeout_s: float = 60.0
     # Largest message produced (dead letters are truncated to fit); at most the broker's limit.
@@ -183,6 +186,8 @@ class Config:
             raise ConfigError(f"align_max_ms: {self.align_max_ms} must be between 0 and 60000")
         if not 0 <= self.batch_wait_ms <= 10_000:
             raise ConfigError(f"batch_wait_ms: {self.batch_wait_ms} must be between 0 and 10000")
+        if not 1 <= self.topology_check_s <= 3600:
+            raise ConfigError(f"topology_check_s: {self.topology_check_s} must be between 1 and 3600")
         if not 1 <= self.stall_timeout_s <= 86400:
             raise ConfigError(f"stall_timeout_s: {self.stall_timeout_s} must be between 1 and 86400")
         if not 10_000 <= self.max_message_bytes <= 100_000_000:

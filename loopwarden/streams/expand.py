@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import msgspec
@@ -37,30 +36,19 @@ from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 from aiokafka.errors import KafkaError
 
 from loopwarden.streams.assignment import partition_of
+from loopwarden.streams.batch import CLOCK_KEY
 from loopwarden.streams.config import Config
 from loopwarden.streams.exceptions import TopicLayoutError
 from loopwarden.streams.security import client_options
-from loopwarden.streams.task import CLOCK_KEY
-from loopwarden.streams.topology import read_layout
+from loopwarden.streams.topics import existing_counts
+from loopwarden.streams.topology import (
+    LAYOUT_KEY,
+    Expansion,
+    decode_expansion,
+    encode_expansion,
+)
 
 log = logging.getLogger("loopwarden.expand")
-
-LAYOUT_KEY = b"\xffloopwarden/layout"
-
-
-class Layout(msgspec.Struct, frozen=True):
-    """The layout record of one changelog partition: what an expansion left for the worker."""
-
-    partitions: int  # the count after the expansion
-    previous: int  # the count before it
-    # input topic -> the end offset of this partition when the expansion copied its waiting events
-    # (only on partitions that existed before)
-    boundary: dict[str, int] = {}
-
-
-encode_layout = msgspec.msgpack.Encoder().encode
-decode_layout = msgspec.msgpack.Decoder(Layout).decode
-
 
 @dataclass
 class Report:
@@ -95,15 +83,17 @@ async def expand(config: Config, partitions: int, *, timeout_s: float = 60.0) ->
     admin = AIOKafkaAdminClient(**client_options(c), request_timeout_ms=int(timeout_s * 1000))
     await admin.start()
     try:
-        counts = await read_layout(admin, topics)
+        counts = await existing_counts(admin, topics)
         missing = [t for t in topics if t not in counts]
         if missing:
             raise TopicLayoutError(f"cannot expand: {', '.join(missing)} missing (start a worker once to create them)")
-        old = counts[c.steps_topic]
-        if partitions <= old and all(n == partitions for n in counts.values()):
-            raise TopicLayoutError(f"cannot expand: the topics already have {old} partitions (asked for {partitions})")
+        # The count before the expansion: the smallest (a topic grown out of band, or by an earlier attempt
+        # that stopped halfway, already has the new one).
+        old = min(counts.values())
+        if all(n == partitions for n in counts.values()):
+            raise TopicLayoutError(f"cannot expand: the topics already have {partitions} partitions")
         if partitions <= old:
-            raise TopicLayoutError(f"cannot expand to {partitions}: {c.steps_topic} has {old}; "
+            raise TopicLayoutError(f"cannot expand to {partitions}: {c.steps_topic} has {counts[c.steps_topic]}; "
                                    "Kafka can add partitions, never remove them")
         bad = {t: n for t, n in counts.items() if n not in (old, partitions)}
         if bad:
@@ -142,7 +132,7 @@ async def _refuse_live_group(admin: AIOKafkaAdminClient, group: str) -> None:
 
 async def _wait_for_layout(admin: AIOKafkaAdminClient, topics: list[str], partitions: int) -> None:
     for _ in range(300):
-        counts = await read_layout(admin, topics)
+        counts = await existing_counts(admin, topics)
         if all(counts.get(t) == partitions for t in topics):
             return
         await asyncio.sleep(0.1)
@@ -162,7 +152,7 @@ async def _move(c: Config, old: int, new: int, report: Report) -> None:
     try:
         changelog = {p: await _read_all(reader, TopicPartition(c.changelog_topic, p)) for p in range(old)}
         existing = changelog.get(0, {}).get(LAYOUT_KEY)
-        layout = decode_layout(existing) if existing else None
+        layout = decode_expansion(existing) if existing else None
         boundaries: dict[int, dict[str, int]] = {}
         copies: list[tuple[str, int, object]] = []
         for p in range(old):
@@ -198,8 +188,8 @@ async def _move(c: Config, old: int, new: int, report: Report) -> None:
             report.events_copied += 1
         for p in range(new):
             was = layout.boundary if layout is not None and layout.partitions == new and p < old else {}
-            record = Layout(partitions=new, previous=old, boundary=boundaries.get(p, was) if p < old else {})
-            await producer.send(c.changelog_topic, encode_layout(record), key=LAYOUT_KEY, partition=p)
+            record = Expansion(partitions=new, previous=old, boundary=boundaries.get(p, was) if p < old else {})
+            await producer.send(c.changelog_topic, encode_expansion(record), key=LAYOUT_KEY, partition=p)
             if p >= old and clock is not None:
                 await producer.send(c.changelog_topic, clock, key=CLOCK_KEY, partition=p)
         await producer.commit_transaction()
@@ -237,9 +227,3 @@ async def _read_range(reader: AIOKafkaConsumer, tp: TopicPartition, start: int |
             out += [r for r in batch.get(tp, ()) if r.offset < end]
     reader.assign([])
     return out, end
-
-
-def layouts(records: Mapping[bytes, bytes]) -> Layout | None:
-    """The layout record among a partition's store entries, if an expansion left one."""
-    raw = records.get(LAYOUT_KEY)
-    return None if raw is None else decode_layout(raw)

@@ -13,12 +13,14 @@ from collections import Counter
 from collections.abc import Mapping
 
 from loopwarden.rules import TIMER_REASONS, Settings
+from loopwarden.streams.batch import Batch, wall_clock_ms
 from loopwarden.streams.config import Config
 from loopwarden.streams.metrics import Metrics
 from loopwarden.streams.partition import OwnedPartition
 from loopwarden.streams.stage import Input, StageBase
-from loopwarden.streams.task import Batch, PartitionTask, wall_clock_ms
+from loopwarden.streams.task import PartitionTask
 from loopwarden.streams.topics import ensure_topics
+from loopwarden.streams.topology import TopologyWatch
 
 
 class HealthStage(StageBase):
@@ -42,11 +44,14 @@ class HealthStage(StageBase):
     async def prepare(self) -> None:
         await ensure_topics(self.config)
 
+    def layout_watch(self) -> TopologyWatch:
+        return TopologyWatch(self.config)
+
     def task(self, partition: int, store: Mapping[bytes, bytes]) -> PartitionTask:
         c = self.config
         return PartitionTask(partition, store, self.roles, settings=self.settings, clock=c.clock,
                              max_future_ms=int(c.max_future_skew_s * 1000), health_topic=c.health_topic,
-                             verifiers=self.verifiers)
+                             verifiers=self.verifiers, partitions=c.partitions)
 
     def summary(self, parts: list[OwnedPartition]) -> str:
         return f" ({sum(sum(part.task.state_counts.values()) for part in parts)} runs held)"

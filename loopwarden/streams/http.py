@@ -39,6 +39,7 @@ class ReadModel(Protocol):
     config: Config
     metrics: Metrics
     stalled: set[int]
+    blocked: str | None  # why the topic layout stops processing (None: it does not)
 
     def is_ready(self) -> bool: ...
     def owned(self) -> list[int]: ...
@@ -148,7 +149,7 @@ def make_app(model: ReadModel) -> web.Application:
     async def readyz(request: web.Request) -> web.Response:
         if not model.is_ready():
             return _json({"status": "not ready", "partitions": model.owned(),
-                                      "stalled": sorted(model.stalled)}, status=503)
+                          "stalled": sorted(model.stalled), "layout": model.blocked}, status=503)
         return _json({"status": "ready", "partitions": model.owned()})
 
     async def metrics(request: web.Request) -> web.Response:

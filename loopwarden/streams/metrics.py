@@ -104,6 +104,19 @@ class Metrics:
                              "Owned partitions with lag whose committed offset has not moved for the stall timeout.",
                              registry=r)
         self.stalls = Counter("loopwarden_stalls_total", "Times an owned partition was found stalled.", registry=r)
+        self.topology_blocked = Gauge(
+            "loopwarden_topology_blocked",
+            "1 while the topic layout stops processing (a co-partitioned topic grown alone, an output deleted or "
+            "re-created; /readyz says which), else 0.", registry=r)
+        self.repartitioned = Counter(
+            "loopwarden_repartitioned_events_total",
+            "Input records of runs that moved with `loopwarden topics expand`: copied (its copy is on the new "
+            "partition already: skipped) or forwarded (from a producer still hashing over the old count).",
+            ["how"], registry=r)
+        for how in ("copied", "forwarded"):
+            self.repartitioned.labels(how)
+        self.topology_changes = Counter("loopwarden_topology_changes_total",
+                                        "Times the topic layout was found to stop processing.", registry=r)
         # The OpenTelemetry bridge (loopwarden.otel): spans by what became of them, events it published,
         # traces held per owned partition of otlp_spans.
         self.otel_spans = Counter("loopwarden_otel_spans_total",
@@ -190,5 +203,7 @@ class Metrics:
         elif kind == "evicted":
             c(self.evicted, label).inc(n)
             c(self.timers, "retention").inc(n)
+        elif kind == "repartitioned":
+            c(self.repartitioned, label).inc(n)
         elif kind == "timer":
             c(self.timers, label).inc(n)

@@ -123,6 +123,9 @@ class Stage(Protocol):
     async def prepare(self) -> None:
         """Before the engine joins the group: create or check the topics."""
 
+    def layout_watch(self) -> object | None:
+        """A ``loopwarden.streams.topology.TopologyWatch`` of the stage's topics, or None (not watched)."""
+
     def task(self, partition: int, store: Mapping[bytes, bytes]) -> Task: ...
 
     # Observers (metrics, read indexes): called after the fact, never inside a transaction.
@@ -141,6 +144,10 @@ class StageBase:
     store_name: str = "state"
 
     async def prepare(self) -> None:
+        return None
+
+    def layout_watch(self) -> object | None:
+        """What re-reads the stage's topic layout while it runs (``loopwarden.streams.topology``), or None."""
         return None
 
     def restored(self, part: OwnedPartition) -> None:

@@ -22,59 +22,21 @@ from __future__ import annotations
 
 import heapq
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 
-import msgspec
 
-from loopwarden.codecs import HealthTransition, encode
+from loopwarden.codecs import encode
 from loopwarden.rules import RunState, Settings, apply, decode_state, encode_state
 from loopwarden.rules.table import RunTable
 from loopwarden.streams.alignment import StreamTime
+from loopwarden.streams.batch import CLOCK_KEY, Batch, _decode_clock, _encode_clock, is_meta, wall_clock_ms  # noqa: F401
 from loopwarden.streams.inputs import Record, Tick, decode_input, decode_tick, encode_tick, header  # noqa: F401
 from loopwarden.streams.readmodel import RunsIndex
 from loopwarden.streams.stage import DeadLetter, Output
+from loopwarden.streams.topology import LAYOUT_KEY, Placement, decode_expansion
 
 log = logging.getLogger("loopwarden.task")
-
-# Keys of a partition's store that are not run ids: 0xff never occurs in UTF-8, so no
-# run id can name, read or overwrite them.
-META_PREFIX = b"\xffloopwarden/"
-CLOCK_KEY = META_PREFIX + b"clock"
-
-
-def is_meta(key: bytes) -> bool:
-    return key[:1] == b"\xff"
-
-
-_encode_clock = msgspec.msgpack.Encoder().encode
-_decode_clock = msgspec.msgpack.Decoder(int).decode
-
-
-@dataclass
-class Batch:
-    """A partition's outputs for one batch, to be committed in one transaction, in this order."""
-
-    transitions: list[HealthTransition] = field(default_factory=list)
-    outputs: list[Output] = field(default_factory=list)  # the transitions, encoded for the health topic
-    deadletters: list[DeadLetter] = field(default_factory=list)
-    # changelog/store: key -> the run's last state in the batch, None deletes (retention)
-    changes: dict[bytes, bytes | None] = field(default_factory=dict)
-    # topic -> next offset to consume, for every input topic the batch consumed from
-    offsets: dict[str, int] = field(default_factory=dict)
-    # bounded-label counts for metrics, aggregated per batch: (metric kind, label, ...) -> n
-    counts: Counter = field(default_factory=Counter)
-    consumed: int = 0  # input records (steps, outcomes, ticks)
-
-    def __bool__(self) -> bool:
-        return bool(self.transitions or self.deadletters or self.changes or self.offsets)
-
-
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
-
 
 class PartitionTask:
     """A partition's run states (committed, in ``store``), its due-timer queue and its clock."""
@@ -91,9 +53,13 @@ class PartitionTask:
         max_future_ms: int = 300_000,
         health_topic: str = "agent.health",
         verifiers=None,
+        partitions: int | None = None,
     ) -> None:
         self.partition = partition
         self.health_topic = health_topic
+        # Whether a record of a run this partition does not hold belongs here (None: not checked).
+        self.placement = None if partitions is None else Placement(partition, partitions)
+        self._forwarded: list[Output] = []  # records forwarded to their partition (loopwarden topics expand)
         self.store = store  # committed states: run id (UTF-8) -> encode_state bytes
         self.roles = roles  # topic -> "steps" | "outcomes" | "ticks"
         self.settings = settings
@@ -128,6 +94,8 @@ class PartitionTask:
             if is_meta(key):
                 if key == CLOCK_KEY:
                     self.clock = _decode_clock(raw)
+                elif key == LAYOUT_KEY and self.placement is not None:
+                    self.placement.expansion = decode_expansion(raw)
                 continue
             state = decode_state(raw)
             n += 1
@@ -232,6 +200,8 @@ class PartitionTask:
             out.counts["event", role, event.__struct_config__.tag] += 1
             now = self._now(event.ts if role == "steps" else None)
             state = self.load(event.run_id)
+            if state is None and self.placement is not None and self._misplaced(rec, role, out):
+                continue
             if event.run_id not in self._before:
                 self._before[event.run_id] = state.health if state is not None else None
             try:
@@ -258,6 +228,21 @@ class PartitionTask:
             self.fire_due(self._now(None), out)
         self._finish(out)
         return out
+
+    def _misplaced(self, rec, role: str, out: Batch) -> bool:
+        """Whether a record of a run this partition does not hold belongs elsewhere (handled here if so)."""
+        judged = self.placement.judge(rec.key, rec.topic, rec.offset)  # type: ignore[union-attr]
+        if judged is None:
+            return False
+        how, target = judged
+        if how == "forwarded":
+            self._forwarded.append(Output(rec.topic, rec.key, rec.value, tuple(rec.headers or ()), target))
+        if how == "wrong_partition":
+            out.deadletters.append(DeadLetter(rec, how, self.placement.wrong(rec.key, rec.topic, target)))  # type: ignore[union-attr]
+            out.counts["invalid", role, how] += 1
+        else:
+            out.counts["repartitioned", how] += 1
+        return True
 
     @property
     def holding(self) -> int:
@@ -286,11 +271,14 @@ class PartitionTask:
             changed(state, run_id in moved)
         if self.clock != self._clock_before:
             out.changes[CLOCK_KEY] = _encode_clock(self.clock)
+        if self._forwarded:
+            out.outputs += self._forwarded
+            self._forwarded = []
         if out.transitions:
             topic = self.health_topic  # keyed by run id, partitioned like the inputs (the default partitioner)
             # Output(topic, key, value) without NamedTuple's Python-level __new__: 0.12 µs instead of 0.28 µs
             new = tuple.__new__
-            out.outputs = [new(Output, (topic, t.run_id.encode(), encode(t), (), None)) for t in out.transitions]
+            out.outputs += [new(Output, (topic, t.run_id.encode(), encode(t), (), None)) for t in out.transitions]
 
     # -- after the transaction ----------------------------------------------------------
     def committed(self, out: Batch) -> Counter:

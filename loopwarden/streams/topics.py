@@ -31,6 +31,11 @@ def co_partitioned(config: Config) -> list[str]:
     return [config.steps_topic, config.outcomes_topic, config.ticks_topic, config.changelog_topic]
 
 
+def outputs(config: Config) -> list[str]:
+    """The topics the worker produces to: any partition count, but the one they had at start while it runs."""
+    return [config.health_topic, config.deadletter_topic]
+
+
 def wanted(config: Config) -> list[str]:
     return [config.steps_topic, config.outcomes_topic, config.ticks_topic, config.health_topic,
             config.deadletter_topic, config.changelog_topic]
@@ -68,7 +73,8 @@ def _admin(config: Config, timeout_s: float) -> AIOKafkaAdminClient:
     return AIOKafkaAdminClient(**client_options(config), request_timeout_ms=int(timeout_s * 1000))
 
 
-async def _counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:
+async def existing_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:
+    """Partition counts of those of ``names`` that exist (never creates one)."""
     # Describe only topics that exist: a metadata request for a missing topic lets a broker with
     # auto.create.topics.enable create it with its default partition count.
     present = set(await admin.list_topics())
@@ -90,7 +96,7 @@ async def partition_count(config: Config, topic: str, timeout_s: float = 30) -> 
     admin = _admin(config, timeout_s)
     await admin.start()
     try:
-        return (await _counts(admin, [topic])).get(topic)
+        return (await existing_counts(admin, [topic])).get(topic)
     finally:
         await admin.close()
 
@@ -99,7 +105,7 @@ async def read_layout(config: Config, timeout_s: float = 30) -> Layout:
     admin = _admin(config, timeout_s)
     await admin.start()
     try:
-        return plan(config, await _counts(admin, wanted(config)))
+        return plan(config, await existing_counts(admin, wanted(config)))
     finally:
         await admin.close()
 
@@ -124,11 +130,11 @@ async def ensure_topics(config: Config, timeout_s: float = 30) -> None:
     admin = _admin(config, timeout_s)
     await admin.start()
     try:
-        layout = plan(config, await _counts(admin, wanted(config)))
+        layout = plan(config, await existing_counts(admin, wanted(config)))
         if not layout.ok:
             raise TopicLayoutError(layout.problem())
         await _create(admin, config, layout.missing)
-        after = plan(config, await _counts(admin, wanted(config)))  # another process may have raced us
+        after = plan(config, await existing_counts(admin, wanted(config)))  # another process may have raced us
         if not after.ok:
             raise TopicLayoutError(after.problem())
     finally:
@@ -171,7 +177,7 @@ async def repair(config: Config, recreate: list[str], timeout_s: float = 30) -> 
                 if time.monotonic() > deadline:
                     raise TopicLayoutError(f"topics {recreate} were deleted but still listed after {timeout_s:.0f}s")
                 await asyncio.sleep(0.2)
-        layout = plan(config, await _counts(admin, wanted(config)))
+        layout = plan(config, await existing_counts(admin, wanted(config)))
         for _ in range(50):  # a topic just deleted can be refused for a moment
             try:
                 await _create(admin, config, layout.missing)

@@ -25,11 +25,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import msgspec
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from loopwarden.streams.assignment import partition_of
 from loopwarden.streams.config import Config
 from loopwarden.streams.security import client_options
+from loopwarden.streams.topics import co_partitioned, existing_counts, outputs
 
 
 @dataclass(frozen=True)
@@ -48,13 +51,51 @@ class Verdict:
         return "; ".join(self.problems)
 
 
-def co_partitioned(config: Config) -> tuple[str, ...]:
-    """Topics whose partition *i* belongs with partition *i* of the others."""
-    return (config.steps_topic, config.outcomes_topic, config.ticks_topic, config.changelog_topic)
+LAYOUT_KEY = b"\xffloopwarden/layout"
 
 
-def outputs(config: Config) -> tuple[str, ...]:
-    return (config.health_topic, config.deadletter_topic)
+class Expansion(msgspec.Struct, frozen=True):
+    """The layout record of one changelog partition: what an expansion left for the worker."""
+
+    partitions: int  # the count after the expansion
+    previous: int  # the count before it
+    # input topic -> the end offset of this partition when the expansion copied its waiting events
+    # (only on partitions that existed before)
+    boundary: dict[str, int] = {}
+
+
+encode_expansion = msgspec.msgpack.Encoder().encode
+decode_expansion = msgspec.msgpack.Decoder(Expansion).decode
+
+
+class Placement:
+    """Where a record of a run that a partition does not hold belongs (its run's first record, mostly).
+
+    Only such records need hashing: a run's later records find its state. One that hashes to
+    another partition is ``wrong_partition`` (a producer with another partitioner: folded here it
+    would start a second life of its run) unless an expansion explains it: ``copied`` to its new
+    partition by ``topics expand`` (below the boundary: skip it), or ``forwarded`` (a producer
+    that still hashes over the old count: send it to its partition in the same transaction)."""
+
+    def __init__(self, partition: int, partitions: int) -> None:
+        self.partition = partition
+        self.partitions = partitions
+        self.expansion: Expansion | None = None  # the partition's layout record, after an expansion
+
+    def judge(self, key: bytes, topic: str, offset: int) -> tuple[str, int] | None:
+        """None: it belongs here; else (``copied`` | ``forwarded`` | ``wrong_partition``, its partition)."""
+        target = partition_of(key, self.partitions)
+        p = self.partition
+        if target == p:
+            return None
+        x = self.expansion
+        if x is not None and p < x.previous and partition_of(key, x.previous) == p:
+            return ("copied" if offset < x.boundary.get(topic, 0) else "forwarded"), target
+        return "wrong_partition", target
+
+    def wrong(self, key: bytes, topic: str, target: int) -> str:
+        return (f"key {key[:80]!r} hashes to partition {target} of {topic} ({self.partitions} partitions), "
+                f"not {self.partition}: does its producer use another partitioner?")
 
 
 def assess(config: Config, counts: Mapping[str, int], expected_outputs: Mapping[str, int]) -> Verdict:
@@ -90,17 +131,6 @@ def assess(config: Config, counts: Mapping[str, int], expected_outputs: Mapping[
     return Verdict(fold=fold, produce=produce, problems=tuple(problems))
 
 
-async def read_layout(admin: AIOKafkaAdminClient, topics: list[str]) -> dict[str, int]:
-    """Partition counts of those of ``topics`` that exist (never creates one)."""
-    present = set(await admin.list_topics())
-    wanted = [t for t in topics if t in present]
-    if not wanted:
-        return {}
-    described = await admin.describe_topics(wanted)
-    return {t["topic"]: len(t["partitions"]) for t in described
-            if t.get("error_code", 0) == 0 and t.get("partitions")}
-
-
 class TopologyWatch:
     """Reads the layout through one admin client of its own and keeps the last verdict."""
 
@@ -123,7 +153,7 @@ class TopologyWatch:
         """Read the layout, judge it; returns the verdict and whether it differs from the last one."""
         assert self._admin is not None, "TopologyWatch.start() first"
         c = self.config
-        counts = await read_layout(self._admin, [*co_partitioned(c), *outputs(c)])
+        counts = await existing_counts(self._admin, [*co_partitioned(c), *outputs(c)])
         if not self.expected_outputs:  # the first good reading fixes what outputs must keep
             self.expected_outputs = {t: counts[t] for t in outputs(c) if t in counts}
         verdict = assess(c, counts, self.expected_outputs)

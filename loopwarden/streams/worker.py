@@ -60,8 +60,8 @@ class Worker(Engine):
         return None if state is None or state.tomb else state  # a tomb is a dropped run: not held
 
     def is_ready(self) -> bool:
-        """The assignment is recovered and no partition is stalled."""
-        return self.ready and not self.stalled
+        """The assignment is recovered, no partition is stalled and the topic layout lets it process."""
+        return self.ready and not self.stalled and self.blocked is None
 
     def runs_page(self, **query) -> tuple[list[dict], tuple | None]:
         """A page of the runs this worker holds (see :func:`loopwarden.streams.readmodel.page`)."""

@@ -12,8 +12,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from loopwarden.streams.assignment import partition_of
 from loopwarden.streams.config import Config
 from loopwarden.streams.exceptions import TopicLayoutError
-from loopwarden.streams.expand import LAYOUT_KEY, decode_layout, expand
-from loopwarden.streams.topology import co_partitioned, outputs, read_layout
+from loopwarden.streams.expand import expand
+from loopwarden.streams.topics import co_partitioned, existing_counts, outputs
+from loopwarden.streams.topology import LAYOUT_KEY, decode_expansion
 
 
 def _config(kafka) -> Config:
@@ -62,7 +63,7 @@ def test_expand_moves_states_and_waiting_events_to_their_new_partition(kafka) ->
             await producer.send_and_wait(c.steps_topic, b"step-" + key, key=key, partition=p)
         await producer.stop()
         report = await expand(c, 6)
-        counts = await read_layout(admin, [*co_partitioned(c), *outputs(c)])
+        counts = await existing_counts(admin, [*co_partitioned(c), *outputs(c)])
         await admin.close()
         changelog = {p: await _latest(c, c.changelog_topic, p) for p in range(6)}
         steps = {p: await _latest(c, c.steps_topic, p) for p in range(6)}
@@ -82,7 +83,7 @@ def test_expand_moves_states_and_waiting_events_to_their_new_partition(kafka) ->
                 assert key not in changelog[p][0]  # moved: a tombstone on the old partition
         assert key in steps[home][1]  # the waiting step is on its new partition
     for p in range(6):
-        layout = decode_layout(changelog[p][0][LAYOUT_KEY])
+        layout = decode_expansion(changelog[p][0][LAYOUT_KEY])
         assert (layout.previous, layout.partitions) == (4, 6)
         if p < 4:
             assert layout.boundary == {c.steps_topic: sum(partition_of(k, 4) == p for k in runs),

@@ -58,5 +58,5 @@ def test_a_missing_output_stops_producing_and_returns_when_it_is_back() -> None:
 
 def test_outputs_may_have_any_count_they_started_with() -> None:
     """Output topics need not be co-partitioned: only a change while running counts."""
-    assert outputs(C) == (C.health_topic, C.deadletter_topic)
+    assert outputs(C) == [C.health_topic, C.deadletter_topic]
     assert assess(C, GOOD | {C.health_topic: 30}, {C.health_topic: 30, C.deadletter_topic: 3}).ok

@@ -1,0 +1,138 @@
+"""Topology while the worker runs: partitions added out of band, the product's own expansion, misrouted records.
+
+Each reads agent.health ``read_committed``: nothing may be folded on a layout that broke
+co-partitioning, and after ``loopwarden topics expand`` no run may be lost or end in another
+state than offline replay gives on the same events.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
+
+from loopwarden.codecs import decode_input
+from loopwarden.replay import Replay
+from loopwarden.streams.assignment import partition_of
+from loopwarden.streams.expand import expand
+from tests.builders import ended, started, step
+from tests.faults.test_worker_faults import assert_exactly_once
+from tests.integration.harness import make_worker, publish, read_topic, run, transitions, unique_config
+
+pytestmark = pytest.mark.timeout(400)
+
+RUNS = 60
+
+
+def _json(e: dict) -> bytes:
+    return json.dumps(e).encode()
+
+
+def _wait(check, timeout_s: float = 30, every_s: float = 0.2):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(every_s)
+    raise TimeoutError("condition not met")
+
+
+def test_partitions_added_out_of_band_stop_folding_and_the_products_expansion_loses_no_run(kafka, tmp_path) -> None:
+    """steps grown 4 -> 6 behind the worker's back: /readyz 503 naming it within a check interval, nothing folded;
+    `topics expand` to 6 and a restart: every run, in flight across both, ends as replay says, each seq once."""
+    config = unique_config(kafka.bootstrap, partitions=4)
+    worker = make_worker(config, tmp_path, "w", topology_check_s=1).start()
+    t0 = int(time.time() * 1000) - 10_000
+    runs = [f"topo-{i}" for i in range(RUNS)]
+    first = [e for r in runs for e in (started(run=r, ts=t0), step(0, ("lookup", "result"), run=r, ts=t0 + 100))]
+    run(publish(config, [("steps", e["run_id"].encode(), _json(e)) for e in first]))
+
+    def running(records) -> bool:
+        return len({t["run_id"] for t in transitions(records)}) == RUNS
+
+    before = transitions(run(read_topic(config, config.health_topic, running)))
+
+    async def grow_steps() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=config.broker)
+        await admin.start()
+        try:
+            await admin.create_partitions({config.steps_topic: NewPartitions(6)})
+        finally:
+            await admin.close()
+
+    grown_at = time.monotonic()
+    run(grow_steps())
+    status, body = _wait(lambda: (lambda r: r if r[0] == 503 else None)(worker.get("/readyz")))
+    detected_s = time.monotonic() - grown_at
+    assert config.steps_topic in json.loads(body)["layout"]
+    assert detected_s < 10, detected_s
+    assert b"loopwarden_topology_blocked 1.0" in worker.get("/metrics")[1]
+
+    # Producers now hash steps over 6 partitions (and receipts still over 4): nothing of it may be folded.
+    second = [e for r in runs for e in (step(1, run=r, ts=t0 + 200), ended("natural_finish", 2, run=r, ts=t0 + 300))]
+
+    async def send_fresh() -> None:  # a producer that learned the new layout (the default partitioner, over 6)
+        async with AIOKafkaProducer(bootstrap_servers=config.broker, acks="all") as producer:
+            for e in second:
+                await producer.send(config.steps_topic, _json(e), key=e["run_id"].encode())
+
+    run(send_fresh())
+    time.sleep(3)
+    held = transitions(run(read_topic(config, config.health_topic, lambda recs: len(recs) >= len(before),
+                                      timeout_s=10)))
+    assert len(held) == len(before), "a transition was folded on the broken layout"
+    worker.stop()
+
+    report = run(expand(config, 6))
+    assert report.grown == sorted([config.outcomes_topic, config.ticks_topic, config.changelog_topic])
+    assert report.runs_moved == sum(partition_of(r.encode(), 4) != partition_of(r.encode(), 6) for r in runs)
+    worker = make_worker(config, tmp_path, "w2", partitions=6, topology_check_s=1).start()
+    try:
+        replay = Replay(keep_final=True)
+        for e in first + second:
+            replay.feed(decode_input(_json(e)))
+        expected = {r: t.to_state for r, t in replay.final.items()}
+        assert set(expected.values()) == {"VERIFYING"}
+
+        def final(records) -> bool:
+            last = {}
+            for t in transitions(records):
+                last[t["run_id"]] = t["to_state"]
+            return last == expected
+
+        assert_exactly_once(transitions(run(read_topic(config, config.health_topic, final, timeout_s=60))), expected)
+        assert worker.get("/readyz")[0] == 200
+    finally:
+        worker.stop()
+
+
+def test_a_record_on_a_partition_its_key_does_not_hash_to_is_dead_lettered(kafka, tmp_path) -> None:
+    """A producer with another partitioner: the record goes to agent.deadletter (wrong_partition), not to a run."""
+    config = unique_config(kafka.bootstrap, partitions=4)
+    worker = make_worker(config, tmp_path, "w").start()
+    try:
+        right = partition_of(b"misrouted", 4)
+        wrong = (right + 1) % 4
+        event = started(run="misrouted", ts=int(time.time() * 1000))
+
+        async def send() -> None:
+            async with AIOKafkaProducer(bootstrap_servers=config.broker, acks="all") as producer:
+                await producer.send_and_wait(config.steps_topic, _json(event), key=b"misrouted", partition=wrong)
+                ok = started(run="routed", ts=int(time.time() * 1000))
+                await producer.send_and_wait(config.steps_topic, _json(ok), key=b"routed")
+
+        run(send())
+        letters = run(read_topic(config, config.deadletter_topic, lambda recs: len(recs) >= 1))
+        headers = dict(letters[0].headers)
+        assert headers["error_reason"] == b"wrong_partition"
+        assert headers["source_partition"] == str(wrong).encode()
+        assert f"hashes to partition {right} of {config.steps_topic}".encode() in headers["error"]
+        health = transitions(run(read_topic(config, config.health_topic, lambda recs: len(recs) >= 1)))
+        assert {t["run_id"] for t in health} == {"routed"}
+        assert b'loopwarden_invalid_events_total{reason="wrong_partition",topic="steps"} 1.0' in worker.get("/metrics")[1]
+    finally:
+        worker.stop()
