@@ -28,11 +28,9 @@ lacks ``partition_traces_by_id``), and ``("otel_event", event type)``;
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import msgspec
 
@@ -48,57 +46,15 @@ from loopwarden.otel.fold import (
     unended_runs,
 )
 from loopwarden.otel.spans import BadTraces, decode_traces
+from loopwarden.streams.batch import wall_clock_ms
+from loopwarden.streams.stage import DeadLetter, Output, Record, header
 
 log = logging.getLogger("loopwarden.otel")
 
 
-# The same shapes as loopwarden.streams.task's (kept here so that the engine's rework of that module
-# cannot break the bridge; the adapter maps one onto the other).
-class Record(Protocol):
-    """What a consumed Kafka record offers (aiokafka's ConsumerRecord has these)."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: object
-
-
-@dataclass
-class DeadLetter:
-    """A consumed record refused as it is, with a bounded ``reason`` and a message naming the value."""
-
-    record: Record
-    reason: str
-    error: str
-
-
-def header(headers, name: str) -> str | None:
-    """A header's value as text (aiokafka gives a sequence of (str, bytes) pairs)."""
-    for key, value in headers or ():
-        if key.lower() == name:
-            return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
-    return None
-
-
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
-
 DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # the Collector's exporter sends at most 1 MB by default
 _encode_event = msgspec.json.Encoder().encode
 JSON_HEADERS = (("content-type", b"application/json"),)
-
-
-@dataclass(frozen=True)
-class Output:
-    """A record to produce. ``partition`` None: the default (murmur2) partitioner over the topic's partitions."""
-
-    topic: str
-    key: bytes
-    value: bytes
-    headers: tuple = JSON_HEADERS
-    partition: int | None = None
 
 
 @dataclass
@@ -230,7 +186,7 @@ class BridgeTask:
             out.counts["otel", label] += n
         for event in folded.events:
             out.counts["otel_event", event.__struct_config__.tag] += 1
-            out.outputs.append(Output(self.steps_topic, event.run_id.encode(), _encode_event(event)))
+            out.outputs.append(Output(self.steps_topic, event.run_id.encode(), _encode_event(event), JSON_HEADERS))
 
     def _expire(self, now: int, out: BridgeBatch) -> None:
         """Drop the traces with no new span for the retention period (runs still open go STUCK in the worker)."""

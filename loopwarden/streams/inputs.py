@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import msgspec
 
 from loopwarden.codecs import InvalidEvent, decode_outcome_event, decode_step_event
-from loopwarden.streams.stage import DeadLetter
+from loopwarden.streams.stage import DeadLetter, Record, header  # noqa: F401 (header: used by importers)
 
 
 class Tick(msgspec.Struct, frozen=True):
@@ -18,25 +16,6 @@ class Tick(msgspec.Struct, frozen=True):
 
 _decode_tick = msgspec.json.Decoder(Tick).decode
 encode_tick = msgspec.json.Encoder().encode
-class Record(Protocol):
-    """What a consumed Kafka record offers (aiokafka's ConsumerRecord has these)."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: object
-
-
-def header(headers, name: str) -> str | None:
-    """A header's value as text (aiokafka gives a sequence of (str, bytes) pairs)."""
-    for key, value in headers or ():
-        if key.lower() == name:
-            return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
-    return None
-
-
 def decode_input(rec: Record, role: str, ts_limit: int, max_future_ms: int):
     """``(role, event, rec)``, or the DeadLetter the record is (``ts_limit``: the latest ts accepted)."""
     try:

@@ -55,6 +55,25 @@ if TYPE_CHECKING:
     from loopwarden.streams.partition import OwnedPartition
 
 
+class Record(Protocol):
+    """What a consumed Kafka record offers (aiokafka's ConsumerRecord has these)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: object
+
+
+def header(headers, name: str) -> str | None:
+    """A header's value as text (aiokafka gives a sequence of (str, bytes) pairs)."""
+    for key, value in headers or ():
+        if key.lower() == name:
+            return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
+    return None
+
+
 class Output(NamedTuple):
     """One record a fold produces: ``partition=None`` — the default partitioner over ``topic``'s partitions."""
 
