@@ -157,10 +157,13 @@ def test_agent_health_deleted_while_running_blocks_clearly_and_recovers_once_it_
         worker.stop()
 
 
-def test_a_worker_stopped_while_its_output_topic_has_the_wrong_count_exits_cleanly_in_time(kafka, tmp_path) -> None:
-    """agent.health auto-created with 1 partition under transactions in flight: the worker aborts them, and a
+@pytest.mark.parametrize("output", ["health_topic", "deadletter_topic"])
+def test_a_worker_stopped_while_its_output_topic_has_the_wrong_count_exits_cleanly_in_time(kafka, tmp_path,
+                                                                                          output) -> None:
+    """An output auto-created with 1 partition under transactions in flight: the worker aborts them, and a
     SIGTERM while it is blocked ends it cleanly (exit 0) within its shutdown timeout, not by its watchdog."""
     config = unique_config(kafka.bootstrap, partitions=4)
+    topic = getattr(config, output)
     worker = make_worker(config, tmp_path, "w", topology_check_s=1, shutdown_timeout_s=15).start()
     t0 = int(time.time() * 1000) - 10_000
     try:
@@ -171,12 +174,12 @@ def test_a_worker_stopped_while_its_output_topic_has_the_wrong_count_exits_clean
         async def delete_while_sending() -> None:
             sending = asyncio.create_task(_send(config, runs))
             await asyncio.sleep(0.5)
-            await _admin(config, lambda admin: admin.delete_topics([config.health_topic]))
-            await _auto_create(config, config.health_topic)
+            await _admin(config, lambda admin: admin.delete_topics([topic]))
+            await _auto_create(config, topic)
             await sending
 
         run(delete_while_sending())
-        _wait(lambda: b"has 1 partitions" in worker.get("/readyz")[1])
+        _wait(lambda: f"{topic} has 1 partitions".encode() in worker.get("/readyz")[1])
         time.sleep(2)
         stopping = time.monotonic()
         worker.stop(timeout_s=30)
