@@ -20,13 +20,14 @@ import logging
 import time
 from collections.abc import Callable
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.errors import ProducerFenced
 
 from loopwarden.streams.assignment import CoPartitionedAssignor
 from loopwarden.streams.checkpoint import Checkpoint
 from loopwarden.streams.config import Config
 from loopwarden.streams.deadletters import deadletter_output
+from loopwarden.streams.layoutguard import LayoutGuard
 from loopwarden.streams.manager import RECOVERABLE, PartitionManager, quietly
 from loopwarden.streams.metrics import Metrics
 from loopwarden.streams.partition import AssignedPartition, OwnedPartition
@@ -70,9 +71,8 @@ class Engine:
         self.consumer: AIOKafkaConsumer | None = None
         self.watch: Watch | None = None
         self._punctuated_at = 0.0
-        self.layout = stage.layout_watch()  # re-reads the topic layout (None: not watched)
         self.blocked: str | None = None  # why the layout stops processing now (None: it does not)
-        self._layout_at = 0.0
+        self.guard = LayoutGuard(self)  # re-reads the layout, pauses or holds partitions while it is wrong
 
     @property
     def assigned(self) -> dict[int, AssignedPartition]:
@@ -90,7 +90,7 @@ class Engine:
         try:
             while not self.stopping.is_set():
                 batch = await self.consumer.getmany(timeout_ms=c.batch_wait_ms or 1, max_records=c.batch_max_records)
-                await self.check_layout()
+                await self.guard.check()
                 async with self.lock:
                     self.buffer(batch)
                     if self.blocked is None:  # nothing is folded on a layout that broke co-partitioning
@@ -100,31 +100,6 @@ class Engine:
                 await self.retry_owning()
         finally:
             await self.shutdown()
-
-    async def check_layout(self) -> None:
-        """Every ``topology_check_s`` (and after a rebalance): stop or resume processing as the layout says."""
-        now = time.monotonic()
-        if self.layout is None or now - self._layout_at < self.config.topology_check_s:
-            return
-        self._layout_at = now
-        try:
-            verdict, _changed = await self.layout.check()  # type: ignore[attr-defined]
-        except RECOVERABLE as exc:
-            log.warning("reading the topic layout failed (%s: %s); trying again", type(exc).__name__, exc)
-            return
-        blocked = None if verdict.ok else verdict.reason()
-        if blocked == self.blocked:
-            return
-        self.blocked = blocked
-        self.metrics.topology_blocked.set(blocked is not None)
-        tps = [TopicPartition(t, p) for p in self.owned_partitions() for t in self.partitions.topics]
-        if blocked is not None:
-            self.metrics.topology_changes.inc()
-            log.error("topic layout: %s; processing stopped until the layout is right again", blocked)
-            self.consumer.pause(*tps)  # type: ignore[union-attr]
-        else:
-            log.warning("topic layout is right again: processing resumes")
-            self.consumer.resume(*tps)  # type: ignore[union-attr]
 
     def buffer(self, batch: dict) -> None:
         for tp, records in batch.items():
@@ -258,7 +233,7 @@ class Engine:
             if self.on_recovered is not None:
                 self.on_recovered()
             self.ready = True
-            self._layout_at = 0.0  # a rebalance follows a partition-count change of a subscribed topic: look now
+            self.guard.soon()  # a rebalance follows a partition-count change of a subscribed topic: look now
             owned = self.owned_partitions()
             log.info("partitions %s recovered in %.2fs%s", sorted(owned), time.monotonic() - t0,
                      self.stage.summary(list(owned.values())))
@@ -308,11 +283,7 @@ class Engine:
         self.watch = Watch(self.consumer, self.partitions.tracked, self.metrics, c.stall_timeout_s, c.malloc_trim_s)
         self.consumer.subscribe(list(self.partitions.topics), listener=_Rebalance(self))
         await self.consumer.start()
-        if self.layout is not None:
-            await self.layout.start()  # type: ignore[attr-defined]
-            if await self.layout.auto_create_enabled():  # type: ignore[attr-defined]
-                log.warning("the brokers have auto.create.topics.enable=true: a deleted output topic comes back "
-                            "with their default partition count; set it to false (docs/operations.md)")
+        await self.guard.start()
 
     def stop(self) -> None:
         self.stopping.set()
@@ -330,5 +301,4 @@ class Engine:
         for client in (self.consumer, self.partitions.restorer):
             if client is not None:
                 await quietly(client.stop(), "stopping a consumer", " during shutdown")
-        if self.layout is not None:
-            await quietly(self.layout.stop(), "stopping the layout watch", " during shutdown")  # type: ignore[attr-defined]
+        await quietly(self.guard.stop(), "stopping the layout watch", " during shutdown")

@@ -127,7 +127,8 @@ def assess(config: Config, counts: Mapping[str, int], expected_outputs: Mapping[
             produce = False
             problems.append(
                 f"{topic} has {n} partitions, it had {want} when this worker started "
-                f"(deleted and re-created? set auto.create.topics.enable=false on the brokers)")
+                f"(deleted and re-created? delete it and create it with {want} partitions; "
+                f"set auto.create.topics.enable=false on the brokers)")
     return Verdict(fold=fold, produce=produce, problems=tuple(problems))
 
 

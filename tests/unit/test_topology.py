@@ -46,7 +46,8 @@ def test_an_output_recreated_with_another_count_stops_producing() -> None:
     v = assess(C, GOOD | {C.health_topic: 1}, STARTED)
     assert v.fold and not v.produce
     assert v.reason() == ("agent.health has 1 partitions, it had 8 when this worker started "
-                          "(deleted and re-created? set auto.create.topics.enable=false on the brokers)")
+                          "(deleted and re-created? delete it and create it with 8 partitions; "
+                          "set auto.create.topics.enable=false on the brokers)")
 
 
 def test_a_missing_output_stops_producing_and_returns_when_it_is_back() -> None:

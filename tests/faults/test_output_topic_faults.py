@@ -1,0 +1,190 @@
+"""Output topics that vanish while the worker runs: agent.health deleted (and auto-created by the broker), then mended.
+
+Deleting agent.health loses what it held: that is the operator's act, not the worker's. What must
+hold is that the worker notices (``/readyz`` 503 naming the topic), hangs in no transaction, and from
+the moment the topic is back with its layout loses and repeats nothing: every run's transitions on
+the re-created topic are a gap-free run of seqs ending where offline replay ends, each once (a run
+started after the topic is back: all of them from seq 1). A transition committed to the auto-created
+one-partition topic before the check noticed it goes with that topic when the operator deletes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+
+from loopwarden.codecs import decode_input
+from loopwarden.replay import Replay
+from loopwarden.streams.topics import existing_counts, repair
+from tests.builders import ended, started, step
+from tests.integration.harness import make_worker, publish, read_topic, run, transitions, unique_config
+
+pytestmark = pytest.mark.timeout(400)
+
+RUNS = 40
+
+
+def _json(e: dict) -> bytes:
+    return json.dumps(e).encode()
+
+
+def _wait(check, timeout_s: float = 30, every_s: float = 0.2):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(every_s)
+    raise TimeoutError("condition not met")
+
+
+async def _admin(config, action):
+    admin = AIOKafkaAdminClient(bootstrap_servers=config.broker)
+    await admin.start()
+    try:
+        return await action(admin)
+    finally:
+        await admin.close()
+
+
+async def _mend(config, topic: str) -> None:
+    """What docs/operations.md tells the operator: delete the auto-created topic, then `loopwarden topics repair`."""
+    async def delete(admin: AIOKafkaAdminClient) -> None:
+        if topic in await admin.list_topics():
+            await admin.delete_topics([topic])
+            while topic in await admin.list_topics():
+                await asyncio.sleep(0.2)
+
+    await _admin(config, delete)
+    await repair(config, [])  # creates what is missing with --partitions
+
+
+async def _send(config, events: list[dict]) -> None:
+    async with AIOKafkaProducer(bootstrap_servers=config.broker, acks="all") as producer:
+        for i, e in enumerate(events):
+            await producer.send(config.steps_topic, _json(e), key=e["run_id"].encode())
+            if i % 20 == 19:
+                await asyncio.sleep(0.05)
+
+
+async def _auto_create(config, topic: str) -> None:
+    """What any client asking for ``topic``'s metadata does on a broker with auto.create.topics.enable: its default count."""
+    async with AIOKafkaProducer(bootstrap_servers=config.broker) as producer:
+        for _ in range(100):
+            try:
+                if await producer.partitions_for(topic):
+                    return
+            except Exception:  # noqa: BLE001 - not there yet
+                pass
+            await asyncio.sleep(0.1)
+
+
+def test_agent_health_deleted_while_running_blocks_clearly_and_recovers_once_it_is_back(kafka, tmp_path) -> None:
+    """agent.health deleted (auto-created with 1 partition) under transactions: /readyz 503 naming it; once the
+    operator's delete + `topics repair` bring it back it recovers by itself, each run's seqs gap-free and once."""
+    config = unique_config(kafka.bootstrap, partitions=4)
+    worker = make_worker(config, tmp_path, "w", topology_check_s=1).start()
+    t0 = int(time.time() * 1000) - 10_000
+    early = [f"early-{i}" for i in range(RUNS)]
+    late = [f"late-{i}" for i in range(RUNS)]
+    before = [e for r in early for e in (started(run=r, ts=t0), step(0, ("lookup", "result"), run=r, ts=t0 + 100))]
+    middle = [f"middle-{i}" for i in range(RUNS * 4)]
+    # Runs starting while the topic goes: their RUNNING transitions are in transactions to agent.health.
+    during = [e for r in middle for e in (started(run=r, ts=t0 + 200), step(0, run=r, ts=t0 + 250))]
+    after = ([ended("natural_finish", 1, run=r, ts=t0 + 300) for r in early + middle]
+             + [e for r in late for e in (started(run=r, ts=t0 + 400), step(0, run=r, ts=t0 + 450),
+                                          ended("natural_finish", 1, run=r, ts=t0 + 500))])
+    try:
+        run(publish(config, [("steps", e["run_id"].encode(), _json(e)) for e in before]))
+        run(read_topic(config, config.health_topic,
+                       lambda recs: len({t["run_id"] for t in transitions(recs)}) == RUNS))
+
+        async def delete_while_sending() -> None:  # transactions in flight when the topic goes
+            sending = asyncio.create_task(_send(config, during))  # not `publish`: it creates missing topics
+            await asyncio.sleep(0.5)
+            await _admin(config, lambda admin: admin.delete_topics([config.health_topic]))
+            await _auto_create(config, config.health_topic)
+            await sending
+
+        run(delete_while_sending())
+        deleted_at = time.monotonic()
+        status, body = _wait(lambda: (lambda r: r if r[0] == 503 and b"layout" in r[1] else None)(worker.get("/readyz")))
+        layout = json.loads(body)["layout"]
+        assert layout and config.health_topic in layout, body
+        assert time.monotonic() - deleted_at < 15
+        assert b"loopwarden_topology_blocked 1.0" in worker.get("/metrics")[1]
+        time.sleep(3)  # blocked, not hung: it keeps answering and its state does not flip back
+        assert worker.get("/readyz")[0] == 503
+
+        run(_mend(config, config.health_topic))
+        assert run(_admin(config, lambda a: existing_counts(a, [config.health_topic]))) == {
+            config.health_topic: config.partitions}
+        run(publish(config, [("steps", e["run_id"].encode(), _json(e)) for e in after]))
+
+        replay = Replay(keep_final=True)
+        for e in before + during + after:
+            replay.feed(decode_input(_json(e)))
+        expected = {r: (t.to_state, t.seq) for r, t in replay.final.items()}
+        assert len(expected) == 6 * RUNS
+
+        def final(records) -> bool:
+            last = {}
+            for t in transitions(records):
+                last[t["run_id"]] = (t["to_state"], t["seq"])
+            return last == expected
+
+        got = transitions(run(read_topic(config, config.health_topic, final, timeout_s=90)))
+        seqs: dict[str, list[int]] = {}
+        for t in got:
+            seqs.setdefault(t["run_id"], []).append(t["seq"])
+        for r, (_, last) in expected.items():
+            s = seqs[r]
+            assert s == list(range(s[0], last + 1)), (r, s)  # in order, each once, no gap, up to replay's last
+            if r.startswith("late-"):
+                assert s[0] == 1, (r, s)  # started after the topic was back: its whole life is there
+        assert _wait(lambda: worker.get("/readyz")[0] == 200)
+        assert b"loopwarden_topology_blocked 0.0" in worker.get("/metrics")[1]
+        stopping = time.monotonic()
+        worker.stop()
+        assert time.monotonic() - stopping < config.shutdown_timeout_s + 10
+        assert worker.proc.returncode == 0, worker.log_tail()
+    finally:
+        worker.stop()
+
+
+@pytest.mark.parametrize("output", ["health_topic", "deadletter_topic"])
+def test_a_worker_stopped_while_its_output_topic_has_the_wrong_count_exits_cleanly_in_time(kafka, tmp_path,
+                                                                                          output) -> None:
+    """An output auto-created with 1 partition under transactions in flight: the worker aborts them, and a
+    SIGTERM while it is blocked ends it cleanly (exit 0) within its shutdown timeout, not by its watchdog."""
+    config = unique_config(kafka.bootstrap, partitions=4)
+    topic = getattr(config, output)
+    worker = make_worker(config, tmp_path, "w", topology_check_s=1, shutdown_timeout_s=15).start()
+    t0 = int(time.time() * 1000) - 10_000
+    try:
+        run(publish(config, [("steps", b"first", _json(started(run="first", ts=t0)))]))
+        run(read_topic(config, config.health_topic, lambda recs: len(recs) >= 1))
+        runs = [e for i in range(RUNS * 4) for e in (started(run=f"r-{i}", ts=t0), step(0, run=f"r-{i}", ts=t0 + 1))]
+
+        async def delete_while_sending() -> None:
+            sending = asyncio.create_task(_send(config, runs))
+            await asyncio.sleep(0.5)
+            await _admin(config, lambda admin: admin.delete_topics([topic]))
+            await _auto_create(config, topic)
+            await sending
+
+        run(delete_while_sending())
+        _wait(lambda: f"{topic} has 1 partitions".encode() in worker.get("/readyz")[1])
+        time.sleep(2)
+        stopping = time.monotonic()
+        worker.stop(timeout_s=30)
+        took = time.monotonic() - stopping
+        assert worker.proc.returncode == 0, (worker.proc.returncode, worker.log_tail())
+        assert took < 15, took
+    finally:
+        worker.stop()
