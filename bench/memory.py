@@ -94,7 +94,7 @@ def _fold(path: str, trace: bool, batch: int = 2500) -> dict:
     out["rss_trimmed"] = rss_kb(_pid())["VmRSS"] * 1024 - rss0
     if trace:
         out["heap"] = tracemalloc.get_traced_memory()[0] - heap0
-        timers = sum(_timer_bytes(t.timers) for t in tasks)
+        timers = sum(t.timers.nbytes() for t in tasks)
         out["timers"] = timers
         out["store"] = sum(_store_bytes(t.store) for t in tasks)
         tracemalloc.stop()
@@ -114,15 +114,6 @@ def _deep(objs) -> int:
 def _store_bytes(store) -> int:
     data = dict(store.items())  # a copy of the same size: the store's own dict is private
     return sys.getsizeof(data) + _deep(data.keys()) + _deep(data.values())
-
-
-def _timer_bytes(timers) -> int:
-    """The timer queue's heap, buckets and queued maps with the objects only they hold (run id str, deadlines)."""
-    size = sys.getsizeof(timers.heap) + _deep(timers.heap)
-    size += sys.getsizeof(timers.buckets) + sum(
-        sys.getsizeof(v) if v.__class__ is list else 0 for v in timers.buckets.values())
-    size += sys.getsizeof(timers.queued) + _deep(timers.queued.keys()) + _deep(timers.queued.values())
-    return size
 
 
 def _child(path: str, trace: bool, batch: int = 2500) -> dict:

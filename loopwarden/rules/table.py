@@ -72,6 +72,10 @@ class RunTable:
             health = state.health
             yield state, health, fire_next(state, now_ms, settings)
 
+    def nbytes(self) -> int:
+        """Bytes its timer queue holds (``TimerQueue.nbytes``), for memory benches."""
+        return self._timers.nbytes()
+
     def clear(self) -> None:
         self._timers.clear()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import sys
 from collections.abc import Iterator
 
 
@@ -107,6 +108,15 @@ class TimerQueue:
                 elif live is not None and live > deadline:  # it stood in for a later deadline: queue that
                     self._push(run_id, live)
                 # otherwise superseded by an earlier entry, or the run has no deadline now: dropped
+
+    def nbytes(self) -> int:
+        """Bytes the queue holds: its heap, buckets and queued map with the objects only they hold (run id
+        strings, deadlines). For memory benches; O(entries)."""
+        size = sys.getsizeof(self.heap) + sum(map(sys.getsizeof, self.heap))
+        size += sys.getsizeof(self.buckets) + sum(
+            sys.getsizeof(v) for v in self.buckets.values() if v.__class__ is list)
+        queued = self.queued
+        return size + sys.getsizeof(queued) + sum(map(sys.getsizeof, queued)) + sum(map(sys.getsizeof, queued.values()))
 
     def clear(self) -> None:
         self.heap.clear()
