@@ -216,12 +216,13 @@ def _ignore(state: RunState, res: Result, why: str) -> None:
     res.notes.append(("ignored", why))
 
 
-def _activity(state: RunState, res: Result, ts: int, now_ms: int) -> None:
+def _activity(state: RunState, res: Result, ts: int, now_ms: int, at: int) -> None:
+    """Activity of the run, placed at ``at`` (the clock when it was applied: ``ts`` or later)."""
     last = state.last_activity_ts
-    if last is None or ts > last:
-        state.last_activity_ts = ts
-    if ts > state.last_seen_ts:
-        state.last_seen_ts = ts
+    if last is None or at > last:
+        state.last_activity_ts = at
+    if at > state.last_seen_ts:
+        state.last_seen_ts = at
     if state.health is None:
         _move(state, res, "RUNNING", "started", ts, now_ms)
 
@@ -238,14 +239,14 @@ def _receipts_verdict(state: RunState) -> str | None:
 
 
 # -- event handlers -----------------------------------------------------------
-def _on_run_started(state: RunState, ev: RunStarted, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
+def _on_run_started(state: RunState, ev: RunStarted, now_ms: int, res: Result, compiled: CompiledPolicy, at: int) -> None:
     if state.policy is None:
         # A late run_started sets the policy from then on; it is never inferred.
         state.policy = intern_policy(ev.policy)
         state.agent = ev.agent
     else:
         _ignore(state, res, "duplicate_run_started")
-    _activity(state, res, ev.ts, now_ms)
+    _activity(state, res, ev.ts, now_ms, at)
 
 
 def _gap_at(gaps: list[tuple[int, int]], step: int) -> int:
@@ -275,13 +276,13 @@ def _add_gap(seg: Segment, lo: int, hi: int) -> None:
         del gaps[:-MAX_GAPS]
 
 
-def _on_step(state: RunState, ev: StepFinished, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
+def _on_step(state: RunState, ev: StepFinished, now_ms: int, res: Result, compiled: CompiledPolicy, at: int) -> None:
     ts = ev.ts
     last = state.last_activity_ts  # _activity, inline: with Usage.tokens' below, ~2.5 % of apply (docs/architecture.md)
-    if last is None or ts > last:
-        state.last_activity_ts = ts
-    if ts > state.last_seen_ts:
-        state.last_seen_ts = ts
+    if last is None or at > last:
+        state.last_activity_ts = at
+    if at > state.last_seen_ts:
+        state.last_seen_ts = at
     if state.health is None:
         _move(state, res, "RUNNING", "started", ts, now_ms)
     segment = ev.segment
@@ -375,8 +376,8 @@ def _disagreements(state: RunState, ev: RunEnded, seg: Segment, derived: str, de
     return tuple(sorted(found)) if found else ()
 
 
-def _on_run_ended(state: RunState, ev: RunEnded, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
-    _activity(state, res, ev.ts, now_ms)
+def _on_run_ended(state: RunState, ev: RunEnded, now_ms: int, res: Result, compiled: CompiledPolicy, at: int) -> None:
+    _activity(state, res, ev.ts, now_ms, at)
     if ev.segment in state.ended:
         _ignore(state, res, "duplicate_run_ended")
         return
@@ -428,7 +429,7 @@ def _on_run_ended(state: RunState, ev: RunEnded, now_ms: int, res: Result, compi
         )
     )
     if to == "VERIFYING":
-        state.verify_deadline_ts = ev.ts + compiled.window_ms
+        state.verify_deadline_ts = at + compiled.window_ms
     _move(state, res, to, reason, ev.ts, now_ms)
 
 
@@ -441,8 +442,8 @@ def _pending_approval(state: RunState, ev: ApprovalRouted | ApprovalResolved, re
     return approval
 
 
-def _on_approval_routed(state: RunState, ev: ApprovalRouted, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
-    _activity(state, res, ev.ts, now_ms)
+def _on_approval_routed(state: RunState, ev: ApprovalRouted, now_ms: int, res: Result, compiled: CompiledPolicy, at: int) -> None:
+    _activity(state, res, ev.ts, now_ms, at)
     approval = _pending_approval(state, ev, res)
     if approval is None:
         return
@@ -458,8 +459,8 @@ def _on_approval_routed(state: RunState, ev: ApprovalRouted, now_ms: int, res: R
         _move(state, res, "WAITING", "approval_routed", ev.ts, now_ms)
 
 
-def _on_approval_resolved(state: RunState, ev: ApprovalResolved, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
-    _activity(state, res, ev.ts, now_ms)
+def _on_approval_resolved(state: RunState, ev: ApprovalResolved, now_ms: int, res: Result, compiled: CompiledPolicy, at: int) -> None:
+    _activity(state, res, ev.ts, now_ms, at)
     if _pending_approval(state, ev, res) is None:
         return
     # Approved or denied, the run resumes in the next segment.
@@ -467,8 +468,8 @@ def _on_approval_resolved(state: RunState, ev: ApprovalResolved, now_ms: int, re
     _move(state, res, "RUNNING", "approval_resolved", ev.ts, now_ms)
 
 
-def _on_receipt(state: RunState, ev: OutcomeReceipt, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
-    state.last_seen_ts = max(state.last_seen_ts, ev.ts)  # not activity: receipts never start a run
+def _on_receipt(state: RunState, ev: OutcomeReceipt, now_ms: int, res: Result, compiled: CompiledPolicy, at: int) -> None:
+    state.last_seen_ts = max(state.last_seen_ts, at)  # not activity: receipts never start a run
     if ev.receipt_id in state.receipt_ids:
         _ignore(state, res, "duplicate_receipt")
         res.notes.append(("receipt", "duplicate"))
@@ -481,7 +482,7 @@ def _on_receipt(state: RunState, ev: OutcomeReceipt, now_ms: int, res: Result, c
         kinds.append(ev.kind)
 
     late = state.health == FALSE_COMPLETE or (
-        state.verify_deadline_ts is not None and ev.ts > state.verify_deadline_ts
+        state.verify_deadline_ts is not None and at > state.verify_deadline_ts
     )
     if not tracked:
         label = "untracked"  # past MAX_RECEIPT_IDS ids: maybe a repeat of one not kept, so never counted as new
@@ -509,8 +510,8 @@ _DROPPED_VERDICT = ("UNCERTAIN", "producer_dropped")
 _DROP_WAITS = (None, "RUNNING", "UNCERTAIN")
 
 
-def _on_segment_started(state: RunState, ev: SegmentStarted, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
-    _activity(state, res, ev.ts, now_ms)
+def _on_segment_started(state: RunState, ev: SegmentStarted, now_ms: int, res: Result, compiled: CompiledPolicy, at: int) -> None:
+    _activity(state, res, ev.ts, now_ms, at)
     segment = ev.segment
     seg = state.open.get(segment)
     if seg is None:
@@ -526,13 +527,13 @@ def _on_segment_started(state: RunState, ev: SegmentStarted, now_ms: int, res: R
     seg.policy = None if ev.policy is None else intern_policy(ev.policy)
 
 
-def _on_run_active(state: RunState, ev: RunActive, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
+def _on_run_active(state: RunState, ev: RunActive, now_ms: int, res: Result, compiled: CompiledPolicy, at: int) -> None:
     # Activity and nothing else: a long tool or model call is not STUCK, and not progress either.
-    _activity(state, res, ev.ts, now_ms)
+    _activity(state, res, ev.ts, now_ms, at)
 
 
-def _on_events_dropped(state: RunState, ev: EventsDropped, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
-    _activity(state, res, ev.ts, now_ms)
+def _on_events_dropped(state: RunState, ev: EventsDropped, now_ms: int, res: Result, compiled: CompiledPolicy, at: int) -> None:
+    _activity(state, res, ev.ts, now_ms, at)
     state.dropped += ev.count
     if state.health == "UNCERTAIN" and "producer_dropped" not in state.disagreements:
         # No transition (already UNCERTAIN), but the evidence the read API shows names the loss.
@@ -543,18 +544,18 @@ def _on_events_dropped(state: RunState, ev: EventsDropped, now_ms: int, res: Res
         if "producer_dropped" not in disagreements:
             state.disagreements = tuple(sorted((*disagreements, "producer_dropped")))
         _move(state, res, *_DROPPED_VERDICT, ev.ts, now_ms)
-def _on_untrusted_receipt(state: RunState, ev: UntrustedReceipt, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
+def _on_untrusted_receipt(state: RunState, ev: UntrustedReceipt, now_ms: int, res: Result, compiled: CompiledPolicy, at: int) -> None:
     # Kept in evidence and counted; it neither decides a verdict nor blocks a trusted receipt of the same id.
-    state.last_seen_ts = max(state.last_seen_ts, ev.ts)  # not activity, like any receipt
+    state.last_seen_ts = max(state.last_seen_ts, at)  # not activity, like any receipt
     res.notes.append(("receipt", "untrusted_" + ev.why))
     ids = state.untrusted_receipt_ids
     if ev.receipt.receipt_id not in ids and len(ids) < MAX_RECEIPT_IDS:
         ids.append(ev.receipt.receipt_id)
 
 
-def _on_expected(state: RunState, ev: OutcomeExpected, now_ms: int, res: Result, compiled: CompiledPolicy) -> None:
+def _on_expected(state: RunState, ev: OutcomeExpected, now_ms: int, res: Result, compiled: CompiledPolicy, at: int) -> None:
     # Evidence only: an expectation is for the verifier; it is not activity and never starts a run.
-    state.last_seen_ts = max(state.last_seen_ts, ev.ts)
+    state.last_seen_ts = max(state.last_seen_ts, at)
     ids = state.expectation_ids
     if ev.expectation_id in ids:
         _ignore(state, res, "duplicate_expectation")
@@ -579,13 +580,18 @@ _HANDLERS = {
 }
 
 
-def apply(state: RunState | None, event: InputEvent | UntrustedReceipt, now_ms: int) -> Result:
+def apply(state: RunState | None, event: InputEvent | UntrustedReceipt, now_ms: int, clock_ms: int | None = None) -> Result:
     """Fold one event into its run's state.
 
-    Timers of the run that were due by the event's ``ts`` fire first (event time:
-    a receipt stamped after the receipt window is late however soon it is
-    processed), so a run's transitions do not depend on how promptly the shell
-    ticks. Retention never fires here: an event keeps its run alive.
+    An event counts from when it could be known (docs/contract.md section 5, "Over time"):
+    its run's activity and last-seen times, and the receipt window it opens, are placed at
+    ``at = max(event.ts, clock_ms)`` — loopwarden cannot have known of an event before it
+    arrived, so an event older than the clock by more than a timeout opens a fresh window
+    instead of timing its run out at once. Timers of the event's own run that were due by
+    ``at`` fire first (a receipt stamped after the receipt window is late however soon it
+    is processed), so a run's transitions do not depend on how promptly the shell ticks.
+    Retention never fires here: an event keeps its run alive. A transition an event makes
+    carries the event's own ``ts``.
 
     Parameters
     ----------
@@ -596,7 +602,13 @@ def apply(state: RunState | None, event: InputEvent | UntrustedReceipt, now_ms: 
     now_ms
         The shell's clock (event time in replay, processing time in the processor):
         the ``emitted_ts`` of any transition.
+    clock_ms
+        The shell's event-time clock when the event is applied (the latest ``ts`` it has
+        applied, this event's included: the same in replay and the worker, in either
+        clock mode). None: the event is placed at its own ``ts`` (a caller with no clock).
     """
+    ts = event.ts
+    at = ts if clock_ms is None or clock_ms <= ts else clock_ms
     if state is None:
         state = RunState(event.run_id)
     elif state.tomb:  # the run id comes back after retention dropped it: its seq goes on
@@ -606,20 +618,19 @@ def apply(state: RunState | None, event: InputEvent | UntrustedReceipt, now_ms: 
     compiled = _BY_ID.get(id(policy)) or compile_policy(policy)
     health = state.health
     # _run_deadline for RUNNING, inline: without it apply takes ~5 % longer (docs/architecture.md)
-    if health == "RUNNING":  # the common case: is the inactivity timer due by the event's ts?
+    if health == "RUNNING":  # the common case: is the inactivity timer due by the event's placement?
         last = state.last_activity_ts
         if last is not None:
             deadline = last + compiled.inactivity_ms
-            if deadline <= event.ts:
+            if deadline <= at:
                 _fire(state, deadline, "no_progress", now_ms, res)  # to STUCK: no timer of its own
     elif health in _RUN_TIMER_KINDS:
-        ts = event.ts
         while True:
             deadline = _run_deadline(state)
-            if deadline is None or deadline > ts:
+            if deadline is None or deadline > at:
                 break
             _fire(state, deadline, _RUN_TIMER_KINDS[state.health], now_ms, res)
-    _HANDLERS[type(event)](state, event, now_ms, res, compiled)  # type: ignore[operator]
+    _HANDLERS[type(event)](state, event, now_ms, res, compiled, at)  # type: ignore[operator]
     return res
 
 

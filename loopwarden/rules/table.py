@@ -24,14 +24,15 @@ _NEVER = 1 << 62
 class RunTable:
     """The due timers of a shell's runs (at most one entry per run, O(due) per tick)."""
 
-    __slots__ = ("settings", "load", "_timers", "_heap", "_queued")
+    __slots__ = ("settings", "load", "_timers", "heap", "_queued")
 
     def __init__(self, settings: Settings, load: Callable[[str], RunState | None]) -> None:
         self.settings = settings
         self.load = load  # run id -> its current state in the shell (None: not held)
         self._timers = TimerQueue()
-        # The queue's read-only views, read here only (TimerQueue documents them): a call saved per event.
-        self._heap = self._timers.heap
+        # The queue's read-only views (TimerQueue documents them): a call saved per event. ``heap`` is
+        # public for read only: ``heap and heap[0] <= now`` is ``due(now)``, for a shell's per-event peek.
+        self.heap = self._timers.heap
         self._queued = self._timers.queued
 
     def changed(self, state: RunState, transitioned: bool, event_type: type | None = None) -> None:
@@ -50,7 +51,7 @@ class RunTable:
 
     def due(self, now_ms: int) -> bool:
         """Whether :meth:`fire_due` at ``now_ms`` would look at anything."""
-        heap = self._heap
+        heap = self.heap
         return bool(heap) and heap[0] <= now_ms
 
     def fire_due(self, now_ms: int) -> Iterator[tuple[RunState, str | None, Result]]:

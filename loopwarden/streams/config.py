@@ -76,7 +76,7 @@ class Config:
     otel_topic: str = "otlp_spans"
     # Partitions of the otel topic and of the bridge's changelog (created with this many when missing).
     otel_partitions: int = 8
-    # Timers on processing time (`wall`) or on the event-time clock (`event`: steps' ts and explicit ticks).
+    # Timers on processing time (`wall`) or on the event-time clock (`event`: steps' and receipts' ts, and explicit ticks).
     clock: str = "wall"
     # How often each partition's due timers fire.
     tick_interval_s: float = 1.0

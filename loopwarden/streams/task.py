@@ -13,9 +13,10 @@ Within a partition, steps and receipts are applied in event-time order (a merge 
 the two topics' records by ``ts``, each topic kept in offset order), so paths stay
 close to offline replay's; ticks come after the inputs of the batch.
 
-Timers are punctuators: :meth:`fold` fires the partition's due timers (O(due), one
-:class:`~loopwarden.rules.table.RunTable` per partition, at most one entry per run) when asked to, inside
-the same batch, so their transitions commit with everything else.
+Timers (a :class:`~loopwarden.rules.table.RunTable` per partition) fire inside the batch, so their
+transitions commit with it. The event clock is the latest ``ts`` applied (and ticks on event time); a
+late event counts from it (docs/contract.md section 5). On event time due timers fire around each
+event (a heap peek) as in replay; on the wall clock :meth:`fold` fires them after the inputs when asked.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 
 from loopwarden.codecs import encode
 from loopwarden.rules import RunState, Settings, apply, decode_state, encode_state
+from loopwarden.rules.machine import DEADLINE_KEEPING
 from loopwarden.rules.table import RunTable
 from loopwarden.streams.alignment import StreamTime
 from loopwarden.streams.batch import CLOCK_KEY, Batch, _decode_clock, _encode_clock, is_meta, wall_clock_ms  # noqa: F401
@@ -123,13 +125,6 @@ class PartitionTask:
             self._moved.add(run_id)
         self._live[run_id] = res.state
 
-    def _now(self, ts: int | None) -> int:
-        if self.clock_mode == "wall":
-            return self.wall_ms()
-        if ts is not None and ts > self.clock:
-            self.clock = ts
-        return self.clock
-
     # -- the batch --------------------------------------------------------------------
     def fold(self, records: Iterable[Record], *, punctuate: bool = False, caught_up: bool = True,
              lagging: Collection[str] = ()) -> Batch:
@@ -196,24 +191,46 @@ class PartitionTask:
         else:
             merged = iter(next(iter(inputs.values()), ()))
         verifiers = self.verifiers
+        # One event clock in both modes (docs/contract.md section 5, "Event time and late events"). On event
+        # time timers are queued and fired around each event as in replay; on the wall clock, at punctuation.
+        event_mode = self.clock_mode == "event"
+        timers = self.timers
+        heap = timers.heap
+        clock = self.clock
         for role, event, rec in merged:
             out.counts["event", role, event.__struct_config__.tag] += 1
-            now = self._now(event.ts if role == "steps" else None)
-            state = self.load(event.run_id)
+            run_id = event.run_id
+            state = self.load(run_id)
             if state is None and self.placement is not None and self._misplaced(rec, role, out):
                 continue
-            if event.run_id not in self._before:
-                self._before[event.run_id] = state.health if state is not None else None
+            ts = event.ts
+            if ts > clock:
+                clock = ts
+            if event_mode:
+                now = clock
+                if heap and heap[0] <= clock:  # RunTable.due, inline: a heap peek per event
+                    self.fire_due(clock, out)
+                    state = self.load(run_id)
+            else:
+                now = self.wall_ms()
+            if run_id not in self._before:
+                self._before[run_id] = state.health if state is not None else None
             try:
                 if verifiers is not None and role == "outcomes":  # trust is decided here, before the core
                     event = verifiers.classify(event)
-                res = apply(state, event, now)
+                res = apply(state, event, now, clock)
             except Exception as exc:  # a bug of ours must not stop the partition nor lose the message
                 log.exception("internal error on %s[%d]@%d; dead-lettered", rec.topic, rec.partition, rec.offset)
                 out.deadletters.append(DeadLetter(rec, "internal_error", f"{type(exc).__name__}: {exc}"))
                 out.counts["invalid", role, "internal_error"] += 1
                 continue
-            self._take(event.run_id, res, out)
+            self._take(run_id, res, out)
+            if event_mode:  # replay's scheduling, event by event (RunTable.changed's first test inline)
+                if res.transitions or res.state is not state or event.__class__ not in DEADLINE_KEEPING:
+                    timers.changed(res.state, bool(res.transitions))
+                    if heap and heap[0] <= clock:  # a deadline already past (an approval's): it fires now
+                        self.fire_due(clock, out)
+        self.clock = clock
         fire = punctuate
         for rec in ticks:
             tick = decode_tick(rec)
@@ -222,10 +239,11 @@ class PartitionTask:
                 out.counts["invalid", "ticks", "undecodable"] += 1
                 continue
             out.counts["event", "ticks", "tick"] += 1
-            self._now(tick.now_ms)
+            if event_mode and tick.now_ms > self.clock:  # moves the event clock on event time only
+                self.clock = tick.now_ms
             fire = True
         if fire and caught_up:
-            self.fire_due(self._now(None), out)
+            self.fire_due(self.clock if event_mode else self.wall_ms(), out)
         self._finish(out)
         return out
 
@@ -263,12 +281,14 @@ class PartitionTask:
     def _finish(self, out: Batch) -> None:
         """One changelog record per run touched (its last state); its timer looked at once per batch."""
         changed, moved = self.timers.changed, self._moved
+        scheduled = self.clock_mode == "event"  # on the event clock each change was scheduled as it happened
         for run_id, state in self._live.items():
             if state is None:
                 out.changes[run_id.encode()] = None  # a tombstone
                 continue
             out.changes[run_id.encode()] = encode_state(state)
-            changed(state, run_id in moved)
+            if not scheduled:
+                changed(state, run_id in moved)
         if self.clock != self._clock_before:
             out.changes[CLOCK_KEY] = _encode_clock(self.clock)
         if self._forwarded:

@@ -49,9 +49,9 @@ class ReferenceReplay:
         if self.clock is None or event.ts > self.clock:
             self.clock = event.ts
         out = self._fire_due()
-        res = apply(self.states.get(event.run_id), event, self.clock)
+        res = apply(self.states.get(event.run_id), event, self.clock, self.clock)  # placed at the clock if late
         self.states[event.run_id] = res.state
-        return out + res.transitions
+        return out + res.transitions + self._fire_due()  # a deadline the event set already past fires now
 
     def finish(self, advance_s: float) -> list[HealthTransition]:
         if self.clock is None:

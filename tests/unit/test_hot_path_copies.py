@@ -45,17 +45,17 @@ def test_applys_running_deadline_copy_equals_run_deadline(policy, last_activity)
 
 
 @settings(max_examples=400, deadline=None)
-@given(healths, maybe_ts, S.ts, S.step_finished)
-def test_the_step_handlers_activity_copy_equals_activity(health, last_activity, last_seen, step) -> None:
-    """A step moves last_activity_ts / last_seen_ts and starts a run exactly as _activity does."""
+@given(healths, maybe_ts, S.ts, S.step_finished, st.none() | S.ts)
+def test_the_step_handlers_activity_copy_equals_activity(health, last_activity, last_seen, step, clock) -> None:
+    """A step moves last_activity_ts / last_seen_ts (placed at the clock if later) and starts a run exactly as _activity does."""
     state = RunState("r", health=health, last_activity_ts=last_activity, last_seen_ts=last_seen,
                      policy=intern_policy(Policy(version="v", inactivity_timeout_s=1e9)))
     ev = StepFinished(run_id="r", ts=step.ts, step=step.step, segment=step.segment,
                       finish_reason=step.finish_reason, tool_calls=step.tool_calls, usage=step.usage)
-    by_copy = apply(copy.deepcopy(state), ev, 5)
+    by_copy = apply(copy.deepcopy(state), ev, 5, clock)
     ref = copy.deepcopy(state)
     res = Result(ref)
-    _activity(ref, res, ev.ts, 5)
+    _activity(ref, res, ev.ts, 5, ev.ts if clock is None else max(ev.ts, clock))
     assert (by_copy.state.last_activity_ts, by_copy.state.last_seen_ts) == (ref.last_activity_ts, ref.last_seen_ts)
     if health is None:  # the run starts: the same first transition (the step's own moves come after)
         assert by_copy.transitions[0] == res.transitions[0]
