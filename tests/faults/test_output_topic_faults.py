@@ -22,25 +22,20 @@ from loopwarden.codecs import decode_input
 from loopwarden.replay import Replay
 from loopwarden.streams.topics import existing_counts, repair
 from tests.builders import ended, started, step
-from tests.integration.harness import make_worker, publish, read_topic, run, transitions, unique_config
+from tests.integration.harness import (
+    as_json,
+    make_worker,
+    publish,
+    read_topic,
+    run,
+    transitions,
+    unique_config,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(400)
 
 RUNS = 40
-
-
-def _json(e: dict) -> bytes:
-    return json.dumps(e).encode()
-
-
-def _wait(check, timeout_s: float = 30, every_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(every_s)
-    raise TimeoutError("condition not met")
 
 
 async def _admin(config, action):
@@ -67,7 +62,7 @@ async def _mend(config, topic: str) -> None:
 async def _send(config, events: list[dict]) -> None:
     async with AIOKafkaProducer(bootstrap_servers=config.broker, acks="all") as producer:
         for i, e in enumerate(events):
-            await producer.send(config.steps_topic, _json(e), key=e["run_id"].encode())
+            await producer.send(config.steps_topic, as_json(e), key=e["run_id"].encode())
             if i % 20 == 19:
                 await asyncio.sleep(0.05)
 
@@ -100,7 +95,7 @@ def test_agent_health_deleted_while_running_blocks_clearly_and_recovers_once_it_
              + [e for r in late for e in (started(run=r, ts=t0 + 400), step(0, run=r, ts=t0 + 450),
                                           ended("natural_finish", 1, run=r, ts=t0 + 500))])
     try:
-        run(publish(config, [("steps", e["run_id"].encode(), _json(e)) for e in before]))
+        run(publish(config, [("steps", e["run_id"].encode(), as_json(e)) for e in before]))
         run(read_topic(config, config.health_topic,
                        lambda recs: len({t["run_id"] for t in transitions(recs)}) == RUNS))
 
@@ -113,7 +108,7 @@ def test_agent_health_deleted_while_running_blocks_clearly_and_recovers_once_it_
 
         run(delete_while_sending())
         deleted_at = time.monotonic()
-        status, body = _wait(lambda: (lambda r: r if r[0] == 503 and b"layout" in r[1] else None)(worker.get("/readyz")))
+        status, body = wait_for(lambda: (lambda r: r if r[0] == 503 and b"layout" in r[1] else None)(worker.get("/readyz")))
         layout = json.loads(body)["layout"]
         assert layout and config.health_topic in layout, body
         assert time.monotonic() - deleted_at < 15
@@ -124,11 +119,11 @@ def test_agent_health_deleted_while_running_blocks_clearly_and_recovers_once_it_
         run(_mend(config, config.health_topic))
         assert run(_admin(config, lambda a: existing_counts(a, [config.health_topic]))) == {
             config.health_topic: config.partitions}
-        run(publish(config, [("steps", e["run_id"].encode(), _json(e)) for e in after]))
+        run(publish(config, [("steps", e["run_id"].encode(), as_json(e)) for e in after]))
 
         replay = Replay(keep_final=True)
         for e in before + during + after:
-            replay.feed(decode_input(_json(e)))
+            replay.feed(decode_input(as_json(e)))
         expected = {r: (t.to_state, t.seq) for r, t in replay.final.items()}
         assert len(expected) == 6 * RUNS
 
@@ -147,7 +142,7 @@ def test_agent_health_deleted_while_running_blocks_clearly_and_recovers_once_it_
             assert s == list(range(s[0], last + 1)), (r, s)  # in order, each once, no gap, up to replay's last
             if r.startswith("late-"):
                 assert s[0] == 1, (r, s)  # started after the topic was back: its whole life is there
-        assert _wait(lambda: worker.get("/readyz")[0] == 200)
+        assert wait_for(lambda: worker.get("/readyz")[0] == 200)
         assert b"loopwarden_topology_blocked 0.0" in worker.get("/metrics")[1]
         stopping = time.monotonic()
         worker.stop()
@@ -167,7 +162,7 @@ def test_a_worker_stopped_while_its_output_topic_has_the_wrong_count_exits_clean
     worker = make_worker(config, tmp_path, "w", topology_check_s=1, shutdown_timeout_s=15).start()
     t0 = int(time.time() * 1000) - 10_000
     try:
-        run(publish(config, [("steps", b"first", _json(started(run="first", ts=t0)))]))
+        run(publish(config, [("steps", b"first", as_json(started(run="first", ts=t0)))]))
         run(read_topic(config, config.health_topic, lambda recs: len(recs) >= 1))
         runs = [e for i in range(RUNS * 4) for e in (started(run=f"r-{i}", ts=t0), step(0, run=f"r-{i}", ts=t0 + 1))]
 
@@ -179,7 +174,7 @@ def test_a_worker_stopped_while_its_output_topic_has_the_wrong_count_exits_clean
             await sending
 
         run(delete_while_sending())
-        _wait(lambda: f"{topic} has 1 partitions".encode() in worker.get("/readyz")[1])
+        wait_for(lambda: f"{topic} has 1 partitions".encode() in worker.get("/readyz")[1])
         time.sleep(2)
         stopping = time.monotonic()
         worker.stop(timeout_s=30)

@@ -20,25 +20,20 @@ from loopwarden.streams.assignment import partition_of
 from loopwarden.streams.expand import expand
 from tests.builders import ended, started, step
 from tests.faults.test_worker_faults import assert_exactly_once
-from tests.integration.harness import make_worker, publish, read_topic, run, transitions, unique_config
+from tests.integration.harness import (
+    as_json,
+    make_worker,
+    publish,
+    read_topic,
+    run,
+    transitions,
+    unique_config,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(400)
 
 RUNS = 60
-
-
-def _json(e: dict) -> bytes:
-    return json.dumps(e).encode()
-
-
-def _wait(check, timeout_s: float = 30, every_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(every_s)
-    raise TimeoutError("condition not met")
 
 
 def test_partitions_added_out_of_band_stop_folding_and_the_products_expansion_loses_no_run(kafka, tmp_path) -> None:
@@ -49,7 +44,7 @@ def test_partitions_added_out_of_band_stop_folding_and_the_products_expansion_lo
     t0 = int(time.time() * 1000) - 10_000
     runs = [f"topo-{i}" for i in range(RUNS)]
     first = [e for r in runs for e in (started(run=r, ts=t0), step(0, ("lookup", "result"), run=r, ts=t0 + 100))]
-    run(publish(config, [("steps", e["run_id"].encode(), _json(e)) for e in first]))
+    run(publish(config, [("steps", e["run_id"].encode(), as_json(e)) for e in first]))
 
     def running(records) -> bool:
         return len({t["run_id"] for t in transitions(records)}) == RUNS
@@ -66,7 +61,7 @@ def test_partitions_added_out_of_band_stop_folding_and_the_products_expansion_lo
 
     grown_at = time.monotonic()
     run(grow_steps())
-    status, body = _wait(lambda: (lambda r: r if r[0] == 503 else None)(worker.get("/readyz")))
+    status, body = wait_for(lambda: (lambda r: r if r[0] == 503 else None)(worker.get("/readyz")))
     detected_s = time.monotonic() - grown_at
     assert config.steps_topic in json.loads(body)["layout"]
     assert detected_s < 10, detected_s
@@ -78,7 +73,7 @@ def test_partitions_added_out_of_band_stop_folding_and_the_products_expansion_lo
     async def send_fresh() -> None:  # a producer that learned the new layout (the default partitioner, over 6)
         async with AIOKafkaProducer(bootstrap_servers=config.broker, acks="all") as producer:
             for e in second:
-                await producer.send(config.steps_topic, _json(e), key=e["run_id"].encode())
+                await producer.send(config.steps_topic, as_json(e), key=e["run_id"].encode())
 
     run(send_fresh())
     time.sleep(3)
@@ -94,7 +89,7 @@ def test_partitions_added_out_of_band_stop_folding_and_the_products_expansion_lo
     try:
         replay = Replay(keep_final=True)
         for e in first + second:
-            replay.feed(decode_input(_json(e)))
+            replay.feed(decode_input(as_json(e)))
         expected = {r: t.to_state for r, t in replay.final.items()}
         assert set(expected.values()) == {"VERIFYING"}
 
@@ -121,9 +116,9 @@ def test_a_record_on_a_partition_its_key_does_not_hash_to_is_dead_lettered(kafka
 
         async def send() -> None:
             async with AIOKafkaProducer(bootstrap_servers=config.broker, acks="all") as producer:
-                await producer.send_and_wait(config.steps_topic, _json(event), key=b"misrouted", partition=wrong)
+                await producer.send_and_wait(config.steps_topic, as_json(event), key=b"misrouted", partition=wrong)
                 ok = started(run="routed", ts=int(time.time() * 1000))
-                await producer.send_and_wait(config.steps_topic, _json(ok), key=b"routed")
+                await producer.send_and_wait(config.steps_topic, as_json(ok), key=b"routed")
 
         run(send())
         letters = run(read_topic(config, config.deadletter_topic, lambda recs: len(recs) >= 1))

@@ -223,6 +223,21 @@ def final_states(ts: list[dict]) -> dict[str, str]:
     return {k: v[1] for k, v in best.items()}
 
 
+def wait_for(check, timeout_s: float = 30, every_s: float = 0.2):
+    """Poll ``check()`` until it returns something true; that value (TimeoutError after ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(every_s)
+    raise TimeoutError("condition not met")
+
+
+def as_json(event: dict) -> bytes:
+    return json.dumps(event).encode()
+
+
 def run(coro):
     return asyncio.run(coro)
 
