@@ -55,6 +55,11 @@ class Bridge:
         if not commit:
             self.task.discard()
             return out
+        self.commit(out)
+        return out
+
+    def commit(self, out: BridgeBatch) -> None:
+        """What the engine does once ``out``'s transaction committed: the store takes its changes."""
         for key, raw in out.changes.items():
             if raw is None:
                 self.store.pop(key, None)
@@ -64,7 +69,6 @@ class Bridge:
         self.counts.update(out.counts)
         self.outputs += out.outputs
         self.deadletters += out.deadletters
-        return out
 
     def events(self) -> list:
         return [decode_input(o.value) for o in self.outputs]

@@ -118,9 +118,9 @@ def bridge_partitions(records: list, limits: Limits = Limits(end_grace_s=2)) -> 
         b.task = b.new_task(limits=limits)
         for i in range(0, len(recs), 3):
             out = b.task.fold(recs[i:i + 3])
-            _commit(b, out)
+            b.commit(out)
         b.now_ms += int(limits.end_grace_s * 1000) + 1
-        _commit(b, b.task.fold([], punctuate=True))
+        b.commit(b.task.fold([], punctuate=True))
         assert b.deadletters == [], [(d.reason, d.error) for d in b.deadletters]
         assert b.counts["otel", "message_not_keyed_by_trace"] == 0  # partition_traces_by_id holds
         events += b.events()
@@ -128,15 +128,3 @@ def bridge_partitions(records: list, limits: Limits = Limits(end_grace_s=2)) -> 
         produced += b"".join(o.key + o.value + b"".join(v for _k, v in o.headers) for o in b.outputs)
         produced += b"".join(k + v for k, v in b.store.items())
     return events, produced, outputs
-
-
-def _commit(b: Bridge, out) -> None:
-    for key, raw in out.changes.items():
-        if raw is None:
-            b.store.pop(key, None)
-        else:
-            b.store[key] = raw
-    b.task.committed(out)
-    b.counts.update(out.counts)
-    b.outputs += out.outputs
-    b.deadletters += out.deadletters

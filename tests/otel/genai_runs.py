@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 
 from tests.otel.pydantic_ai_runs import SECRET, Expected
 

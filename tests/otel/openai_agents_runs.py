@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from agents import Agent, Runner, function_tool, set_trace_processors, tracing
+from agents import Agent, Runner, function_tool, set_trace_processors
 from agents.items import ModelResponse
 from agents.models.interface import Model
 from agents.tracing import generation_span
