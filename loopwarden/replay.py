@@ -40,10 +40,16 @@ class Replay:
     and, measured on the bench fleet, about 6 % of replay's time.
     """
 
-    def __init__(self, settings: Settings = DEFAULT_SETTINGS, keep_final: bool = False, verifiers=None) -> None:
+    def __init__(self, settings: Settings = DEFAULT_SETTINGS, keep_final: bool = False, verifiers=None,
+                 channel: str | None = None) -> None:
         self.settings = settings
-        # loopwarden.trust.TrustedVerifiers or None (docs/contract.md section 10): receipts are classified before apply.
-        self.verifiers = verifiers
+        # docs/contract.md section 10, docs/receipts.md: with loopwarden.trust.TrustedVerifiers and/or the trusted
+        # receipts topic (``channel``), receipts are classified before apply as in the worker; else all count.
+        self.trust = None
+        if verifiers is not None or channel is not None:
+            from loopwarden.trust import ReceiptTrust
+
+            self.trust = ReceiptTrust(verifiers, channel)
         self.states: dict[str, RunState] = {}
         self.final: dict[str, HealthTransition] = {}  # filled only with keep_final
         self.keep_final = keep_final
@@ -110,9 +116,10 @@ class Replay:
             out += self._take(res, state.run_id, state)
         return out
 
-    def feed(self, event: InputEvent) -> list[HealthTransition]:
-        if self.verifiers is not None and event.__class__ is OutcomeReceipt:
-            event = self.verifiers.classify(event)
+    def feed(self, event: InputEvent, on_channel: bool = False) -> list[HealthTransition]:
+        """Apply one event; ``on_channel``: a receipt read from the trusted receipts topic."""
+        if self.trust is not None and event.__class__ is OutcomeReceipt:
+            event = self.trust.classify(event, on_channel)  # type: ignore[assignment]
         ts = event.ts
         clock = self.clock
         if clock is None or ts > clock:

@@ -1,11 +1,18 @@
-"""Signed receipts (docs/contract.md section 10): keys, signing, and the trust check both shells run.
+"""Trusted receipts (docs/contract.md section 10, docs/receipts.md): keys, signing, and the trust check
+both shells run.
 
 ``LOOPWARDEN_TRUSTED_VERIFIERS`` names the keys whose receipts count, as comma-separated
 ``KEY_ID=PUBLIC_KEY`` pairs, ``PUBLIC_KEY`` being the base64url (no padding) of a raw 32-byte
 Ed25519 public key: what ``loopwarden keys new`` prints. The worker and ``loopwarden replay`` hand
-each decoded receipt to :meth:`TrustedVerifiers.classify` before the core applies it: the core
-gets the receipt (trusted) or a :class:`~loopwarden.rules.trust.UntrustedReceipt` (kept in
-evidence, counted, changes no state). Without the setting there is no check: every receipt counts.
+each decoded receipt to :meth:`ReceiptTrust.classify` before the core applies it: the core gets a
+:class:`~loopwarden.rules.trust.TrustedReceipt` (counts; its evidence says how it was trusted) or an
+:class:`~loopwarden.rules.trust.UntrustedReceipt` (kept in evidence, counted, changes no state).
+
+``LOOPWARDEN_TRUSTED_OUTCOMES_TOPIC`` names a second receipts topic that, by the cluster's ACLs, only
+the verifiers' principals may write: a receipt read from it is trusted by its channel, with no
+per-message signature check (Kafka authenticated its producer once per connection). Receipts on the
+outcomes topic are then checked by signature as above; with the channel set and no trusted key,
+none of them counts. With neither setting there is no check: every receipt counts, as before.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from loopwarden.codecs import NotCanonical, OutcomeReceipt, Signature, receipt_signing_bytes
-from loopwarden.rules.trust import UntrustedReceipt
+from loopwarden.rules.trust import TrustedReceipt, UntrustedReceipt
 
 ENV = "LOOPWARDEN_TRUSTED_VERIFIERS"
 _KEY_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,200}$")
@@ -112,9 +119,39 @@ class TrustedVerifiers:
             return "bad_signature"
         return None
 
-    def classify(self, receipt: OutcomeReceipt) -> OutcomeReceipt | UntrustedReceipt:
+    def classify(self, receipt: OutcomeReceipt) -> TrustedReceipt | UntrustedReceipt:
         why = self.why_untrusted(receipt)
-        return receipt if why is None else UntrustedReceipt(receipt, why)  # type: ignore[arg-type]
+        if why is None:
+            return TrustedReceipt(receipt, "key:" + receipt.signature.key_id)  # type: ignore[union-attr]
+        return UntrustedReceipt(receipt, why)  # type: ignore[arg-type]
+
+
+class ReceiptTrust:
+    """How a shell decides trust in a receipt: by the channel it came on, else by its signature.
+
+    ``verifiers``: the trusted keys (LOOPWARDEN_TRUSTED_VERIFIERS) or None; ``channel``: the topic only the
+    verifiers may write (LOOPWARDEN_TRUSTED_OUTCOMES_TOPIC) or None. :meth:`build` gives None when
+    both are unset: no check, every receipt counts (the shells then hand receipts over as they are)."""
+
+    __slots__ = ("verifiers", "channel", "by_channel")
+
+    def __init__(self, verifiers: TrustedVerifiers | None, channel: str | None) -> None:
+        self.verifiers = verifiers
+        self.channel = channel
+        self.by_channel = None if channel is None else "channel:" + channel
+
+    @classmethod
+    def build(cls, verifiers: TrustedVerifiers | None, channel: str | None) -> "ReceiptTrust | None":
+        return None if verifiers is None and channel is None else cls(verifiers, channel)
+
+    def classify(self, receipt: OutcomeReceipt, on_channel: bool = False) -> TrustedReceipt | UntrustedReceipt:
+        """``on_channel``: the receipt was read from the trusted channel (no per-message check)."""
+        if on_channel:
+            return TrustedReceipt(receipt, self.by_channel)  # type: ignore[arg-type]
+        verifiers = self.verifiers
+        if verifiers is None:  # the channel is the only way in: no key is trusted
+            return UntrustedReceipt(receipt, "unsigned" if receipt.signature is msgspec.UNSET else "unknown_key")
+        return verifiers.classify(receipt)
 
 
 class SigningKey:

@@ -330,6 +330,9 @@ class Evidence(Struct, frozen=True, gc=False):
     # receipts kept but not counted (unsigned, unknown key, bad signature) and the run's expectations.
     untrusted_receipt_ids: tuple[str, ...] | UnsetType = UNSET
     expectation_ids: tuple[str, ...] | UnsetType = UNSET
+    # How each counted receipt was trusted, present only when a trust setting decided it (docs/receipts.md):
+    # receipt id -> `channel:<topic>` (came on the verifiers' own topic) or `key:<key_id>` (signed by it).
+    receipt_trust: dict[str, str] | UnsetType = UNSET
 
 
 class HealthTransition(Struct, frozen=True, gc=False, tag_field="type", tag="health_transition"):

@@ -185,6 +185,7 @@ class _State(Struct, array_like=True, omit_defaults=True):
     dropped: int = 0  # added later (events_dropped), likewise
     untrusted_receipt_ids: list[str] = []  # added later, likewise
     expectation_ids: list[str] = []  # added later, likewise
+    receipt_trust: dict[str, str] = {}  # added later, likewise
 
 
 assert _State.__struct_fields__ == RunState.__struct_fields__, "codec out of step with RunState"
@@ -320,6 +321,7 @@ def encode_state(state: RunState) -> bytes:
         s.dropped,
         s.untrusted_receipt_ids,
         s.expectation_ids,
+        s.receipt_trust,
     ))
 
 
@@ -368,4 +370,5 @@ def decode_state(data: bytes) -> RunState:
         s.dropped,
         s.untrusted_receipt_ids,
         s.expectation_ids,
+        s.receipt_trust,
     )

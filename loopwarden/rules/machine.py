@@ -52,7 +52,7 @@ from loopwarden.rules.precedence import (
     receipt_verdict,
     verdict,
 )
-from loopwarden.rules.trust import UntrustedReceipt
+from loopwarden.rules.trust import TrustedReceipt, UntrustedReceipt
 
 Note = tuple[str, str]
 _lo = itemgetter(0)
@@ -146,6 +146,9 @@ class RunState(Struct, gc=False):
     # declared expectations (ids, likewise): evidence only, they decide nothing.
     untrusted_receipt_ids: list[str] = []
     expectation_ids: list[str] = []
+    # How each trusted receipt was trusted (receipt id -> channel:<topic> | key:<key_id>), when a shell
+    # decided trust (docs/receipts.md); at most MAX_RECEIPT_IDS, like receipt_ids.
+    receipt_trust: dict[str, str] = {}
 
 
 class Result(Struct, gc=False):  # never in a reference cycle: one event's output, dropped by the shell
@@ -181,6 +184,7 @@ def evidence_of(state: RunState) -> Evidence:
         events_dropped=state.dropped,
         untrusted_receipt_ids=tuple(state.untrusted_receipt_ids) if state.untrusted_receipt_ids else UNSET,
         expectation_ids=tuple(state.expectation_ids) if state.expectation_ids else UNSET,
+        receipt_trust=dict(state.receipt_trust) if state.receipt_trust else UNSET,
     )
 
 
@@ -553,6 +557,15 @@ def _on_untrusted_receipt(state: RunState, ev: UntrustedReceipt, now_ms: int, re
         ids.append(ev.receipt.receipt_id)
 
 
+def _on_trusted_receipt(state: RunState, ev: TrustedReceipt, now_ms: int, res: Result, compiled: CompiledPolicy, at: int) -> None:
+    # A receipt as any other, and the evidence of how it was trusted (before a transition it makes carries it).
+    receipt = ev.receipt
+    rid = receipt.receipt_id
+    if rid not in state.receipt_ids and len(state.receipt_ids) < MAX_RECEIPT_IDS:
+        state.receipt_trust[rid] = ev.by
+    _on_receipt(state, receipt, now_ms, res, compiled, at)
+
+
 def _on_expected(state: RunState, ev: OutcomeExpected, now_ms: int, res: Result, compiled: CompiledPolicy, at: int) -> None:
     # Evidence only: an expectation is for the verifier; it is not activity and never starts a run.
     state.last_seen_ts = max(state.last_seen_ts, at)
@@ -576,11 +589,12 @@ _HANDLERS = {
     RunActive: _on_run_active,
     EventsDropped: _on_events_dropped,
     UntrustedReceipt: _on_untrusted_receipt,
+    TrustedReceipt: _on_trusted_receipt,
     OutcomeExpected: _on_expected,
 }
 
 
-def apply(state: RunState | None, event: InputEvent | UntrustedReceipt, now_ms: int, clock_ms: int | None = None) -> Result:
+def apply(state: RunState | None, event: InputEvent | UntrustedReceipt | TrustedReceipt, now_ms: int, clock_ms: int | None = None) -> Result:
     """Fold one event into its run's state.
 
     An event counts from when it could be known (docs/contract.md section 5, "Over time"):
@@ -640,7 +654,7 @@ def apply(state: RunState | None, event: InputEvent | UntrustedReceipt, now_ms: 
 # (run_started may set a shorter inactivity timeout, approval_routed an earlier deadline.) A
 # shell need not look at the run's queued timer after them; tests/unit/test_core_fast_paths.py
 # checks the claim on every such event of its fleets.
-DEADLINE_KEEPING = frozenset({StepFinished, OutcomeReceipt, UntrustedReceipt, OutcomeExpected})
+DEADLINE_KEEPING = frozenset({StepFinished, OutcomeReceipt, UntrustedReceipt, TrustedReceipt, OutcomeExpected})
 
 # -- timers -------------------------------------------------------------------
 _RUN_TIMER_KINDS = {"RUNNING": "no_progress", "WAITING": "approval_expired", "VERIFYING": "receipt_window_expired"}

@@ -1,8 +1,10 @@
 """Where trust in a receipt is decided (docs/contract.md section 10), as the core sees it.
 
 The shells decide trust, not the core: before a decoded ``outcome_receipt`` is applied, a shell
-with ``LOOPWARDEN_TRUSTED_VERIFIERS`` set checks its signature (``loopwarden.trust``) and hands the
-core either the receipt itself (trusted) or an :class:`UntrustedReceipt` naming why not. Checking a
+with ``LOOPWARDEN_TRUSTED_VERIFIERS`` or ``LOOPWARDEN_TRUSTED_OUTCOMES_TOPIC`` set decides it
+(``loopwarden.trust``: by the channel the receipt came on, or by its signature) and hands the core
+either a :class:`TrustedReceipt` saying how it was trusted or an :class:`UntrustedReceipt` naming why
+not. With neither setting the shell hands over the receipt itself: it counts, as before. Checking a
 signature is pure computation, but the keys are configuration, and the core stays a function of
 events alone: the same untrusted receipt gives the same result in the worker and in replay.
 """
@@ -25,6 +27,22 @@ class UntrustedReceipt(Struct, frozen=True, gc=False):
 
     receipt: OutcomeReceipt
     why: UntrustedWhy
+
+    @property
+    def run_id(self) -> str:
+        return self.receipt.run_id
+
+    @property
+    def ts(self) -> int:
+        return self.receipt.ts
+
+
+class TrustedReceipt(Struct, frozen=True, gc=False):
+    """A receipt a shell trusted, and how (kept in the run's evidence): ``channel:<topic>`` (it came on a
+    topic only the verifiers may write) or ``key:<key_id>`` (a trusted key signed it)."""
+
+    receipt: OutcomeReceipt
+    by: str
 
     @property
     def run_id(self) -> str:

@@ -39,9 +39,12 @@ async def _topics(config: Config, args: argparse.Namespace) -> int:
         _connected()
         print(f"loopwarden topics: broker {config.broker}, partitions={config.partitions}")
         print("\n".join(_describe(layout, config)))
-        if layout.ok:
+        trusted = await _check_trusted_topic(config)
+        if layout.ok and trusted:
             print("layout ok" + (": the missing topics are created at the next start" if layout.missing else ""))
             return 0
+        if layout.ok:
+            return 1
         print(layout.problem(), file=sys.stderr)
         return 1
     layout, empty, full = await repair_plan(config)
@@ -70,6 +73,25 @@ async def _topics(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _check_trusted_topic(config: Config) -> bool:
+    """With a trusted receipts topic: whether the cluster enforces ACLs (said either way); True without one."""
+    if not config.trusted_outcomes_topic:
+        return True
+    from loopwarden.streams.acl import problem, read_authorizer
+
+    found = await read_authorizer(config)
+    print(f"trusted receipts topic {config.trusted_outcomes_topic}: authorizer {found.describe()}; who may write it "
+          "is the topic's ACLs (docs/receipts.md: `kafka-acls.sh --list --topic ...` shows them)")
+    why = problem(config, found)
+    if why is None:
+        return True
+    if config.trusted_outcomes_without_acl:
+        print(f"accepted without ACLs (LOOPWARDEN_TRUSTED_OUTCOMES_WITHOUT_ACL=1): {why.split(';')[0]}")
+        return True
+    print(why, file=sys.stderr)
+    return False
+
+
 async def _expand(config: Config, args: argparse.Namespace) -> int:
     from loopwarden.streams.expand import expand
 
@@ -78,8 +100,10 @@ async def _expand(config: Config, args: argparse.Namespace) -> int:
     if not args.yes:
         if not sys.stdin.isatty():
             raise SystemExit("loopwarden topics expand: not a terminal, so not asking: run again with --yes to expand")
-        print(f"expand {config.steps_topic}, {config.outcomes_topic}, {config.ticks_topic} and {config.changelog_topic} "
-              f"to {args.expand_to} partitions, moving the runs whose partition changes (every worker must be stopped)")
+        from loopwarden.streams.topics import co_partitioned
+
+        *rest, last = co_partitioned(config)
+        print(f"expand {', '.join(rest)} and {last} to {args.expand_to} partitions, moving the runs whose partition changes (every worker must be stopped)")
         if input("go ahead? [y/N] ").strip().lower() not in ("y", "yes"):
             print("nothing changed")
             return 1

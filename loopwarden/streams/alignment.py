@@ -70,6 +70,11 @@ class Alignment:
             self.holding_since = time.monotonic()
 
 
+# The roles of the inputs a task merges in event time: steps, receipts, and receipts from the verifiers'
+# own topic (LOOPWARDEN_TRUSTED_OUTCOMES_TOPIC, when set). A role without a topic never lags.
+ALIGNED = ("steps", "outcomes", "verified_outcomes")
+
+
 class StreamTime:
     """The task's half of alignment: each aligned input's stream time, and the records held back.
 

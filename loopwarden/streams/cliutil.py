@@ -65,12 +65,12 @@ def _client(command: str, config: Config, coro_fn):
     saying why (exit 1). (Its logging is set by ``loopwarden.cli.set_up_process``.)"""
     from aiokafka.errors import KafkaConnectionError
 
-    from loopwarden.streams.exceptions import TopicLayoutError
+    from loopwarden.streams.exceptions import TopicLayoutError, UntrustedChannelError
     try:
         return asyncio.run(coro_fn())
     except KafkaConnectionError as exc:
         raise SystemExit(cannot_connect(command, config, exc)) from None
-    except TopicLayoutError as exc:
+    except (TopicLayoutError, UntrustedChannelError) as exc:
         raise SystemExit(f"loopwarden {command}: {exc}") from None
 
 

@@ -62,6 +62,9 @@ def add_commands(sub) -> None:
                    help="consumer group session timeout (LOOPWARDEN_SESSION_TIMEOUT_S; default 6)")
     p.add_argument("--trusted-verifiers", dest="trusted_verifiers", metavar="KEY_ID=PUBLIC_KEY[,...]",
                    help="only receipts signed by these keys count (LOOPWARDEN_TRUSTED_VERIFIERS; unset: every receipt)")
+    p.add_argument("--trusted-outcomes-topic", dest="trusted_outcomes_topic", metavar="TOPIC",
+                   help="receipts on this topic, which only the verifiers may write (Kafka ACLs), count without a "
+                        "signature check (LOOPWARDEN_TRUSTED_OUTCOMES_TOPIC; docs/receipts.md)")
     _otel_flags(p)
     p.add_argument("--otel", action="store_true",
                    help="also run the OpenTelemetry bridge in this process (otlp_spans -> agent.steps; docs/opentelemetry.md)")
@@ -183,17 +186,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
             prepare_data_dir(config.data_dir)
         except ConfigError as exc:
             raise SystemExit(f"loopwarden: {exc}") from None
-    print(f"loopwarden worker: broker={config.broker} topics={config.steps_topic},{config.outcomes_topic} -> "
+    verified = f",{config.trusted_outcomes_topic} (trusted)" if config.trusted_outcomes_topic else ""
+    print(f"loopwarden worker: broker={config.broker} topics={config.steps_topic},{config.outcomes_topic}{verified} -> "
           f"{config.health_topic} partitions={config.partitions} store={config.store} clock={config.clock} "
           f"http://{config.web_host}:{config.web_port}", file=sys.stderr, flush=True)
     from aiokafka.errors import KafkaConnectionError
 
-    from loopwarden.streams.exceptions import TopicLayoutError
+    from loopwarden.streams.exceptions import TopicLayoutError, UntrustedChannelError
 
     try:
         return run_worker(config, on_recovered=getattr(args, "on_recovered", None), verifiers=verifiers,
                           otel=args.otel)
     except KafkaConnectionError as exc:
         raise SystemExit(cannot_connect("worker", config, exc)) from None
-    except TopicLayoutError as exc:
+    except (TopicLayoutError, UntrustedChannelError) as exc:
         raise SystemExit(f"loopwarden worker: {exc}") from None

@@ -29,6 +29,12 @@ class Config:
     steps_topic: str = "agent.steps"
     # Input: outcome receipts (keyed by run id; co-partitioned with the steps).
     outcomes_topic: str = "agent.outcomes"
+    # Input, when set: outcome receipts that only the verifiers' principals may write (Kafka ACLs), trusted by
+    # this channel without a per-message signature check (docs/receipts.md); e.g. `agent.outcomes.verified`.
+    trusted_outcomes_topic: str | None = None
+    # Start even though the cluster has no authorizer (anyone could write the trusted topic): single-tenant
+    # dev and the bench only.
+    trusted_outcomes_without_acl: bool = False
     # Output: health transitions (read it with isolation.level=read_committed).
     health_topic: str = "agent.health"
     # Output: bad input, byte for byte, with the error in headers (`loopwarden deadletters` reads it).
@@ -132,8 +138,11 @@ class Config:
             value = getattr(self, name)
             if not _TOPIC.match(value):
                 raise ConfigError(f"{name}: {value!r} is not a valid Kafka topic name ([A-Za-z0-9._-], 1-249 chars)")
+        if self.trusted_outcomes_topic is not None and not _TOPIC.match(self.trusted_outcomes_topic):
+            raise ConfigError(f"trusted_outcomes_topic: {self.trusted_outcomes_topic!r} is not a valid Kafka topic "
+                              "name ([A-Za-z0-9._-], 1-249 chars)")
         names = [self.steps_topic, self.outcomes_topic, self.health_topic, self.deadletter_topic, self.ticks_topic,
-                 self.otel_topic]
+                 self.otel_topic, *([self.trusted_outcomes_topic] if self.trusted_outcomes_topic else [])]
         if len(set(names)) != len(names):
             raise ConfigError(f"topic names must differ, got {names}")
         for part in self.broker.split(","):

@@ -7,3 +7,7 @@ class ConfigError(ValueError):
 
 class TopicLayoutError(RuntimeError):
     """Existing topics do not fit (e.g. input topics not co-partitioned)."""
+
+
+class UntrustedChannelError(RuntimeError):
+    """The trusted receipts topic is set but the cluster cannot keep others from writing it (no authorizer)."""

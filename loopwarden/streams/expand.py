@@ -6,12 +6,12 @@ partition: their state must follow, and so must the events of theirs that wait, 
 consumed, on the old partition. :func:`expand` does all of it while no worker runs (the
 group must be empty), in one Kafka transaction after the topics have grown:
 
-1. grow the steps, outcomes, ticks and changelog topics to M partitions (a topic already at M,
-   from an earlier attempt that stopped halfway, is left as it is);
+1. grow the co-partitioned topics (steps, outcomes, the verified outcomes when set, ticks, changelog) to M
+   partitions (a topic already at M, from an earlier attempt that stopped halfway, is left as it is);
 2. for each old partition p: read its changelog (``read_committed``) and move every run state
    whose new partition q differs: the state to changelog q, a tombstone to p;
 3. copy the events not consumed yet of moved runs (from the group's committed offset to the
-   end, on steps and outcomes) to their new partition, in offset order; the old partition's
+   end, on the input topics) to their new partition, in offset order; the old partition's
    ``boundary`` offsets are recorded so the worker skips those copies' originals;
 4. write the layout record (meta key ``\\xffloopwarden/layout``) to every changelog partition:
    the previous and the new count and, per old partition, the boundary.
@@ -40,7 +40,7 @@ from loopwarden.streams.batch import CLOCK_KEY
 from loopwarden.streams.config import Config
 from loopwarden.streams.exceptions import TopicLayoutError
 from loopwarden.streams.security import client_options
-from loopwarden.streams.topics import existing_counts
+from loopwarden.streams.topics import co_partitioned, existing_counts, inputs
 from loopwarden.streams.topology import (
     LAYOUT_KEY,
     Expansion,
@@ -79,7 +79,7 @@ def moved(key: bytes | None, old: int, new: int, partition: int) -> int | None:
 async def expand(config: Config, partitions: int, *, timeout_s: float = 60.0) -> Report:
     """Grow the co-partitioned topics of ``config`` to ``partitions`` and move runs; see the module doc."""
     c = config
-    topics = [c.steps_topic, c.outcomes_topic, c.ticks_topic, c.changelog_topic]
+    topics = co_partitioned(c)
     admin = AIOKafkaAdminClient(**client_options(c), request_timeout_ms=int(timeout_s * 1000))
     await admin.start()
     try:
@@ -159,7 +159,7 @@ async def _move(c: Config, old: int, new: int, report: Report) -> None:
             if layout is not None and layout.partitions == new:
                 break  # an earlier attempt copied the waiting events already (its layout record says so)
             boundaries[p] = {}
-            for topic in (c.steps_topic, c.outcomes_topic):
+            for topic in inputs(c):
                 tp = TopicPartition(topic, p)
                 start = await group.committed(tp)
                 records, end = await _read_range(reader, tp, start)

@@ -1,6 +1,7 @@
 """The health stage: step events and outcome receipts in, per-run health transitions out.
 
-Inputs ``agent.steps`` and ``agent.outcomes`` (aligned in event time) and the ticks
+Inputs ``agent.steps`` and ``agent.outcomes`` (and, when ``trusted_outcomes_topic`` is set, the
+verifiers' own receipts topic, trusted by channel: docs/receipts.md), aligned in event time, and the ticks
 topic (moves the event clock, fires due timers); outputs ``agent.health``, keyed by run
 id on the input partition; state: each run's :class:`~loopwarden.rules.RunState` in the
 ``<app id>-runs-changelog``. The fold is :class:`~loopwarden.streams.task.PartitionTask`;
@@ -30,9 +31,12 @@ class HealthStage(StageBase):
     def __init__(self, config: Config, metrics: Metrics, verifiers=None) -> None:
         self.config = config
         self.metrics = metrics
-        self.verifiers = verifiers  # loopwarden.trust.TrustedVerifiers, or None: every receipt counts
+        # loopwarden.trust.TrustedVerifiers or None; with the trusted topic, how the task decides trust (None: all count)
+        self.trust = _receipt_trust(verifiers, config.trusted_outcomes_topic)
         self.settings = Settings(retention_s=config.retention_s, seq_memory_s=config.seq_memory_s)
+        verified = config.trusted_outcomes_topic
         self.inputs = (Input(config.steps_topic, "steps"), Input(config.outcomes_topic, "outcomes"),
+                       *([Input(verified, "verified_outcomes")] if verified else []),
                        Input(config.ticks_topic, "ticks", tracked=False))
         self.roles = {i.topic: i.role for i in self.inputs}
         self.outputs = (config.health_topic,)
@@ -43,6 +47,10 @@ class HealthStage(StageBase):
 
     async def prepare(self) -> None:
         await ensure_topics(self.config)
+        if self.config.trusted_outcomes_topic:
+            from loopwarden.streams.acl import require_authorizer
+
+            await require_authorizer(self.config)
 
     def layout_watch(self) -> TopologyWatch:
         return TopologyWatch(self.config)
@@ -51,7 +59,7 @@ class HealthStage(StageBase):
         c = self.config
         return PartitionTask(partition, store, self.roles, settings=self.settings, clock=c.clock,
                              max_future_ms=int(c.max_future_skew_s * 1000), health_topic=c.health_topic,
-                             verifiers=self.verifiers, partitions=c.partitions)
+                             trust=self.trust, partitions=c.partitions)
 
     def summary(self, parts: list[OwnedPartition]) -> str:
         return f" ({sum(sum(part.task.state_counts.values()) for part in parts)} runs held)"
@@ -86,3 +94,11 @@ class HealthStage(StageBase):
         for state, n in delta.items():
             if state is not None and n:
                 m.child(m.runs, state).inc(n)
+
+
+def _receipt_trust(verifiers, channel: str | None):
+    if verifiers is None and channel is None:
+        return None  # no trust setting: the task hands receipts to the core as they are
+    from loopwarden.trust import ReceiptTrust
+
+    return ReceiptTrust(verifiers, channel)

@@ -31,7 +31,7 @@ from loopwarden.codecs import encode
 from loopwarden.rules import RunState, Settings, apply, decode_state, encode_state
 from loopwarden.rules.machine import DEADLINE_KEEPING
 from loopwarden.rules.table import RunTable
-from loopwarden.streams.alignment import StreamTime
+from loopwarden.streams.alignment import ALIGNED, StreamTime
 from loopwarden.streams.batch import CLOCK_KEY, Batch, _decode_clock, _encode_clock, is_meta, wall_clock_ms  # noqa: F401
 from loopwarden.streams.inputs import Record, Tick, decode_input, decode_tick, encode_tick, header  # noqa: F401
 from loopwarden.streams.readmodel import RunsIndex
@@ -54,7 +54,7 @@ class PartitionTask:
         wall_ms: Callable[[], int] = wall_clock_ms,
         max_future_ms: int = 300_000,
         health_topic: str = "agent.health",
-        verifiers=None,
+        trust=None,
         partitions: int | None = None,
     ) -> None:
         self.partition = partition
@@ -63,7 +63,7 @@ class PartitionTask:
         self.placement = None if partitions is None else Placement(partition, partitions)
         self._forwarded: list[Output] = []  # records forwarded to their partition (loopwarden topics expand)
         self.store = store  # committed states: run id (UTF-8) -> encode_state bytes
-        self.roles = roles  # topic -> "steps" | "outcomes" | "ticks"
+        self.roles = roles  # topic -> "steps" | "outcomes" | "verified_outcomes" | "ticks"
         self.settings = settings
         self.clock_mode = clock
         self.wall_ms = wall_ms
@@ -71,8 +71,8 @@ class PartitionTask:
         # message would move the event clock (or its run's timers) to the end of time. Ticks are
         # the operator's tool to move the clock (backfills, tests): trusted, not bounded.
         self.max_future_ms = max_future_ms
-        # loopwarden.trust.TrustedVerifiers or None: receipts are classified before the core applies them.
-        self.verifiers = verifiers
+        # loopwarden.trust.ReceiptTrust or None (every receipt counts): receipts are classified before the core.
+        self.trust = trust
         self.timers = RunTable(settings, self.load)  # the runs' due timers: one policy with replay's
         self.clock = 0  # event-time clock (clock == "event"), committed with the batch that moved it
         self.state_counts: Counter = Counter()  # health -> runs, committed
@@ -82,7 +82,7 @@ class PartitionTask:
         self._before: dict[str, str | None] = {}  # their committed health
         self._moved: set[str] = set()  # runs whose health changed in the batch (a new timer: rescheduled)
         self._clock_before = 0
-        self.stream = StreamTime(roles, ("steps", "outcomes"))  # stream times, records held for a lagging input
+        self.stream = StreamTime(roles, ALIGNED)  # stream times, records held for a lagging input
         self.index = RunsIndex()  # the read API's ordered view of the committed runs (dropped with the task)
 
     # -- recovery -------------------------------------------------------------------
@@ -157,7 +157,7 @@ class PartitionTask:
         per_topic = stream.take_held()
         for rec in records:
             role = self.roles.get(rec.topic)
-            if role == "steps" or role == "outcomes":
+            if role in ALIGNED:
                 per_topic.setdefault(rec.topic, []).append((rec, decode_input(rec, role, ts_limit, max_future_ms)))
                 continue
             out.consumed += 1
@@ -190,7 +190,7 @@ class PartitionTask:
             merged: Iterator = heapq.merge(*inputs.values(), key=_ts)
         else:
             merged = iter(next(iter(inputs.values()), ()))
-        verifiers = self.verifiers
+        trust = self.trust
         # One event clock in both modes (docs/contract.md section 5, "Event time and late events"). On event
         # time timers are queued and fired around each event as in replay; on the wall clock, at punctuation.
         event_mode = self.clock_mode == "event"
@@ -216,8 +216,8 @@ class PartitionTask:
             if run_id not in self._before:
                 self._before[run_id] = state.health if state is not None else None
             try:
-                if verifiers is not None and role == "outcomes":  # trust is decided here, before the core
-                    event = verifiers.classify(event)
+                if trust is not None and role != "steps":  # trust is decided here, before the core
+                    event = trust.classify(event, role == "verified_outcomes")
                 res = apply(state, event, now, clock)
             except Exception as exc:  # a bug of ours must not stop the partition nor lose the message
                 log.exception("internal error on %s[%d]@%d; dead-lettered", rec.topic, rec.partition, rec.offset)

@@ -1,6 +1,6 @@
 """Topic layout: check it before creating anything, create what is missing, mend what does not fit.
 
-The inputs (steps, outcomes), the ticks topic and the changelog must have one partition count, the
+The inputs (steps, outcomes, and the verifiers' outcomes topic when set), the ticks topic and the changelog must have one partition count, the
 configured one: partition i of each belongs to the worker that owns partition i. The layout is
 checked first and nothing is created when it does not fit, so a wrong setting leaves no topic
 behind; the error is one line saying what to run. ``loopwarden topics check`` shows the layout and
@@ -26,9 +26,15 @@ from loopwarden.streams.security import client_options
 COMPACTED = {"cleanup.policy": "compact", "delete.retention.ms": "86400000"}
 
 
+def inputs(config: Config) -> list[str]:
+    """The input topics keyed by run id: steps, outcomes, and the verifiers' own outcomes topic when set."""
+    verified = config.trusted_outcomes_topic
+    return [config.steps_topic, config.outcomes_topic, *([verified] if verified else [])]
+
+
 def co_partitioned(config: Config) -> list[str]:
     """The topics that must share the configured partition count."""
-    return [config.steps_topic, config.outcomes_topic, config.ticks_topic, config.changelog_topic]
+    return [*inputs(config), config.ticks_topic, config.changelog_topic]
 
 
 def outputs(config: Config) -> list[str]:
@@ -37,8 +43,7 @@ def outputs(config: Config) -> list[str]:
 
 
 def wanted(config: Config) -> list[str]:
-    return [config.steps_topic, config.outcomes_topic, config.ticks_topic, config.health_topic,
-            config.deadletter_topic, config.changelog_topic]
+    return [*inputs(config), config.ticks_topic, config.health_topic, config.deadletter_topic, config.changelog_topic]
 
 
 @dataclass
@@ -64,9 +69,10 @@ class Layout:
             return (f"topic layout: {shown} partitions but partitions={c.partitions}: run with --partitions {n} "
                     f"(LOOPWARDEN_PARTITIONS={n}) to use them as they are")
         counts = ", ".join(f"{t}={self.counts[t]}" for t in co_partitioned(c) if t in self.counts)
-        return (f"topic layout: {c.steps_topic}, {c.outcomes_topic}, {c.ticks_topic} and {c.changelog_topic} must "
-                f"have the same partition count, got {counts}: run `loopwarden topics repair --partitions N` "
-                f"with the count to keep (`loopwarden topics check` shows the layout)")
+        *rest, last = co_partitioned(c)
+        return (f"topic layout: {', '.join(rest)} and {last} must have the same partition count, got {counts}: "
+                f"run `loopwarden topics repair --partitions N` with the count to keep "
+                f"(`loopwarden topics check` shows the layout)")
 
 
 def _admin(config: Config, timeout_s: float) -> AIOKafkaAdminClient:

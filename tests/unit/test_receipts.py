@@ -29,7 +29,7 @@ from loopwarden.codecs import (
 from loopwarden.codecs.canonical import number
 from loopwarden.replay import Replay
 from loopwarden.rules import decode_state, encode_state
-from loopwarden.trust import SigningKey, TrustConfigError, TrustedVerifiers
+from loopwarden.trust import ReceiptTrust, SigningKey, TrustConfigError, TrustedVerifiers
 from tests.builders import ended, receipt, started, step, timed
 from tests.vectors import make_receipts_golden
 
@@ -161,6 +161,7 @@ def test_with_trusted_verifiers_forged_receipts_change_nothing_and_are_kept_as_u
     assert [(t.to_state, t.reason) for t in last] == [("VERIFIED_COMPLETE", "receipt")]
     assert last[0].evidence.untrusted_receipt_ids == ("exp-1", "exp-2")
     assert last[0].evidence.receipt_ids == ("exp-1",)
+    assert last[0].evidence.receipt_trust == {"exp-1": "key:" + key.key_id}
     assert decode_state(encode_state(state)) == state
 
 
@@ -174,6 +175,7 @@ def test_without_trusted_verifiers_every_receipt_counts_as_before() -> None:
     assert [(t.to_state, t.reason) for t in out] == [("RUNNING", "started"), ("VERIFYING", "natural_finish"),
                                                      ("VERIFIED_COMPLETE", "receipt")]
     assert out[-1].evidence.untrusted_receipt_ids is msgspec.UNSET
+    assert out[-1].evidence.receipt_trust is msgspec.UNSET
 
 
 def test_outcome_expected_is_kept_in_evidence_and_changes_no_state() -> None:
@@ -236,7 +238,7 @@ def test_the_worker_task_classifies_receipts_before_the_core_and_counts_the_untr
     signed = key.sign(decode_outcome_event(json.dumps({**receipt("exp-1"), "ts": now + 6000}).encode()))
     recs = [Rec("agent.steps", 0, i, b"r", json.dumps(e).encode()) for i, e in enumerate(events)]
     task = PartitionTask(0, {}, ROLES, settings=Settings(), clock="event", wall_ms=lambda: now,
-                         verifiers=TrustedVerifiers.parse(key.setting))
+                         trust=ReceiptTrust(TrustedVerifiers.parse(key.setting), None))
     first = task.fold(recs + [Rec("agent.outcomes", 0, 0, b"r", json.dumps(forged).encode())])
     assert [t.to_state for t in first.transitions] == ["RUNNING", "VERIFYING"]
     assert first.counts["receipt", "untrusted_unsigned"] == 1 and not first.deadletters
@@ -245,6 +247,7 @@ def test_the_worker_task_classifies_receipts_before_the_core_and_counts_the_untr
     second = task.fold([Rec("agent.outcomes", 0, 1, b"r", encode(signed))])
     assert [(t.to_state, t.reason) for t in second.transitions] == [("VERIFIED_COMPLETE", "receipt")]
     assert second.transitions[0].evidence.untrusted_receipt_ids == ("exp-1",)
+    assert second.transitions[0].evidence.receipt_trust == {"exp-1": "key:dest-1"}
 
 
 _scalar = st.one_of(st.text(max_size=30), st.booleans(), st.integers(min_value=-(2**63), max_value=2**63),
