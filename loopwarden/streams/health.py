@@ -46,11 +46,11 @@ class HealthStage(StageBase):
         self.punctuate_every_s = config.tick_interval_s
 
     async def prepare(self) -> None:
-        await ensure_topics(self.config)
-        if self.config.trusted_outcomes_topic:
+        if self.config.trusted_outcomes_topic:  # before anything is created: a refused start leaves nothing behind
             from loopwarden.streams.acl import require_authorizer
 
             await require_authorizer(self.config)
+        await ensure_topics(self.config)
 
     def layout_watch(self) -> TopologyWatch:
         return TopologyWatch(self.config)

@@ -17,6 +17,9 @@ def add_verify_commands(sub) -> None:
     p.add_argument("--signing-key", dest="signing_key", metavar="FILE",
                    help="the key file from `loopwarden keys new` (default: the config's signing_key)")
     p.add_argument("--web-port", dest="web_port", type=int, help="/metrics, /healthz and webhooks (default 6067)")
+    p.add_argument("--trusted-outcomes-topic", dest="trusted_outcomes_topic", metavar="TOPIC",
+                   help="publish receipts here, the topic only verifiers may write (LOOPWARDEN_TRUSTED_OUTCOMES_TOPIC; "
+                        "default: the config's, else outcomes_topic; docs/receipts.md)")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=cmd_verify)
 
@@ -48,13 +51,16 @@ def _key(path: str | None, command: str):
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from loopwarden.streams.exceptions import ConfigError
     from loopwarden.verify import config as vconfig
-    from loopwarden.verify.service import run
+    from loopwarden.verify.service import kafka_options, run
 
     try:
         config = vconfig.load(args.config, {"broker": args.broker, "signing_key": args.signing_key,
-                                            "web_port": args.web_port})
-    except vconfig.VerifyConfigError as exc:
+                                            "web_port": args.web_port,
+                                            "trusted_outcomes_topic": args.trusted_outcomes_topic})
+        kafka_options(config)  # TLS/SASL settings checked before anything starts
+    except (vconfig.VerifyConfigError, ConfigError) as exc:
         raise SystemExit(f"loopwarden verify: {exc}") from None
     key = _key(config.signing_key, "verify")
     # logging: loopwarden.cli.set_up_process

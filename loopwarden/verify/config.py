@@ -45,6 +45,9 @@ class VerifyConfig:
     broker: str = "127.0.0.1:9092"
     steps_topic: str = "agent.steps"
     outcomes_topic: str = "agent.outcomes"
+    # When set (LOOPWARDEN_TRUSTED_OUTCOMES_TOPIC, as the worker's), receipts go to this topic, which only the
+    # verifiers may write (Kafka ACLs): the worker trusts them by channel. Still signed (end-to-end evidence).
+    trusted_outcomes_topic: str | None = None
     group_id: str = "loopwarden-verify"
     signing_key: str | None = None  # path of the key file `loopwarden keys new` wrote
     check_timeout_s: float = 10.0
@@ -69,8 +72,10 @@ class VerifyConfig:
     webhook_secrets: dict[str, str] = field(default_factory=dict)  # provider -> env var holding the secret
 
     def __post_init__(self) -> None:
-        for name in ("steps_topic", "outcomes_topic"):
-            if not _TOPIC.match(getattr(self, name)):
+        for name in ("steps_topic", "outcomes_topic", "trusted_outcomes_topic"):
+            if name == "trusted_outcomes_topic" and self.trusted_outcomes_topic is None:
+                continue
+            if not isinstance(getattr(self, name), str) or not _TOPIC.match(getattr(self, name)):
                 raise VerifyConfigError(f"{name}: {getattr(self, name)!r} is not a valid Kafka topic name")
         for name, lo, hi in (("check_timeout_s", 0.01, 3600), ("retry_negative_s", 0, 86400), ("retry_initial_s", 0.01, 3600),
                              ("retry_max_s", 0.01, 3600), ("lookback_s", 0, 30 * 86400),
@@ -101,6 +106,11 @@ class VerifyConfig:
         for name, path in self.json_schemas.items():
             if not Path(path).is_file():
                 raise VerifyConfigError(f"json_schemas.{name}: {path!r} is not a readable file")
+
+    @property
+    def receipts_topic(self) -> str:
+        """Where receipts are published: the trusted topic when set, else the outcomes topic."""
+        return self.trusted_outcomes_topic or self.outcomes_topic
 
     @property
     def real_prefixes(self) -> tuple[str, ...]:
@@ -155,6 +165,9 @@ def load(path: str | os.PathLike | None = None, overrides: dict[str, Any] | None
     values["databases"] = tuple(dbs)
     values["json_schemas"] = dict(_section(doc, "json_schemas"))
     values["webhook_secrets"] = {name: str(w.get("secret_env", "")) for name, w in _section(doc, "webhooks").items()}
+    env_topic = os.environ.get("LOOPWARDEN_TRUSTED_OUTCOMES_TOPIC")
+    if env_topic:  # the worker's setting: one variable for both sides
+        values["trusted_outcomes_topic"] = env_topic
     for key, value in (overrides or {}).items():
         if value is not None:
             values[key] = value

@@ -302,6 +302,16 @@ async def serve_http(verifier: Verifier, host: str, port: int):
     return runner
 
 
+def kafka_options(config: VerifyConfig) -> dict:
+    """aiokafka's connection arguments: the config's broker, and TLS/SASL from the LOOPWARDEN_* settings every
+    command reads (LOOPWARDEN_SECURITY_PROTOCOL, LOOPWARDEN_SASL_*, LOOPWARDEN_SSL_*): with ACLs, the verifier
+    connects as its own principal, the one allowed to write the trusted receipts topic."""
+    from loopwarden.streams.config import from_env
+    from loopwarden.streams.security import client_options
+
+    return client_options(from_env({"broker": config.broker}))
+
+
 async def run(config: VerifyConfig, key: SigningKey, stop: asyncio.Event | None = None) -> None:
     """Consume the steps topic (read_committed), check, publish signed receipts, until ``stop`` is set."""
     import aiohttp
@@ -310,14 +320,15 @@ async def run(config: VerifyConfig, key: SigningKey, stop: asyncio.Event | None 
     from loopwarden.verify.checkers.http import ssl_context
 
     stop = stop or asyncio.Event()
-    producer = AIOKafkaProducer(bootstrap_servers=config.broker, acks="all", enable_idempotence=True, linger_ms=5)
+    options = kafka_options(config)
+    producer = AIOKafkaProducer(**options, acks="all", enable_idempotence=True, linger_ms=5)
     await producer.start()
 
     async def publish(receipt: OutcomeReceipt) -> None:
         delay = 0.2
         for attempt in range(6):
             try:
-                await producer.send_and_wait(config.outcomes_topic, encode(receipt), key=receipt.run_id.encode())
+                await producer.send_and_wait(config.receipts_topic, encode(receipt), key=receipt.run_id.encode())
                 return
             except Exception as exc:  # the broker may be restarting: a few tries, then say so
                 if attempt == 5:
@@ -326,7 +337,7 @@ async def run(config: VerifyConfig, key: SigningKey, stop: asyncio.Event | None 
                 await asyncio.sleep(delay)
                 delay *= 2
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=config.broker, group_id=config.group_id,
+    consumer = AIOKafkaConsumer(**options, group_id=config.group_id,
                                 isolation_level="read_committed", enable_auto_commit=False,
                                 auto_offset_reset="earliest")
 
@@ -352,7 +363,7 @@ async def run(config: VerifyConfig, key: SigningKey, stop: asyncio.Event | None 
     web_runner = await serve_http(verifier, config.web_host, config.web_port)
     consumer.subscribe([config.steps_topic], listener=Rewind())
     await consumer.start()
-    log.info("verify: reading %s, receipts to %s, signing as %r", config.steps_topic, config.outcomes_topic, key.key_id)
+    log.info("verify: reading %s, receipts to %s, signing as %r", config.steps_topic, config.receipts_topic, key.key_id)
     try:
         swept = time.monotonic()
         while not stop.is_set():
