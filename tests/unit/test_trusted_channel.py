@@ -4,20 +4,25 @@ stage, the evidence of how each receipt was trusted, and the refusal of a cluste
 from __future__ import annotations
 
 import json
+import zlib
+from collections import Counter
 
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from loopwarden.codecs import decode_input, decode_outcome_event, encode
+from loopwarden.codecs import HealthTransition, decode_input, decode_outcome_event, encode
 from loopwarden.replay import Replay
 from loopwarden.rules import Settings, decode_state, encode_state
+from loopwarden.simulate import fleet
 from loopwarden.streams.acl import Authorizer, problem
 from loopwarden.streams.alignment import ALIGNED, StreamTime
 from loopwarden.streams.config import Config, from_env
 from loopwarden.streams.exceptions import ConfigError
 from loopwarden.streams.health import HealthStage
 from loopwarden.streams.metrics import Metrics
-from loopwarden.streams.task import PartitionTask
+from loopwarden.streams.task import PartitionTask, Tick, encode_tick
 from loopwarden.streams.topics import co_partitioned, plan, wanted
 from loopwarden.streams.topology import assess
 from loopwarden.trust import ReceiptTrust, SigningKey, TrustedVerifiers
@@ -155,3 +160,69 @@ def test_a_cluster_without_an_authorizer_is_refused_naming_the_setting_and_the_o
     assert unknown is not None and "cannot tell whether the cluster enforces ACLs" in unknown
     enforced = Authorizer({1: "org.apache.kafka.metadata.authorizer.StandardAuthorizer"}, {1: False})
     assert problem(c, enforced) is None and enforced.describe() == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+
+
+_KEY = SigningKey.generate("dest-1")
+_FLEET = fleet(60, seed=23, bad_every=0)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ways=st.lists(st.sampled_from(["channel", "signed", "unsigned"]), min_size=1, max_size=40),
+       batch=st.sampled_from([1, 7, 10_000]))
+def test_the_task_agrees_with_replay_whichever_way_each_receipt_comes(ways, batch) -> None:
+    """Receipts on the channel, signed on agent.outcomes or unsigned there: worker final states = replay's."""
+    trust = ReceiptTrust(TrustedVerifiers.parse(_KEY.setting), VERIFIED)
+    replay = Replay(verifiers=TrustedVerifiers.parse(_KEY.setting), channel=VERIFIED, keep_final=True)
+    per_partition: dict[int, list[Rec]] = {}
+    offsets: Counter = Counter()
+    n = 0
+    for m in _FLEET:
+        topic, value = "agent.steps", m.value
+        if m.topic == "outcomes":
+            way = ways[n % len(ways)]
+            n += 1
+            topic = VERIFIED if way == "channel" else "agent.outcomes"
+            if way == "signed":
+                value = encode(_KEY.sign(decode_outcome_event(m.value)))
+        p = zlib.crc32(m.key) % 2
+        per_partition.setdefault(p, []).append(Rec(topic, p, offsets[topic, p], m.key, value))
+        offsets[topic, p] += 1
+        replay.feed(decode_input(value), on_channel=topic == VERIFIED)
+    last = max(m.ts for m in _FLEET) + 3_600_000
+    replay.advance_to(last)
+    got: dict[str, HealthTransition] = {}
+    for p, recs in per_partition.items():
+        store: dict = {}
+        task = PartitionTask(p, store, ROLES, settings=Settings(), clock="event", wall_ms=lambda: last, trust=trust)
+        tick = Rec("loopwarden.ticks", p, 0, None, encode_tick(Tick(now_ms=last)))
+        for i in range(0, len(recs) + 1, batch):
+            out = task.fold(recs[i:i + batch] + ([tick] if i + batch > len(recs) else []))
+            task.committed(out)
+            store.update({k: v for k, v in out.changes.items() if v is not None})
+            for t in out.transitions:
+                got[t.run_id] = t
+    assert {r: t.to_state for r, t in got.items()} == {r: t.to_state for r, t in replay.final.items()}
+    assert {r: t.evidence.receipt_trust for r, t in got.items()} == \
+           {r: t.evidence.receipt_trust for r, t in replay.final.items()}
+
+
+def test_the_verifier_publishes_to_the_trusted_topic_when_set_and_connects_with_the_security_settings(
+        monkeypatch) -> None:
+    """VerifyConfig: outcomes topic by default, the env's trusted topic when set, the flag over both; SASL from env."""
+    from loopwarden.verify.config import VerifyConfigError, load
+    from loopwarden.verify.service import kafka_options
+
+    monkeypatch.delenv("LOOPWARDEN_TRUSTED_OUTCOMES_TOPIC", raising=False)
+    assert load(None).receipts_topic == "agent.outcomes"
+    monkeypatch.setenv("LOOPWARDEN_TRUSTED_OUTCOMES_TOPIC", VERIFIED)
+    assert load(None).receipts_topic == VERIFIED
+    assert load(None, {"trusted_outcomes_topic": "other.verified"}).receipts_topic == "other.verified"
+    with pytest.raises(VerifyConfigError, match="trusted_outcomes_topic: 'no way' is not a valid Kafka topic name"):
+        load(None, {"trusted_outcomes_topic": "no way"})
+    for name, value in (("SECURITY_PROTOCOL", "SASL_PLAINTEXT"), ("SASL_MECHANISM", "SCRAM-SHA-256"),
+                        ("SASL_USERNAME", "verifier"), ("SASL_PASSWORD", "pw")):
+        monkeypatch.setenv("LOOPWARDEN_" + name, value)
+    options = kafka_options(load(None, {"broker": "10.0.0.1:9093"}))
+    assert options == {"bootstrap_servers": "10.0.0.1:9093", "security_protocol": "SASL_PLAINTEXT",
+                       "sasl_mechanism": "SCRAM-SHA-256", "sasl_plain_username": "verifier",
+                       "sasl_plain_password": "pw"}
