@@ -17,10 +17,11 @@ from loopwarden.streams.topics import co_partitioned, existing_counts, outputs
 from loopwarden.streams.topology import LAYOUT_KEY, decode_expansion
 
 
-def _config(kafka) -> Config:
+def _config(kafka, **kw) -> Config:
     p = uuid.uuid4().hex[:8]
     return Config(broker=kafka.bootstrap, partitions=4, app_id=f"exp-{p}", steps_topic=f"s-{p}",
-                  outcomes_topic=f"o-{p}", ticks_topic=f"t-{p}", health_topic=f"h-{p}", deadletter_topic=f"d-{p}")
+                  outcomes_topic=f"o-{p}", ticks_topic=f"t-{p}", health_topic=f"h-{p}", deadletter_topic=f"d-{p}",
+                  **kw)
 
 
 async def _latest(c: Config, topic: str, partition: int) -> tuple[dict, list]:
@@ -46,9 +47,10 @@ async def _latest(c: Config, topic: str, partition: int) -> tuple[dict, list]:
 
 
 def test_expand_moves_states_and_waiting_events_to_their_new_partition(kafka) -> None:
-    """4 -> 6: every co-partitioned topic grows; each run's state and unconsumed steps end on murmur2 % 6;
-    states that stay are untouched; every changelog partition gets the layout record with the boundaries."""
-    c = _config(kafka)
+    """4 -> 6: every co-partitioned topic grows (the verifiers' receipts topic too); each run's state, unconsumed
+    steps and receipts end on murmur2 % 6; states that stay are untouched; every changelog partition gets the
+    layout record with the boundaries."""
+    c = _config(kafka, trusted_outcomes_topic=f"v-{uuid.uuid4().hex[:8]}")
     runs = [f"run-{i}".encode() for i in range(60)]
 
     async def scenario():
@@ -61,20 +63,23 @@ def test_expand_moves_states_and_waiting_events_to_their_new_partition(kafka) ->
             p = partition_of(key, 4)
             await producer.send_and_wait(c.changelog_topic, b"state-" + key, key=key, partition=p)
             await producer.send_and_wait(c.steps_topic, b"step-" + key, key=key, partition=p)
+            await producer.send_and_wait(c.trusted_outcomes_topic, b"receipt-" + key, key=key, partition=p)
         await producer.stop()
         report = await expand(c, 6)
         counts = await existing_counts(admin, [*co_partitioned(c), *outputs(c)])
         await admin.close()
         changelog = {p: await _latest(c, c.changelog_topic, p) for p in range(6)}
         steps = {p: await _latest(c, c.steps_topic, p) for p in range(6)}
-        return report, counts, changelog, steps
+        receipts = {p: await _latest(c, c.trusted_outcomes_topic, p) for p in range(6)}
+        return report, counts, changelog, steps, receipts
 
-    report, counts, changelog, steps = asyncio.run(scenario())
+    report, counts, changelog, steps, receipts = asyncio.run(scenario())
+    assert c.trusted_outcomes_topic in co_partitioned(c)
     assert {t: counts[t] for t in co_partitioned(c)} == dict.fromkeys(co_partitioned(c), 6)
     assert counts[c.health_topic] == 4  # outputs are not co-partitioned: left alone
     moving = [k for k in runs if partition_of(k, 4) != partition_of(k, 6)]
     assert report.runs_moved == len(moving) > 0 and report.runs_kept == len(runs) - len(moving)
-    assert report.events_copied == len(moving)
+    assert report.events_copied == 2 * len(moving)  # a step and a receipt each
     for key in runs:
         home = partition_of(key, 6)
         assert changelog[home][0][key] == b"state-" + key
@@ -82,12 +87,13 @@ def test_expand_moves_states_and_waiting_events_to_their_new_partition(kafka) ->
             if p != home:
                 assert key not in changelog[p][0]  # moved: a tombstone on the old partition
         assert key in steps[home][1]  # the waiting step is on its new partition
+        assert key in receipts[home][1]  # and so is its waiting receipt
     for p in range(6):
         layout = decode_expansion(changelog[p][0][LAYOUT_KEY])
         assert (layout.previous, layout.partitions) == (4, 6)
         if p < 4:
-            assert layout.boundary == {c.steps_topic: sum(partition_of(k, 4) == p for k in runs),
-                                       c.outcomes_topic: 0}
+            waiting = sum(partition_of(k, 4) == p for k in runs)
+            assert layout.boundary == {c.steps_topic: waiting, c.outcomes_topic: 0, c.trusted_outcomes_topic: waiting}
         else:
             assert layout.boundary == {}
 
