@@ -197,6 +197,13 @@ prefixes = ["{out}"]
         assert all(msgspec.json.decode(r.value, type=OutcomeReceipt).signature is not msgspec.UNSET
                    for r in records if r.topic == verified)
         assert worker.proc.poll() is None and "Traceback" not in worker.log_tail(300)
+        check = subprocess.run([sys.executable, "-m", "loopwarden.cli", "topics", "check"],
+                               env={**env_for(worker.config), "LOOPWARDEN_TRUSTED_OUTCOMES_TOPIC": verified},
+                               capture_output=True, text=True, timeout=120)
+        assert check.returncode == 0, check.stderr
+        assert f"  {verified:<32} 2 partitions, ok" in check.stdout
+        assert f"trusted receipts topic {verified}: authorizer org.apache.kafka.metadata.authorizer." \
+               "StandardAuthorizer;" in check.stdout
         print(f"\nruns per final state: {dict(Counter(final_states(got).values()))}; forged refused: {forged}")
     finally:
         if verifier is not None:
