@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import msgspec
 
@@ -116,40 +117,52 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
 
     ``state`` is changed in place when given (a fresh one is made otherwise)."""
     out = Folded()
+    counts = out.counts
     if state is None:
         state = TraceState(spans={}, runs={}, waiting={})
     known = state.spans
-    touched: set[str] = set()
     new: list[Span] = []
+    duplicates = full = 0
+    held, cap = state.held, limits.max_spans_per_trace
     for span in spans:
-        if span.span_id in known:
-            out.counts["span_duplicate"] += 1
-            continue
-        if state.held >= limits.max_spans_per_trace:
-            state.dropped += 1
-            out.counts["span_trace_full"] += 1
-            continue
-        known[span.span_id] = span
-        state.held += 1
-        new.append(span)
-        out.counts["spans"] += 1
+        span_id = span.span_id
+        if span_id in known:
+            duplicates += 1
+        elif held >= cap:
+            full += 1
+        else:
+            known[span_id] = span
+            held += 1
+            new.append(span)
+    state.held = held
+    if duplicates:
+        counts["span_duplicate"] = duplicates
+    if full:
+        state.dropped += full
+        counts["span_trace_full"] = full
     if not new:
         return state, out
+    counts["spans"] = len(new)
     state.last_ms = max(state.last_ms, now_ms)
     # A span is placed in its run once its ancestors say which run it is. Spans still waiting for an
     # ancestor are filed under the id they wait for, and tried again when a span of that id arrives.
-    queue = list(new)
+    queue = new
     waiting = state.waiting
+    runs = state.runs
+    touched: dict[str, None] = {}
+    after_end = late = 0
     i = 0
     while i < len(queue):
         span = queue[i]
         i += 1
-        woken = waiting.pop(span.span_id, None)
-        if woken:
-            queue += [known[w] for w in woken if w in known]
-        if span.role == ROLE_RUN:
+        if waiting:
+            woken = waiting.pop(span.span_id, None)
+            if woken:
+                queue += [known[w] for w in woken if w in known]
+        role = span.role
+        if role == ROLE_RUN:
             run = span.span_id
-        elif span.role in (ROLE_MODEL, ROLE_TOOL):
+        elif role == ROLE_MODEL or role == ROLE_TOOL:
             run, missing = _owner(known, span)
             if run is None:
                 if missing:
@@ -157,21 +170,25 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
                 continue
         else:
             continue  # wrappers and other spans only link children to their run
-        progress = state.runs.get(run)
+        progress = runs.get(run)
         if progress is None:
-            progress = state.runs[run] = RunProgress(open=[])
+            progress = runs[run] = RunProgress(open=[])
         if progress.ended:
-            out.counts["span_after_end"] += 1
+            after_end += 1
             del known[span.span_id]
             continue
-        if span.role != ROLE_RUN:
+        if role != ROLE_RUN:
             if span.start_ns < progress.last_step_start:  # older than a step already published
-                out.counts["span_late"] += 1
+                late += 1
                 del known[span.span_id]
                 continue
             _join(progress, span)
-        touched.add(run)
-    for run in sorted(touched, key=lambda r: _first_start(state, r)):
+        touched[run] = None
+    if after_end:
+        counts["span_after_end"] = after_end
+    if late:
+        counts["span_late"] = late
+    for run in (touched if len(touched) == 1 else sorted(touched, key=lambda r: _first_start(state, r))):
         _advance(state, trace_id, run, out, now_ms, limits)
     return state, out
 
@@ -291,8 +308,7 @@ def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: in
         progress.open = []
 
 
-def _order(span: Span) -> tuple[int, str]:
-    return span.start_ns, span.span_id
+_order = attrgetter("start_ns", "span_id")  # (start, span id): a C-level key
 
 
 def _agent(run_span: Span | None, progress: RunProgress) -> str | None:

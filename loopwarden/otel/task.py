@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from loopwarden.codecs.events import RunEnded, RunStarted, StepFinished
 from loopwarden.otel.fold import (
     Limits,
     TraceState,
@@ -54,6 +55,8 @@ log = logging.getLogger("loopwarden.otel")
 
 DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # the Collector's exporter sends at most 1 MB by default
 _encode_event = msgspec.json.Encoder().encode
+# the counts label of each event type the fold publishes
+_EVENT_LABEL = {t: ("otel_event", t.__struct_config__.tag) for t in (RunStarted, StepFinished, RunEnded)}
 JSON_HEADERS = (("content-type", b"application/json"),)
 
 
@@ -134,10 +137,10 @@ class BridgeTask:
                 if len(value) > self.max_message_bytes:
                     raise BadTraces("oversized", f"message of {len(value)} bytes is over max_message_bytes="
                                                  f"{self.max_message_bytes}")
-                spans = decode_traces(value, header(rec.headers, "content-type"))
+                spans = decode_traces(value, header(rec.headers, "content-type") if rec.headers else None)
                 if not spans:
                     raise BadTraces("not_traces_data", "no spans in the message")
-                latest = max(s.end_ns for s in spans) // 1_000_000
+                latest = max([s.end_ns for s in spans]) // 1_000_000
                 if latest > now + self.max_future_ms:
                     raise BadTraces("ts_in_future", f"a span ends at {latest} ms, {(latest - now) / 1000:.0f} s ahead "
                                                     f"of this bridge's clock (at most {self.max_future_ms / 1000:g} s)")
@@ -151,9 +154,13 @@ class BridgeTask:
                 out.deadletters.append(DeadLetter(rec, "internal_error", f"{type(exc).__name__}: {exc}"))
                 out.counts["invalid", "otlp_spans", "internal_error"] += 1
                 continue
-            by_trace: dict[str, list] = {}
-            for span in spans:
-                by_trace.setdefault(span.trace_id, []).append(span)
+            first = spans[0].trace_id
+            if all([s.trace_id == first for s in spans]):  # the exporter's partition_traces_by_id: one trace
+                by_trace: dict[str, list] = {first: spans}
+            else:
+                by_trace = {}
+                for span in spans:
+                    by_trace.setdefault(span.trace_id, []).append(span)
             if len(by_trace) > 1 or rec.key is None or rec.key.decode("ascii", "replace") not in by_trace:
                 # Not one trace keyed by its id: without the exporter's partition_traces_by_id a trace's
                 # spans spread over partitions, and each partition sees part of a run. Counted, warned once.
@@ -182,11 +189,20 @@ class BridgeTask:
         return out
 
     def _emit(self, folded, out: BridgeBatch) -> None:
+        counts = out.counts
         for label, n in folded.counts.items():
-            out.counts["otel", label] += n
-        for event in folded.events:
-            out.counts["otel_event", event.__struct_config__.tag] += 1
-            out.outputs.append(Output(self.steps_topic, event.run_id.encode(), _encode_event(event), JSON_HEADERS))
+            counts["otel", label] += n
+        events = folded.events
+        if not events:
+            return
+        append, topic, encode = out.outputs.append, self.steps_topic, _encode_event
+        for event in events:
+            append(Output(topic, event.run_id.encode(), encode(event), JSON_HEADERS))
+        if len(events) == 1:
+            counts[_EVENT_LABEL[type(events[0])]] += 1
+        else:
+            for label, n in Counter([_EVENT_LABEL[type(e)] for e in events]).items():
+                counts[label] += n
 
     def _expire(self, now: int, out: BridgeBatch) -> None:
         """Drop the traces with no new span for the retention period (runs still open go STUCK in the worker)."""
