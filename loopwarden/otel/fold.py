@@ -163,11 +163,16 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
         if role == ROLE_RUN:
             run = span.span_id
         elif role == ROLE_MODEL or role == ROLE_TOOL:
-            run, missing = _owner(known, span)
-            if run is None:
-                if missing:
-                    waiting.setdefault(missing, []).append(span.span_id)
-                continue
+            # _owner's first step inline: the parent is the run span, or missing and taken for it
+            run = span.parent_id
+            above = known.get(run) if run else None
+            if not run or not (above.role == ROLE_RUN if above is not None
+                               else role in RUNTIMES[span.runtime].parent_is_run):
+                run, missing = _owner(known, span)
+                if run is None:
+                    if missing:
+                        waiting.setdefault(missing, []).append(span.span_id)
+                    continue
         else:
             continue  # wrappers and other spans only link children to their run
         progress = runs.get(run)
@@ -281,10 +286,20 @@ def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: in
     models = sorted((x for x in opened if x.role == ROLE_MODEL), key=_order)
     tools = sorted((x for x in opened if x.role == ROLE_TOOL), key=_order)
     ready = models if closed else models[:-1]
+    j, n_tools, n_models = 0, len(tools), len(models)
     for k, m in enumerate(ready):
-        window_end = models[k + 1].start_ns if k + 1 < len(models) else None
-        calls = [t for t in tools if t.start_ns >= m.start_ns and (window_end is None or t.start_ns < window_end)]
-        out.events.append(_step(run_id, progress.steps, m, calls))
+        # the tool calls starting in [m.start, next model call's start): tools and models are in start order
+        start = m.start_ns
+        while j < n_tools and tools[j].start_ns < start:
+            j += 1
+        end = j
+        if k + 1 < n_models:
+            window_end = models[k + 1].start_ns
+            while end < n_tools and tools[end].start_ns < window_end:
+                end += 1
+        else:
+            end = n_tools
+        out.events.append(_step(run_id, progress.steps, m, tools[j:end]))
         progress.steps += 1
         if progress.last_step:
             known.pop(progress.last_step, None)  # a step before the last: nothing reads it again
@@ -323,11 +338,19 @@ def _agent(run_span: Span | None, progress: RunProgress) -> str | None:
     return None
 
 
+_policies: dict[tuple[str, str], Policy] = {}  # (row, scope) -> its Policy (frozen): one per scope seen
+
+
 def _policy(row: Runtime, run_span: Span | None, progress: RunProgress) -> Policy:
     scope = (run_span.scope if run_span is not None else "") or progress.scope or row.name
-    bounds = tuple(Custom(name=name, role="bound") for _exc, name in row.bounds)
-    # Spans carry no stop policy: only the bounds the runtime enforces by raising are declared.
-    return Policy(version=f"otel:{scope}"[:200], stop_when=bounds)
+    policy = _policies.get((row.name, scope))
+    if policy is None:
+        if len(_policies) >= 1024:  # scopes come from producers: the cache stays bounded
+            _policies.clear()
+        bounds = tuple(Custom(name=name, role="bound") for _exc, name in row.bounds)
+        # Spans carry no stop policy: only the bounds the runtime enforces by raising are declared.
+        policy = _policies[row.name, scope] = Policy(version=f"otel:{scope}"[:200], stop_when=bounds)
+    return policy
 
 
 def _finish(model: Span, calls: list[Span]) -> str:
@@ -360,13 +383,15 @@ def _status(tool: Span) -> str:
 
 
 def _step(run_id: str, index: int, model: Span, calls: list[Span]) -> StepFinished:
-    end_ns = max([model.end_ns] + [t.end_ns for t in calls])
-    total = model.total_tokens
+    end_ns = model.end_ns
+    for t in calls:
+        if t.end_ns > end_ns:
+            end_ns = t.end_ns
+    # positional: run_id, ts, step, finish_reason, segment, tool_calls, usage
     return StepFinished(
-        run_id=run_id, ts=_ms(end_ns), step=index, finish_reason=_finish(model, calls),
-        tool_calls=tuple(ToolCall(id=t.tool_id or t.span_id, name=t.tool_name or "unknown", status=_status(t))
-                         for t in calls),
-        usage=Usage(input_tokens=model.input_tokens, output_tokens=model.output_tokens, total_tokens=total),
+        run_id, end_ns // NS_PER_MS, index, _finish(model, calls), 0,
+        tuple([ToolCall(t.tool_id or t.span_id, t.tool_name or "unknown", _status(t)) for t in calls]),
+        Usage(model.input_tokens, model.output_tokens, model.total_tokens),
     )
 
 
