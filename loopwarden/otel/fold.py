@@ -17,7 +17,6 @@ committed state publishes nothing twice.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -100,7 +99,7 @@ class Limits:
 @dataclass
 class Folded:
     events: list = field(default_factory=list)  # RunStarted | StepFinished | RunEnded, in publish order
-    counts: Counter = field(default_factory=Counter)  # label -> n ("spans", "span_after_end", ...)
+    counts: dict[str, int] = field(default_factory=dict)  # label -> n ("spans", "span_after_end", ...)
 
 
 def run_id_of(trace_id: str, run_span_id: str) -> str:
@@ -315,7 +314,7 @@ def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: in
         last_model = known.get(progress.last_step) if progress.last_step else None
         last_calls = [t for t in tools if last_model is not None and t.start_ns >= last_model.start_ns]
         out.events.append(_ended(run_id, row, run_span, last_model, last_calls, progress))
-        out.counts["runs_ended"] += 1
+        out.counts["runs_ended"] = out.counts.get("runs_ended", 0) + 1
         for span_id in progress.open:  # the run is over: its calls are never read again
             known.pop(span_id, None)
         if progress.last_step:

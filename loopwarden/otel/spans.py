@@ -253,13 +253,19 @@ def _proto_value(v) -> Any:
     return None
 
 
-def _parse_proto(data: bytes):
-    from google.protobuf.message import DecodeError
-    from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
+_proto: list = []  # (TracesData.FromString, DecodeError), imported at the first protobuf message
 
+
+def _parse_proto(data: bytes):
+    if not _proto:
+        from google.protobuf.message import DecodeError
+        from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
+
+        _proto[:] = (TracesData.FromString, DecodeError)
+    parse, decode_error = _proto
     try:
-        return TracesData.FromString(data)
-    except (DecodeError, RecursionError, ValueError) as exc:
+        return parse(data)
+    except (decode_error, RecursionError, ValueError) as exc:
         raise BadTraces("not_traces_data", f"not an OTLP TracesData protobuf: {exc}") from None
 
 

@@ -56,6 +56,7 @@ log = logging.getLogger("loopwarden.otel")
 DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 DECODE_BLOCK = 64  # records decoded before they are folded  # the Collector's exporter sends at most 1 MB by default
 _encode_event = msgspec.json.Encoder().encode
+_new_output = tuple.__new__
 # the counts label of each event type the fold publishes
 _EVENT_LABEL = {t: ("otel_event", t.__struct_config__.tag) for t in (RunStarted, StepFinished, RunEnded)}
 JSON_HEADERS = (("content-type", b"application/json"),)
@@ -214,14 +215,11 @@ class BridgeTask:
         events = folded.events
         if not events:
             return
-        append, topic, encode = out.outputs.append, self.steps_topic, _encode_event
+        append, topic, encode, labels = out.outputs.append, self.steps_topic, _encode_event, _EVENT_LABEL
         for event in events:
-            append(Output(topic, event.run_id.encode(), encode(event), JSON_HEADERS))
-        if len(events) == 1:
-            counts[_EVENT_LABEL[type(events[0])]] += 1
-        else:
-            for label, n in Counter([_EVENT_LABEL[type(e)] for e in events]).items():
-                counts[label] += n
+            # Output(topic, key, value, headers, partition=None) without NamedTuple's Python-level __new__
+            append(_new_output(Output, (topic, event.run_id.encode(), encode(event), JSON_HEADERS, None)))
+            counts[labels[type(event)]] += 1
 
     def _expire(self, now: int, out: BridgeBatch) -> None:
         """Drop the traces with no new span for the retention period (runs still open go STUCK in the worker)."""
