@@ -4,11 +4,14 @@
 and chooses the row of a known scope once per ScopeSpans (docs/opentelemetry.md,
 "Performance"); ``spans.decode_proto_reference`` converts every mapped attribute and then
 checks it, choosing the row per span. Both must give the same spans, or refuse a message
-for the same reason with the same words.
+for the same reason with the same words. ``streams.assignment.murmur2`` (the default
+partitioner's hash of every event's run id, which the bridge leaves to the partitioner)
+unpacks a key's words at once; it must equal aiokafka's byte-by-byte one.
 """
 
 from __future__ import annotations
 
+from aiokafka.partitioner import murmur2 as aiokafka_murmur2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, InstrumentationScope, KeyValue, KeyValueList
@@ -16,6 +19,9 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from loopwarden.otel.mapping import RUNTIMES
 from loopwarden.otel.spans import KNOWN, BadTraces, decode_proto, decode_proto_reference
+from loopwarden.streams import topics
+from loopwarden.streams.assignment import murmur2
+from loopwarden.streams.topics import Router
 
 SCOPES = [s for row in RUNTIMES for s in row.scopes] + ["", "my.own.instrumentation"]
 KEYS = sorted(KNOWN) + ["gen_ai.input.messages", "gen_ai.request.model", "exception.type", "other"]
@@ -134,3 +140,35 @@ def test_generated_messages_reach_both_outcomes() -> None:
 
     collect()
     assert seen == {"refused", "decoded"}
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.binary(max_size=80))
+def test_murmur2_equals_aiokafkas(key: bytes) -> None:
+    """assignment.murmur2 (words unpacked at once) is aiokafka's byte-by-byte murmur2 on any key."""
+    assert murmur2(key) == aiokafka_murmur2(key)
+
+
+def test_murmur2_on_run_ids_and_known_values() -> None:
+    """Run ids as the bridge keys them hash as aiokafka hashes them; Kafka's own test vectors hold."""
+    for n in range(200):
+        key = f"otel-{n:032x}-{n * 7:016x}".encode()
+        assert murmur2(key) == aiokafka_murmur2(key)
+    # org.apache.kafka.common.utils.UtilsTest#testMurmur2 (as signed ints there)
+    vectors = {b"21": -973932308, b"foobar": -790332482, b"a-little-bit-long-string": -985981536,
+               b"a-little-bit-longer-string": -1486304829,
+               b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971, b"abc": 479470107}
+    for key, signed in vectors.items():
+        assert murmur2(key) == signed & 0xFFFFFFFF
+
+
+def test_router_keeps_hashes_and_still_partitions_as_aiokafka(monkeypatch) -> None:
+    """The router's kept hashes give aiokafka's partition for a key met again, and after the store is emptied."""
+    monkeypatch.setattr(topics, "HASHES_HELD", 50)
+    router = Router(input_partitions=8)
+    router.counts = {"agent.steps": 12}
+    keys = [f"otel-{n:032x}-{n:016x}".encode() for n in range(120)]
+    for _ in range(2):
+        for key in keys:
+            assert router.partition("agent.steps", key, 3) == (aiokafka_murmur2(key) & 0x7FFFFFFF) % 12
+    assert 0 < len(router._hashes) <= 50  # noqa: SLF001 - the bound is the point
