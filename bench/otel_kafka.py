@@ -258,9 +258,9 @@ def otel_kafka(report: Report, workdir: Path, runs: int, rounds: int, cap_s: flo
             "pair": "loopwarden worker --otel (both, one process)"}
     for app in apps:
         cpu = med(app, "steady_cpu_us")
+        per_span = f" ({cpu / spans_per_event:.1f} µs/span)" if app != "worker" else ""
         report.add(BENCH, f"on Kafka: {rows[app]}, steady", f"{si(med(app, 'steady_eps'))} events/s",
-                   f"{cpu:.1f} µs CPU/event ({cpu * 1 / spans_per_event:.1f} µs/span); one core: "
-                   f"{si(1e6 / cpu)} events/s; {note}")
+                   f"{cpu:.1f} µs CPU/event{per_span}; one core: {si(1e6 / cpu)} events/s; {note}")
     if "bridge" in apps and "worker" in apps:
         b, w = med("bridge", "steady_cpu_us"), med("worker", "steady_cpu_us")
         report.add(BENCH, "on Kafka: bridge events/s : worker events/s, one core each", f"{w / b:.2f}x",
