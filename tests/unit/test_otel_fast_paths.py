@@ -133,7 +133,7 @@ def test_generated_messages_reach_both_outcomes() -> None:
     """The generator above draws messages that decode and messages that are refused (the test compares both)."""
     seen = set()
 
-    @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(messages())
     def collect(data: bytes) -> None:
         seen.add("refused" if isinstance(_result(decode_proto_reference, data), tuple) else "decoded")
