@@ -53,8 +53,8 @@ from loopwarden.streams.stage import DeadLetter, Output, Record, header
 log = logging.getLogger("loopwarden.otel")
 
 
-DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
-DECODE_BLOCK = 64  # records decoded before they are folded  # the Collector's exporter sends at most 1 MB by default
+DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # the Collector's exporter sends at most 1 MB by default
+DECODE_BLOCK = 64  # records decoded before they are folded
 _encode_event = msgspec.json.Encoder().encode
 _new_output = tuple.__new__
 # the counts label of each event type the fold publishes
