@@ -111,10 +111,12 @@ def main(argv: list[str] | None = None) -> int:
             from bench.verify import verify_rows
 
             verify_rows(report, quick=args.quick)
-        if "otel" in only:  # issue 19: spans/s through the OpenTelemetry bridge against bare decoding
+        if "otel" in only:  # issue 19: spans/s through the OpenTelemetry bridge against bare decoding and the worker
             from bench.otel import otel_rows
+            from bench.otel_kafka import otel_kafka
 
             otel_rows(report, quick=args.quick)
+            otel_kafka(report, workdir, runs=2000 if args.quick else 5000, rounds=1 if args.quick else 3)
     finally:
         if args.keep:
             progress(f"logs kept in {workdir}")

@@ -17,8 +17,8 @@ committed state publishes nothing twice.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import msgspec
 
@@ -99,7 +99,7 @@ class Limits:
 @dataclass
 class Folded:
     events: list = field(default_factory=list)  # RunStarted | StepFinished | RunEnded, in publish order
-    counts: Counter = field(default_factory=Counter)  # label -> n ("spans", "span_after_end", ...)
+    counts: dict[str, int] = field(default_factory=dict)  # label -> n ("spans", "span_after_end", ...)
 
 
 def run_id_of(trace_id: str, run_span_id: str) -> str:
@@ -116,62 +116,83 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
 
     ``state`` is changed in place when given (a fresh one is made otherwise)."""
     out = Folded()
+    counts = out.counts
     if state is None:
         state = TraceState(spans={}, runs={}, waiting={})
     known = state.spans
-    touched: set[str] = set()
     new: list[Span] = []
+    duplicates = full = 0
+    held, cap = state.held, limits.max_spans_per_trace
     for span in spans:
-        if span.span_id in known:
-            out.counts["span_duplicate"] += 1
-            continue
-        if state.held >= limits.max_spans_per_trace:
-            state.dropped += 1
-            out.counts["span_trace_full"] += 1
-            continue
-        known[span.span_id] = span
-        state.held += 1
-        new.append(span)
-        out.counts["spans"] += 1
+        span_id = span.span_id
+        if span_id in known:
+            duplicates += 1
+        elif held >= cap:
+            full += 1
+        else:
+            known[span_id] = span
+            held += 1
+            new.append(span)
+    state.held = held
+    if duplicates:
+        counts["span_duplicate"] = duplicates
+    if full:
+        state.dropped += full
+        counts["span_trace_full"] = full
     if not new:
         return state, out
+    counts["spans"] = len(new)
     state.last_ms = max(state.last_ms, now_ms)
     # A span is placed in its run once its ancestors say which run it is. Spans still waiting for an
     # ancestor are filed under the id they wait for, and tried again when a span of that id arrives.
-    queue = list(new)
+    queue = new
     waiting = state.waiting
+    runs = state.runs
+    touched: dict[str, None] = {}
+    after_end = late = 0
     i = 0
     while i < len(queue):
         span = queue[i]
         i += 1
-        woken = waiting.pop(span.span_id, None)
-        if woken:
-            queue += [known[w] for w in woken if w in known]
-        if span.role == ROLE_RUN:
+        if waiting:
+            woken = waiting.pop(span.span_id, None)
+            if woken:
+                queue += [known[w] for w in woken if w in known]
+        role = span.role
+        if role == ROLE_RUN:
             run = span.span_id
-        elif span.role in (ROLE_MODEL, ROLE_TOOL):
-            run, missing = _owner(known, span)
-            if run is None:
-                if missing:
-                    waiting.setdefault(missing, []).append(span.span_id)
-                continue
+        elif role == ROLE_MODEL or role == ROLE_TOOL:
+            # _owner's first step inline: the parent is the run span, or missing and taken for it
+            run = span.parent_id
+            above = known.get(run) if run else None
+            if not run or not (above.role == ROLE_RUN if above is not None
+                               else role in RUNTIMES[span.runtime].parent_is_run):
+                run, missing = _owner(known, span)
+                if run is None:
+                    if missing:
+                        waiting.setdefault(missing, []).append(span.span_id)
+                    continue
         else:
             continue  # wrappers and other spans only link children to their run
-        progress = state.runs.get(run)
+        progress = runs.get(run)
         if progress is None:
-            progress = state.runs[run] = RunProgress(open=[])
+            progress = runs[run] = RunProgress(open=[])
         if progress.ended:
-            out.counts["span_after_end"] += 1
+            after_end += 1
             del known[span.span_id]
             continue
-        if span.role != ROLE_RUN:
+        if role != ROLE_RUN:
             if span.start_ns < progress.last_step_start:  # older than a step already published
-                out.counts["span_late"] += 1
+                late += 1
                 del known[span.span_id]
                 continue
             _join(progress, span)
-        touched.add(run)
-    for run in sorted(touched, key=lambda r: _first_start(state, r)):
+        touched[run] = None
+    if after_end:
+        counts["span_after_end"] = after_end
+    if late:
+        counts["span_late"] = late
+    for run in (touched if len(touched) == 1 else sorted(touched, key=lambda r: _first_start(state, r))):
         _advance(state, trace_id, run, out, now_ms, limits)
     return state, out
 
@@ -264,10 +285,20 @@ def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: in
     models = sorted((x for x in opened if x.role == ROLE_MODEL), key=_order)
     tools = sorted((x for x in opened if x.role == ROLE_TOOL), key=_order)
     ready = models if closed else models[:-1]
+    j, n_tools, n_models = 0, len(tools), len(models)
     for k, m in enumerate(ready):
-        window_end = models[k + 1].start_ns if k + 1 < len(models) else None
-        calls = [t for t in tools if t.start_ns >= m.start_ns and (window_end is None or t.start_ns < window_end)]
-        out.events.append(_step(run_id, progress.steps, m, calls))
+        # the tool calls starting in [m.start, next model call's start): tools and models are in start order
+        start = m.start_ns
+        while j < n_tools and tools[j].start_ns < start:
+            j += 1
+        end = j
+        if k + 1 < n_models:
+            window_end = models[k + 1].start_ns
+            while end < n_tools and tools[end].start_ns < window_end:
+                end += 1
+        else:
+            end = n_tools
+        out.events.append(_step(run_id, progress.steps, m, tools[j:end]))
         progress.steps += 1
         if progress.last_step:
             known.pop(progress.last_step, None)  # a step before the last: nothing reads it again
@@ -283,7 +314,7 @@ def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: in
         last_model = known.get(progress.last_step) if progress.last_step else None
         last_calls = [t for t in tools if last_model is not None and t.start_ns >= last_model.start_ns]
         out.events.append(_ended(run_id, row, run_span, last_model, last_calls, progress))
-        out.counts["runs_ended"] += 1
+        out.counts["runs_ended"] = out.counts.get("runs_ended", 0) + 1
         for span_id in progress.open:  # the run is over: its calls are never read again
             known.pop(span_id, None)
         if progress.last_step:
@@ -291,8 +322,7 @@ def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: in
         progress.open = []
 
 
-def _order(span: Span) -> tuple[int, str]:
-    return span.start_ns, span.span_id
+_order = attrgetter("start_ns", "span_id")  # (start, span id): a C-level key
 
 
 def _agent(run_span: Span | None, progress: RunProgress) -> str | None:
@@ -307,11 +337,19 @@ def _agent(run_span: Span | None, progress: RunProgress) -> str | None:
     return None
 
 
+_policies: dict[tuple[str, str], Policy] = {}  # (row, scope) -> its Policy (frozen): one per scope seen
+
+
 def _policy(row: Runtime, run_span: Span | None, progress: RunProgress) -> Policy:
     scope = (run_span.scope if run_span is not None else "") or progress.scope or row.name
-    bounds = tuple(Custom(name=name, role="bound") for _exc, name in row.bounds)
-    # Spans carry no stop policy: only the bounds the runtime enforces by raising are declared.
-    return Policy(version=f"otel:{scope}"[:200], stop_when=bounds)
+    policy = _policies.get((row.name, scope))
+    if policy is None:
+        if len(_policies) >= 1024:  # scopes come from producers: the cache stays bounded
+            _policies.clear()
+        bounds = tuple(Custom(name=name, role="bound") for _exc, name in row.bounds)
+        # Spans carry no stop policy: only the bounds the runtime enforces by raising are declared.
+        policy = _policies[row.name, scope] = Policy(version=f"otel:{scope}"[:200], stop_when=bounds)
+    return policy
 
 
 def _finish(model: Span, calls: list[Span]) -> str:
@@ -344,13 +382,15 @@ def _status(tool: Span) -> str:
 
 
 def _step(run_id: str, index: int, model: Span, calls: list[Span]) -> StepFinished:
-    end_ns = max([model.end_ns] + [t.end_ns for t in calls])
-    total = model.total_tokens
+    end_ns = model.end_ns
+    for t in calls:
+        if t.end_ns > end_ns:
+            end_ns = t.end_ns
+    # positional: run_id, ts, step, finish_reason, segment, tool_calls, usage
     return StepFinished(
-        run_id=run_id, ts=_ms(end_ns), step=index, finish_reason=_finish(model, calls),
-        tool_calls=tuple(ToolCall(id=t.tool_id or t.span_id, name=t.tool_name or "unknown", status=_status(t))
-                         for t in calls),
-        usage=Usage(input_tokens=model.input_tokens, output_tokens=model.output_tokens, total_tokens=total),
+        run_id, end_ns // NS_PER_MS, index, _finish(model, calls), 0,
+        tuple([ToolCall(t.tool_id or t.span_id, t.tool_name or "unknown", _status(t)) for t in calls]),
+        Usage(model.input_tokens, model.output_tokens, model.total_tokens),
     )
 
 

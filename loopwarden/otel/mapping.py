@@ -103,12 +103,12 @@ RUNTIMES: tuple[Runtime, ...] = (
             run_metadata=(("ls_integration", "langgraph"),), run_metadata_absent="langgraph_node"),
 )
 GENAI, AI_SDK_6, OPENINFERENCE = 0, 2, 5
-_BY_SCOPE = {scope: (i, row) for i, row in enumerate(RUNTIMES) for scope in row.scopes}
+BY_SCOPE = {scope: (i, row) for i, row in enumerate(RUNTIMES) for scope in row.scopes}
 
 
 def select_runtime(scope_name: str, span_name: str, attrs: dict[str, Any]) -> tuple[int, Runtime]:
     """The row of a span: by its scope, else by what it carries."""
-    found = _BY_SCOPE.get(scope_name)
+    found = BY_SCOPE.get(scope_name)
     if found is not None:
         return found
     if "openinference.span.kind" in attrs:

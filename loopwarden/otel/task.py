@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from loopwarden.codecs.events import RunEnded, RunStarted, StepFinished
 from loopwarden.otel.fold import (
     Limits,
     TraceState,
@@ -45,7 +46,7 @@ from loopwarden.otel.fold import (
     next_close,
     unended_runs,
 )
-from loopwarden.otel.spans import BadTraces, decode_traces
+from loopwarden.otel.spans import BadTraces, Span, decode_traces
 from loopwarden.streams.batch import wall_clock_ms
 from loopwarden.streams.stage import DeadLetter, Output, Record, header
 
@@ -53,7 +54,11 @@ log = logging.getLogger("loopwarden.otel")
 
 
 DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # the Collector's exporter sends at most 1 MB by default
+DECODE_BLOCK = 64  # records decoded before they are folded
 _encode_event = msgspec.json.Encoder().encode
+_new_output = tuple.__new__
+# the counts label of each event type the fold publishes
+_EVENT_LABEL = {t: ("otel_event", t.__struct_config__.tag) for t in (RunStarted, StepFinished, RunEnded)}
 JSON_HEADERS = (("content-type", b"application/json"),)
 
 
@@ -126,34 +131,68 @@ class BridgeTask:
         out = BridgeBatch()
         self._live.clear()
         now = self.wall_ms()
+        # Decoded a block at a time, then folded: each loop keeps its own code and data warm (measured:
+        # docs/opentelemetry.md, "Performance"), and a block bounds what is held decoded at once.
+        decoded: list[tuple[Record, list[Span]]] = []
         for rec in records:
             out.consumed += 1
             out.offsets[rec.topic] = rec.offset + 1
-            value = rec.value if rec.value is not None else b""
-            try:
-                if len(value) > self.max_message_bytes:
-                    raise BadTraces("oversized", f"message of {len(value)} bytes is over max_message_bytes="
-                                                 f"{self.max_message_bytes}")
-                spans = decode_traces(value, header(rec.headers, "content-type"))
-                if not spans:
-                    raise BadTraces("not_traces_data", "no spans in the message")
-                latest = max(s.end_ns for s in spans) // 1_000_000
-                if latest > now + self.max_future_ms:
-                    raise BadTraces("ts_in_future", f"a span ends at {latest} ms, {(latest - now) / 1000:.0f} s ahead "
-                                                    f"of this bridge's clock (at most {self.max_future_ms / 1000:g} s)")
-            except BadTraces as exc:
-                out.deadletters.append(DeadLetter(rec, exc.reason, str(exc)))
-                out.counts["invalid", "otlp_spans", exc.reason] += 1
-                log.warning("dead-lettered %s[%d]@%d (%s): %s", rec.topic, rec.partition, rec.offset, exc.reason, exc)
-                continue
-            except Exception as exc:  # a bug of ours must not stop the partition nor lose the message
-                log.exception("internal error on %s[%d]@%d; dead-lettered", rec.topic, rec.partition, rec.offset)
-                out.deadletters.append(DeadLetter(rec, "internal_error", f"{type(exc).__name__}: {exc}"))
-                out.counts["invalid", "otlp_spans", "internal_error"] += 1
-                continue
-            by_trace: dict[str, list] = {}
-            for span in spans:
-                by_trace.setdefault(span.trace_id, []).append(span)
+            spans = self._decode(rec, now, out)
+            if spans is not None:
+                decoded.append((rec, spans))
+                if len(decoded) >= DECODE_BLOCK:
+                    self._fold_decoded(decoded, now, out)
+                    decoded.clear()
+        if decoded:
+            self._fold_decoded(decoded, now, out)
+        if caught_up:  # runs in their start or end grace: due ones go out (few: those of the last seconds)
+            for key, due in list(self.closing.items()):
+                if due <= now:
+                    state = self.load(key)
+                    if state is not None:
+                        self._live[key] = state
+                        self._emit(close_due(state, key.decode(), now, self.limits), out)
+        if punctuate and caught_up:
+            self._expire(now, out)
+        for key, state in self._live.items():
+            out.changes[key] = None if state is None else encode_trace(state)
+        return out
+
+    def _decode(self, rec: Record, now: int, out: BridgeBatch) -> list[Span] | None:
+        """A record's spans; None when it is dead-lettered (added to ``out``)."""
+        value = rec.value if rec.value is not None else b""
+        try:
+            if len(value) > self.max_message_bytes:
+                raise BadTraces("oversized", f"message of {len(value)} bytes is over max_message_bytes="
+                                             f"{self.max_message_bytes}")
+            spans = decode_traces(value, header(rec.headers, "content-type") if rec.headers else None)
+            if not spans:
+                raise BadTraces("not_traces_data", "no spans in the message")
+            latest = max([s.end_ns for s in spans]) // 1_000_000
+            if latest > now + self.max_future_ms:
+                raise BadTraces("ts_in_future", f"a span ends at {latest} ms, {(latest - now) / 1000:.0f} s ahead "
+                                                f"of this bridge's clock (at most {self.max_future_ms / 1000:g} s)")
+            return spans
+        except BadTraces as exc:
+            out.deadletters.append(DeadLetter(rec, exc.reason, str(exc)))
+            out.counts["invalid", "otlp_spans", exc.reason] += 1
+            log.warning("dead-lettered %s[%d]@%d (%s): %s", rec.topic, rec.partition, rec.offset, exc.reason, exc)
+        except Exception as exc:  # a bug of ours must not stop the partition nor lose the message
+            log.exception("internal error on %s[%d]@%d; dead-lettered", rec.topic, rec.partition, rec.offset)
+            out.deadletters.append(DeadLetter(rec, "internal_error", f"{type(exc).__name__}: {exc}"))
+            out.counts["invalid", "otlp_spans", "internal_error"] += 1
+        return None
+
+    def _fold_decoded(self, decoded: list[tuple[Record, list[Span]]], now: int, out: BridgeBatch) -> None:
+        """Fold decoded messages, in offset order, into their traces' states."""
+        for rec, spans in decoded:
+            first = spans[0].trace_id
+            if all([s.trace_id == first for s in spans]):  # the exporter's partition_traces_by_id: one trace
+                by_trace: dict[str, list[Span]] = {first: spans}
+            else:
+                by_trace = {}
+                for span in spans:
+                    by_trace.setdefault(span.trace_id, []).append(span)
             if len(by_trace) > 1 or rec.key is None or rec.key.decode("ascii", "replace") not in by_trace:
                 # Not one trace keyed by its id: without the exporter's partition_traces_by_id a trace's
                 # spans spread over partitions, and each partition sees part of a run. Counted, warned once.
@@ -168,25 +207,19 @@ class BridgeTask:
                 state, folded = fold_trace(self.load(key), trace_id, group, now, self.limits)
                 self._live[key] = state
                 self._emit(folded, out)
-        if caught_up:  # runs in their start or end grace: due ones go out (few: those of the last seconds)
-            for key, due in list(self.closing.items()):
-                if due <= now:
-                    state = self.load(key)
-                    if state is not None:
-                        self._live[key] = state
-                        self._emit(close_due(state, key.decode(), now, self.limits), out)
-        if punctuate and caught_up:
-            self._expire(now, out)
-        for key, state in self._live.items():
-            out.changes[key] = None if state is None else encode_trace(state)
-        return out
 
     def _emit(self, folded, out: BridgeBatch) -> None:
+        counts = out.counts
         for label, n in folded.counts.items():
-            out.counts["otel", label] += n
-        for event in folded.events:
-            out.counts["otel_event", event.__struct_config__.tag] += 1
-            out.outputs.append(Output(self.steps_topic, event.run_id.encode(), _encode_event(event), JSON_HEADERS))
+            counts["otel", label] += n
+        events = folded.events
+        if not events:
+            return
+        append, topic, encode, labels = out.outputs.append, self.steps_topic, _encode_event, _EVENT_LABEL
+        for event in events:
+            # Output(topic, key, value, headers, partition=None) without NamedTuple's Python-level __new__
+            append(_new_output(Output, (topic, event.run_id.encode(), encode(event), JSON_HEADERS, None)))
+            counts[labels[type(event)]] += 1
 
     def _expire(self, now: int, out: BridgeBatch) -> None:
         """Drop the traces with no new span for the retention period (runs still open go STUCK in the worker)."""

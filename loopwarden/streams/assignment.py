@@ -14,13 +14,45 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 from collections.abc import Iterable, Mapping
 
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
-from aiokafka.partitioner import murmur2
 
 log = logging.getLogger("loopwarden.assignment")
+
+_M = 0x5BD1E995
+_WORDS: dict[int, struct.Struct] = {}  # n -> the little-endian layout of n 32-bit words
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 (Java's ``Utils.murmur2``), unsigned: what ``aiokafka.partitioner.murmur2`` returns.
+
+    The same arithmetic, with the key's 32-bit words unpacked at once instead of byte by byte: ~3x
+    faster in CPython (docs/opentelemetry.md, "Performance": the bridge hashes every event's run id).
+    tests/unit/test_otel_fast_paths.py checks it against aiokafka's on generated keys."""
+    length = len(data)
+    h = 0x9747B28C ^ length
+    n = length >> 2
+    if n:
+        words = _WORDS.get(n)
+        if words is None:
+            words = _WORDS[n] = struct.Struct(f"<{n}I")
+        for k in words.unpack_from(data):
+            k = (k * _M) & 0xFFFFFFFF
+            k = ((k ^ (k >> 24)) * _M) & 0xFFFFFFFF
+            h = ((h * _M) & 0xFFFFFFFF) ^ k
+    extra = length & 3
+    if extra:
+        tail = length & ~3
+        if extra == 3:
+            h ^= data[tail + 2] << 16
+        if extra >= 2:
+            h ^= data[tail + 1] << 8
+        h = ((h ^ data[tail]) * _M) & 0xFFFFFFFF
+    h = ((h ^ (h >> 13)) * _M) & 0xFFFFFFFF
+    return h ^ (h >> 15)
 
 
 def partition_of(key: bytes, partitions: int) -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 
-from loopwarden.streams.assignment import partition_of
+from loopwarden.streams.assignment import murmur2
 from loopwarden.streams.config import Config
 from loopwarden.streams.exceptions import TopicLayoutError
 from loopwarden.streams.security import client_options
@@ -196,6 +196,9 @@ async def repair(config: Config, recreate: list[str], timeout_s: float = 30) -> 
         await admin.close()
 
 
+HASHES_HELD = 16_384  # Router: keys whose hash is kept
+
+
 class Router:
     """Which partition an output goes to when its stage leaves it to the default partitioner.
 
@@ -208,6 +211,9 @@ class Router:
         self.input_partitions = input_partitions
         self.keyed_like_input = keyed_like_input
         self.counts: dict[str, int] = {}
+        # key -> its hash, for the keys met again soon (the bridge's run ids: a run's events come in a few
+        # batches); bounded, emptied when full. Outputs keyed like the inputs never get here.
+        self._hashes: dict[bytes, int] = {}
 
     async def learn(self, producer, topics) -> None:
         for topic in topics:
@@ -217,4 +223,11 @@ class Router:
         n = self.counts[topic]
         if n == self.input_partitions and topic in self.keyed_like_input:
             return p
-        return partition_of(key, n) if key is not None else p % n
+        if key is None:
+            return p % n
+        h = self._hashes.get(key)
+        if h is None:
+            if len(self._hashes) >= HASHES_HELD:
+                self._hashes.clear()
+            h = self._hashes[key] = murmur2(key) & 0x7FFFFFFF
+        return h % n  # partition_of(key, n)

@@ -20,6 +20,7 @@ from loopwarden.streams.engine import Engine
 from loopwarden.streams.health import HealthStage
 from loopwarden.streams.metrics import Metrics
 from loopwarden.streams.task import PartitionTask
+from loopwarden.streams.topics import ensure_topics
 
 log = logging.getLogger("loopwarden.worker")
 
@@ -102,6 +103,10 @@ def run_worker(config: Config, on_recovered: Callable[[], None] | None = None, v
             loop.add_signal_handler(sig, on_signal)
         runner = await serve(worker)
         try:
+            if otel:
+                # The bridge's stage refuses to start without agent.steps, which the worker's creates: on a
+                # fresh cluster the two engines would race, so the worker's topics are made first.
+                await ensure_topics(config)
             await run_together(engines)
         finally:
             await runner.cleanup()
