@@ -83,7 +83,7 @@ class PartitionTask:
         self._moved: set[str] = set()  # runs whose health changed in the batch (a new timer: rescheduled)
         self._clock_before = 0
         self.stream = StreamTime(roles, ("steps", "outcomes"))  # stream times, records held for a lagging input
-        self.index = RunsIndex()  # the read API's ordered view of the committed runs (dropped with the task)
+        self.index = RunsIndex(store)  # the read API's ordered view of the committed runs (dropped with the task)
 
     # -- recovery -------------------------------------------------------------------
     def rebuild(self) -> int:
@@ -103,7 +103,7 @@ class PartitionTask:
             n += 1
             self.state_counts[state.health] += 1
             self.timers.changed(state, True)
-            self.index.add(state)
+            self.index.add(key, state)
         self.index.merge()  # sorted now, during recovery, not by the first read
         return n
 
@@ -313,7 +313,7 @@ class PartitionTask:
                 if after is not None:
                     delta[after] += 1
         self.state_counts.update(delta)
-        self.index.committed(out.transitions, self._live)
+        self.index.committed(out.changes)
         self._live.clear()
         self._before.clear()
         self._moved.clear()
