@@ -42,7 +42,7 @@ from typing import NamedTuple
 from sortedcontainers import SortedKeyList, SortedList
 
 from loopwarden.codecs import STATES
-from loopwarden.rules import RunState
+from loopwarden.rules import RunState, decode_state
 from loopwarden.rules.codec import decode_listing
 
 ORDERS = ("id", "age")
@@ -237,6 +237,12 @@ class RunsIndex:
         for key in keys:
             if start is None or (ts, key) > start:
                 yield self._read(key)
+
+
+def committed_state(store: Mapping[bytes, bytes], run_id: str) -> RunState | None:
+    """A run's committed state in its partition's store (``GET /runs/{id}``), or None."""
+    raw = store.get(run_id.encode())
+    return None if raw is None else decode_state(raw)
 
 
 def page(indexes: Mapping[int, RunsIndex], *, state: str | None, agent: str | None, order: str,

@@ -449,3 +449,18 @@ def test_the_committed_state_counts_follow_the_store_after_timers_fire() -> None
         held = Counter(decode_state(v).health for k, v in part.store.items() if not is_meta(k))
         counted = Counter({k: n for k, n in part.task.state_counts.items() if n})
         assert counted == held
+
+
+def test_the_store_and_the_timer_queue_share_each_runs_key_object() -> None:
+    """A run's store key and its timer queue entry are one bytes object (no second object per run), batch
+    after batch and after a rebuild from the store; the read index holds the same objects."""
+    for part in run_all(batch_size=50)[:2]:
+        task = part.task
+        for _ in range(2):
+            keys = [key for key, _ in part.store.items() if not is_meta(key)]
+            held = [task.timers.held(key) for key in keys]
+            assert len(keys) > 20 and all(h is not None for h in held)
+            assert all(h is key for h, key in zip(held, keys))
+            assert {id(k) for k in task.index.pending if not is_meta(k)} <= {id(k) for k in keys}  # none of its own
+            assert len(task.index) == sum(1 for k in keys if task.index.get(k.decode()) is not None)
+            task.rebuild()  # as after a restore: the queue is built from the store's own keys
