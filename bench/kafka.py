@@ -44,6 +44,8 @@ from loopwarden.streams.task import Tick, encode_tick
 from loopwarden.streams.topics import ensure_topics
 
 ADVANCE_S = 700.0
+ROOT = Path(__file__).resolve().parent.parent
+PROBE = ROOT / "bench" / "probe"
 TRIM_WAIT_S = 1.5  # the bench's worker trims the C heap every 1 s  # past the default inactivity (300 s) and receipt window (600 s)
 
 
@@ -79,6 +81,23 @@ class WorkerProc:
     web_port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
 
+    @property
+    def probe_dir(self) -> Path:
+        return self.workdir / "probe"
+
+    def malloc_stats(self, timeout_s: float = 30) -> dict:
+        """pymalloc's figures in the worker now (bench/probe/sitecustomize.py), after a gc.collect."""
+        assert self.proc is not None
+        n = len(list(self.probe_dir.glob("*.json")))
+        self.proc.send_signal(signal.SIGUSR1)
+        path = self.probe_dir / f"{n}.json"
+        deadline = time.monotonic() + timeout_s
+        while not path.exists():
+            if time.monotonic() > deadline:
+                return {}
+            time.sleep(0.05)
+        return msgspec.json.decode(path.read_bytes())
+
     def start(self, timeout_s: float = 90) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWARDEN_")}
         c = self.config
@@ -91,7 +110,11 @@ class WorkerProc:
             # malloc_trim every second, not every 30 s: the RSS read after each phase is what a worker
             # running for minutes holds, not the last burst's freed pages (loopwarden.streams.memory).
             "LOOPWARDEN_MALLOC_TRIM_S": "1",
+            # bench/probe/sitecustomize.py: pymalloc's figures on SIGUSR1, read at each RSS mark (Round.memory)
+            "LOOPWARDEN_BENCH_PROBE": str(self.probe_dir),
+            "PYTHONPATH": os.pathsep.join([str(PROBE), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
         })
+        self.probe_dir.mkdir(parents=True, exist_ok=True)
         self.log = self.workdir / "worker.log"
         self.proc = subprocess.Popen([sys.executable, "-m", "loopwarden.cli", "worker"], env=env,
                                      stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
@@ -238,6 +261,7 @@ class Round:
         self.last_ts = 0
         self.stamped: list[bytes] = []  # valid events as sent, in order: replay's input
         self.samples: dict[str, list] = {}
+        self.malloc: dict[str, dict] = {}  # mark -> pymalloc's figures in the worker (bench/probe)
 
     async def publish(self, runs: int, seed: int, rate_eps: float | None) -> tuple[int, float]:
         """Publish a fleet, re-stamping valid events with the wall clock; paced when ``rate_eps``."""
@@ -261,6 +285,13 @@ class Round:
         self.published += len(messages)
         return len(messages), time.monotonic() - t0
 
+    def memory(self, mark: str | None = None) -> int:
+        """The worker's RSS now (bytes); with ``mark``, pymalloc's figures go to ``self.malloc[mark]`` first."""
+        if mark is not None:
+            self.malloc[mark] = self.worker.malloc_stats()
+        assert self.worker.proc is not None
+        return rss_kb(self.worker.proc.pid).get("VmRSS", 0) * 1024
+
     def runs_held(self) -> float:
         return _sum(self.worker.metrics().get("loopwarden_runs", []), "loopwarden_runs")
 
@@ -283,31 +314,39 @@ class Round:
     async def measure(self, runs: int, paced_runs: int, pace_eps: float, seed: int) -> dict:
         assert self.worker.proc is not None
         pid = self.worker.proc.pid
-        res: dict = {"rss_before": rss_kb(pid).get("VmRSS", 0) * 1024}
+        res: dict = {"rss_before": self.memory()}
         task = asyncio.create_task(self.collector.run())
 
         # Paced below capacity: the histogram then shows the pipeline's delay, not a backlog.
         n_paced, t_paced = await self.publish(paced_runs, seed + 1000, pace_eps)
         paced = await self.wait_ingested()
         await asyncio.sleep(TRIM_WAIT_S)
-        res.update(rss_paced=rss_kb(pid).get("VmRSS", 0) * 1024, runs_paced=self.runs_held())
+        res.update(rss_paced=self.memory("paced"), runs_paced=self.runs_held())
         res.update(paced_n=n_paced, paced_eps=n_paced / t_paced, paced_p50=quantile(0.5, paced["event"]),
                    paced_p99=quantile(0.99, paced["event"]), paced_timer_p50=quantile(0.5, paced["timer"]),
                    paced_timer_p99=quantile(0.99, paced["timer"]), paced_txn_p50=quantile(0.5, paced["txn"]),
                    paced_txn_p99=quantile(0.99, paced["txn"]))
 
+        # A first backlog of the same size, before the measured one: the memory per run is read between the
+        # two (both marks after a backlog): the first backlog's marginal also carries what the allocator keeps
+        # of the backlog itself (pymalloc arenas pinned by runs allocated among the buffered records).
+        await self.publish(runs, seed + 2000, None)
+        warm = (await self.wait_ingested())["event"]
+        await asyncio.sleep(TRIM_WAIT_S)
+        res.update(rss_warm=self.memory("warm"), runs_warm=self.runs_held())
+
         # As fast as the producer goes: throughput, and latency under a backlog.
         cpu0, broker0, self0 = self.worker.cpu_s(), cpu_s(self.broker_pid), cpu_s(os.getpid())
         t0 = time.monotonic()
         n, t_published = await self.publish(runs, seed, None)
-        fast = _minus((await self.wait_ingested())["event"], paced["event"])
+        fast = _minus((await self.wait_ingested())["event"], warm)
         res.update(
             messages=n, publish_s=t_published, ingest_s=self.collector.last_arrival - t0,
             cpu_ingest_s=self.worker.cpu_s() - cpu0, cpu_broker_s=cpu_s(self.broker_pid) - broker0,
             cpu_bench_s=cpu_s(os.getpid()) - self0, p50=quantile(0.5, fast), p99=quantile(0.99, fast),
         )
         await asyncio.sleep(TRIM_WAIT_S)
-        res.update(rss_ingest=rss_kb(pid).get("VmRSS", 0) * 1024, runs_ingest=self.runs_held())
+        res.update(rss_ingest=self.memory("ingest"), runs_ingest=self.runs_held())
 
         # The same stamped bytes through offline replay: the expected states, and the replay rate.
         replay = Replay(keep_final=True)
@@ -346,7 +385,7 @@ class Round:
             # Final states equal, paths may not: the worker folds what each batch holds of the two
             # input topics in ts order, replay the whole stream.
             path_diffs=_path_diffs(replay_paths, self.collector.paths),
-            rss_after=mem.get("VmRSS", 0) * 1024, hwm=mem.get("VmHWM", 0) * 1024,
+            rss_after=mem.get("VmRSS", 0) * 1024, hwm=mem.get("VmHWM", 0) * 1024, malloc=self.malloc,
         )
         return res
 
@@ -397,7 +436,7 @@ def processor_e2e(report: Report, workdir: Path, runs: int, rounds: int, partiti
     report.add(bench, f"event->transition p50 / p99, paced at {si(med('paced_eps'), 'ev/s')}",
                f"{duration(med('paced_p50'))} / {duration(med('paced_p99'))}",
                f"target <= 20 ms / 100 ms at half the max rate (asked {si(pace_eps, 'ev/s')}); "
-               f"{r0['paced_n']:,} messages before the fast one")
+               f"{r0['paced_n']:,} messages paced, then a first backlog of {runs:,} runs before the measured one")
     report.add(bench, "  a transaction, begin -> commit, p50 / p99 (paced)",
                f"{duration(med('paced_txn_p50'))} / {duration(med('paced_txn_p99'))}",
                "five broker round trips in sequence; a partition commits one at a time")
@@ -417,7 +456,25 @@ def processor_e2e(report: Report, workdir: Path, runs: int, rounds: int, partiti
                f"{nbytes(med('rss_before'))} -> {nbytes(med('rss_ingest'))} -> {nbytes(med('rss_after'))}",
                f"peak {nbytes(med('hwm'))}; +{nbytes((med('rss_after') - med('rss_before')) / r0['runs_total'])}/run "
                f"(average: includes the Kafka clients' buffers, which do not grow with runs); malloc_trim every 1 s")
-    marginal = median([(r["rss_ingest"] - r["rss_paced"]) / max(r["runs_ingest"] - r["runs_paced"], 1) for r in results])
-    report.add(bench, "worker RSS per run held, marginal", nbytes(marginal),
-               f"(RSS after the fast phase - after the paced one) / runs added ({int(r0['runs_paced']):,} -> "
-               f"{int(r0['runs_ingest']):,} runs held), each read after a malloc_trim; target <= 600 B")
+    def per_run(key: str, a: str, b: str) -> list[float]:
+        return [(r[f"{key}_{b}"] - r[f"{key}_{a}"]) / max(r[f"runs_{b}"] - r[f"runs_{a}"], 1) for r in results]
+
+    for r in results:  # pymalloc's figures at the marks (bench/probe), as rss_* / runs_* are
+        for mark in ("paced", "warm", "ingest"):
+            m = r["malloc"].get(mark, {})
+            r[f"alloc_{mark}"] = m.get("bytes in allocated blocks", 0)
+            r[f"arenas_{mark}"] = m.get("arenas allocated current", 0) * 2**20
+    rows = per_run("rss", "warm", "ingest")
+    report.add(bench, "worker RSS per run held, marginal", nbytes(median(rows)),
+               f"(RSS after the measured backlog - after the first one) / runs added ({int(r0['runs_warm']):,} -> "
+               f"{int(r0['runs_ingest']):,} runs held), each read after a malloc_trim; rounds "
+               f"{', '.join(nbytes(x) for x in rows)}; target <= 600 B")
+    alloc, arenas = per_run("alloc", "warm", "ingest"), per_run("arenas", "warm", "ingest")
+    report.add(bench, "  of which Python objects (pymalloc, allocated blocks)", nbytes(median(alloc)),
+               f"same marks; pymalloc arenas grew {nbytes(median(arenas))}/run (1 MiB each, given back only when "
+               f"empty); rounds {', '.join(nbytes(x) for x in alloc)}")
+    first, first_arenas = per_run("rss", "paced", "warm"), per_run("arenas", "paced", "warm")
+    report.add(bench, "  first backlog: RSS per run, marginal", nbytes(median(first)),
+               f"(after the first backlog - after the paced phase) / runs added; arenas {nbytes(median(first_arenas))}"
+               f"/run, Python objects {nbytes(median(per_run('alloc', 'paced', 'warm')))}/run: the arenas the backlog's "
+               f"buffered records filled stay pinned by the runs allocated among them (the old figure: 224-989 B)")

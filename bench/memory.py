@@ -12,7 +12,10 @@ the worker sets it (``gctune``, then ``gc.freeze`` as after a recovery). Then:
   fixed cost and whatever the allocator keeps of the fold's garbage. Read before and
   after ``malloc_trim(0)`` (the worker calls it every ``malloc_trim_s``).
 * **Python heap per run** (tracemalloc), split into the store (dict of encoded states),
-  the timer queue, and the rest.
+  the timer queue (its run keys are the store's own objects: counted with the store), the
+  read index of ``/runs`` (a set slot per run until a read merges it) and the rest; then
+  the same after one read of every partition's index (merged: ordered lists, one int
+  per run), and the RSS slope of a worker whose ``/runs`` was read (``read``).
 
 The Kafka bench's figure (RSS at the end minus RSS at ready, over the runs held) is an
 average over one fleet size: it also holds the Kafka clients' buffers, which do not
@@ -51,7 +54,7 @@ def _inputs(runs: int, path: str) -> None:
         pickle.dump(by_partition, f)
 
 
-def _fold(path: str, trace: bool, batch: int = 2500) -> dict:
+def _fold(path: str, trace: bool, batch: int = 2500, read: bool = False) -> dict:
     from bench.core import _Rec
     from loopwarden import gctune
     from loopwarden.rules import Settings
@@ -86,6 +89,9 @@ def _fold(path: str, trace: bool, batch: int = 2500) -> dict:
                 del out
     tasks = list(tasks.values())
     held = sum(sum(t.state_counts.values()) for t in tasks)
+    if read:  # a /runs read: each index merges what was committed
+        for t in tasks:
+            len(t.index)
     # The inputs stay held until the end: freed, their pages would be reused for the runs and hide them.
     gc.collect()
     gc.freeze()
@@ -94,9 +100,14 @@ def _fold(path: str, trace: bool, batch: int = 2500) -> dict:
     out["rss_trimmed"] = rss_kb(_pid())["VmRSS"] * 1024 - rss0
     if trace:
         out["heap"] = tracemalloc.get_traced_memory()[0] - heap0
-        timers = sum(t.timers.nbytes() for t in tasks)
-        out["timers"] = timers
+        out["timers"] = sum(t.timers.nbytes(keys=False) for t in tasks)  # its keys are the store's
         out["store"] = sum(_store_bytes(t.store) for t in tasks)
+        out["index"] = sum(sys.getsizeof(t.index.pending) for t in tasks)
+        before = tracemalloc.get_traced_memory()[0]
+        for t in tasks:
+            len(t.index)  # a read merges it
+        gc.collect()
+        out["index_read"] = tracemalloc.get_traced_memory()[0] - before + out["index"]
         tracemalloc.stop()
     by_partition.clear()
     return out
@@ -116,8 +127,9 @@ def _store_bytes(store) -> int:
     return sys.getsizeof(data) + _deep(data.keys()) + _deep(data.values())
 
 
-def _child(path: str, trace: bool, batch: int = 2500) -> dict:
-    cmd = [sys.executable, "-m", "bench.memory", "child", path, str(batch)] + (["--trace"] if trace else [])
+def _child(path: str, trace: bool, batch: int = 2500, read: bool = False) -> dict:
+    cmd = ([sys.executable, "-m", "bench.memory", "child", path, str(batch)] + (["--trace"] if trace else [])
+           + (["--read"] if read else []))
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -132,6 +144,7 @@ def fold_memory(report: Report, small: int, large: int) -> dict:
         a, b = _child(paths[small], False), _child(paths[large], False)
         t = _child(paths[large], True)
         a300, b300 = _child(paths[small], False, 300), _child(paths[large], False, 300)
+        a_read, b_read = _child(paths[small], False, read=True), _child(paths[large], False, read=True)
     slope = (b["rss"] - a["rss"]) / (b["runs"] - a["runs"])
     slope_trim = (b["rss_trimmed"] - a["rss_trimmed"]) / (b["runs"] - a["runs"])
     report.add(BENCH, "worker fold: RSS per run held, marginal", nbytes(slope_trim),
@@ -141,19 +154,24 @@ def fold_memory(report: Report, small: int, large: int) -> dict:
     report.add(BENCH, "  same, batches of 300", nbytes(slope300),
                f"slope, after malloc_trim; as the worker's transactions under load (100-400 records each): each "
                f"batch re-encodes the state of every run it touches, more often with smaller batches")
+    slope_read = (b_read["rss_trimmed"] - a_read["rss_trimmed"]) / (b_read["runs"] - a_read["runs"])
+    report.add(BENCH, "  same, /runs read (index merged)", nbytes(slope_read),
+               "slope, after malloc_trim, batches of 2,500; every partition's read index merged at the end, "
+               "as after one GET /runs")
     report.add(BENCH, "worker fold: RSS / runs held (average)", nbytes(b["rss_trimmed"] / b["runs"]),
                f"{b['runs']:,} runs, after malloc_trim; {nbytes(b['rss'] / b['runs'])} before it")
     n = t["runs"]
     report.add(BENCH, "worker fold: Python heap per run held", nbytes(t["heap"] / n),
-               f"tracemalloc; store {nbytes(t['store'] / n)}, timer queue {nbytes(t['timers'] / n)}, "
-               f"rest {nbytes((t['heap'] - t['store'] - t['timers']) / n)}")
-    return {"marginal": slope_trim, "marginal300": slope300, "average": b["rss_trimmed"] / b["runs"],
-            "heap": t["heap"] / n}
+               f"tracemalloc; store {nbytes(t['store'] / n)} (run keys included), timer queue {nbytes(t['timers'] / n)}, "
+               f"read index {nbytes(t['index'] / n)}, rest {nbytes((t['heap'] - t['store'] - t['timers'] - t['index']) / n)}; "
+               f"the read index once read: {nbytes(t['index_read'] / n)}")
+    return {"marginal": slope_trim, "marginal300": slope300, "marginal_read": slope_read,
+            "average": b["rss_trimmed"] / b["runs"], "heap": t["heap"] / n}
 
 
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "child":
-        print(json.dumps(_fold(sys.argv[2], "--trace" in sys.argv, int(sys.argv[3]))))
+        print(json.dumps(_fold(sys.argv[2], "--trace" in sys.argv, int(sys.argv[3]), "--read" in sys.argv)))
     else:
         r = Report("memory")
         fold_memory(r, 10_000, 40_000)

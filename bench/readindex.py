@@ -14,7 +14,6 @@ import bisect
 import random
 import time
 import tracemalloc
-from types import SimpleNamespace
 
 from loopwarden import gctune
 from loopwarden.codecs import STATES
@@ -66,28 +65,32 @@ def main() -> None:
     store = {s.run_id.encode(): encode_state(s) for s in held}
 
     t = time.perf_counter()
-    index = RunsIndex()
-    for s in held:
-        index.add(s)  # during PartitionTask.rebuild, beside the timers
+    index = RunsIndex(store)
+    for key, s in zip(store, held):
+        index.add(key, s)  # during PartitionTask.rebuild, beside the timers
     added = time.perf_counter() - t
     t = time.perf_counter()
     len(index)  # the first read merges it all at once
     built = time.perf_counter() - t
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    index = RunsIndex()
-    for s in held:
-        index.add(s)
+    index = RunsIndex(store)
+    for key, s in zip(store, held):
+        index.add(key, s)
     len(index)
     per_run = (tracemalloc.get_traced_memory()[0] - before) / n
     tracemalloc.stop()
 
-    batch = [SimpleNamespace(run_id=held[rnd.randrange(n)].run_id, ts=1_800_000_000_000 + i, to_state=rnd.choice(STATES),
-                             agent="agent-1", seq=4, reason="late_receipt") for i in range(5000)]
-    feed = timed(lambda: index.committed(batch, {}), 20) / len(batch)
+    changes = {}
+    for i in range(5000):  # 5,000 committed transitions: their new states written to the store
+        s = held[rnd.randrange(n)]
+        s.health = rnd.choice(STATES)
+        s.history = [(4, 1_800_000_000_000 + i, s.health, "late_receipt")]
+        changes[s.run_id.encode()] = store[s.run_id.encode()] = encode_state(s)
+    feed = timed(lambda: index.committed(changes), 20) / len(changes)
     t = time.perf_counter()
     len(index)
-    merge = (time.perf_counter() - t) / len(batch)
+    merge = (time.perf_counter() - t) / len(changes)
 
     q = dict(agent=None, cursor=None, limit=1000, now_ms=1_900_000_000_000)
     rows = [

@@ -17,7 +17,7 @@ from pathlib import Path
 from bench.common import Report, machine_note, progress
 
 FULL = dict(core_runs=20_000, core_repeats=5, state_runs=20_000, heap_runs=10_000,
-            kafka_runs=5_000, kafka_rounds=2, txn_count=200, paced_runs=300, paced_s=8, pace_eps=5000.0, timer_sizes=(5_000, 50_000), timer_rounds=200,
+            kafka_runs=20_000, kafka_rounds=2, txn_count=200, paced_runs=300, paced_s=8, pace_eps=5000.0, timer_sizes=(5_000, 50_000), timer_rounds=200,
             ingest_events=200_000, ingest_rounds=3, latency_s=8.0,
             fold_memory_runs=(10_000, 40_000))
 QUICK = dict(core_runs=5_000, core_repeats=3, state_runs=5_000, heap_runs=5_000,

@@ -372,3 +372,35 @@ def decode_state(data: bytes) -> RunState:
         s.expectation_ids,
         s.receipt_trust,
     )
+
+
+# -- what a listing of runs reads of a state, without decoding the rest ------------
+_SKIPPED = {"policy", "last_activity_ts"} | set(_State.__struct_fields__[7:24])
+_Listed = msgspec.defstruct(  # _State's first 26 fields (to ``tomb``), the unread ones as Raw: not decoded
+    "_Listed",
+    [("run_id", str)] + [
+        (name, msgspec.Raw, msgspec.Raw()) if name in _SKIPPED else (name, _State.__annotations__[name], default)
+        for name, default in zip(_State.__struct_fields__[1:26], _State.__struct_defaults__)],
+    array_like=True, module=__name__,
+)
+_decode_listed = msgspec.msgpack.Decoder(_Listed).decode
+
+
+def decode_listing(data: bytes) -> tuple[int, str, str, str | None, int, str] | None:
+    """``(since_ts, run_id, health, agent, seq, reason)`` of an encoded state's last transition, as a list of
+    runs shows it (None for a tomb or a run without health), reading only those fields: a fraction of
+    :func:`decode_state`. A state without history gives its ``seq`` and ``last_seen_ts`` and reason ``""``.
+
+    Raises ValueError as :func:`decode_state` does."""
+    if not data or data[0] != VERSION:
+        decode_state(data)  # raises the error naming the problem
+    try:
+        s = _decode_listed(memoryview(data)[1:])
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"invalid encoded state (version {VERSION}): {exc}") from None
+    if s.health is None or s.tomb:
+        return None
+    if s.history:
+        seq, ts, _to, reason = s.history[-1]
+        return ts, s.run_id, _s(s.health), s.agent, seq, _s(reason)
+    return s.last_seen_ts, s.run_id, _s(s.health), s.agent, s.seq, ""

@@ -13,7 +13,7 @@ its tomb, then forgets the tomb): the shell stores whatever state a firing retur
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 
 from loopwarden.rules.machine import DEADLINE_KEEPING, Result, RunState, Settings, fire_next, next_deadline
 from loopwarden.rules.timers import TimerQueue
@@ -24,30 +24,43 @@ _NEVER = 1 << 62
 class RunTable:
     """The due timers of a shell's runs (at most one entry per run, O(due) per tick)."""
 
-    __slots__ = ("settings", "load", "_timers", "heap", "_queued")
+    __slots__ = ("settings", "load", "key", "firing", "_timers", "heap", "_queued")
 
-    def __init__(self, settings: Settings, load: Callable[[str], RunState | None]) -> None:
+    def __init__(self, settings: Settings, load: Callable[[Hashable], RunState | None],
+                 key: Callable[[str], Hashable] | None = None) -> None:
         self.settings = settings
-        self.load = load  # run id -> its current state in the shell (None: not held)
+        self.load = load  # a run's key -> its current state in the shell (None: not held)
+        # run id -> the key the queue names the run by (None: the run id itself). The worker names runs by their
+        # store key (``str.encode``) and writes its store under the object the queue holds (``held``): one object
+        # per run for both.
+        self.key = key
+        self.firing: Hashable | None = None  # during fire_due: the key of the run just yielded
         self._timers = TimerQueue()
         # The queue's read-only views (TimerQueue documents them): a call saved per event. ``heap`` is
         # public for read only: ``heap and heap[0] <= now`` is ``due(now)``, for a shell's per-event peek.
         self.heap = self._timers.heap
         self._queued = self._timers.queued
 
-    def changed(self, state: RunState, transitioned: bool, event_type: type | None = None) -> None:
+    def changed(self, state: RunState, transitioned: bool, event_type: type | None = None,
+                run: Hashable | None = None) -> None:
         """The scheduling policy, after a run changed (by an event of ``event_type``, or by anything when None).
 
         A change of health (``transitioned``) makes the new timer the run's deadline at once,
         later or earlier (no stale look when the old one passes). Otherwise the deadline can
         only have moved earlier, and is queued only if so; after an event that never moves it
-        earlier (``DEADLINE_KEEPING``) nothing is looked at."""
+        earlier (``DEADLINE_KEEPING``) nothing is looked at. ``run``: the run's key, when the shell has it."""
+        if run is None:
+            run = state.run_id if self.key is None else self.key(state.run_id)
         if transitioned:
-            self._timers.reschedule(state.run_id, next_deadline(state, self.settings))
+            self._timers.reschedule(run, next_deadline(state, self.settings))
         elif event_type is None or event_type not in DEADLINE_KEEPING:
             deadline = next_deadline(state, self.settings)
-            if deadline is not None and deadline < self._queued.get(state.run_id, _NEVER):
-                self._timers.schedule(state.run_id, deadline)
+            if deadline is not None and deadline < self._queued.get(run, _NEVER):
+                self._timers.schedule(run, deadline)
+
+    def held(self, run: Hashable) -> Hashable | None:
+        """The key object the queue holds for this run, or None (``TimerQueue.held``)."""
+        return self._timers.held(run)
 
     def due(self, now_ms: int) -> bool:
         """Whether :meth:`fire_due` at ``now_ms`` would look at anything."""
@@ -71,11 +84,12 @@ class RunTable:
                 timers.schedule(run_id, current)  # moved since queued
                 continue
             health = state.health
+            self.firing = run_id  # the queue's own key object: the shell's changed() can name the run with it
             yield state, health, fire_next(state, now_ms, settings)
 
-    def nbytes(self) -> int:
+    def nbytes(self, keys: bool = True) -> int:
         """Bytes its timer queue holds (``TimerQueue.nbytes``), for memory benches."""
-        return self._timers.nbytes()
+        return self._timers.nbytes(keys)
 
     def clear(self) -> None:
         self._timers.clear()

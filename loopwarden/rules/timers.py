@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 import sys
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 
 
 class TimerQueue:
@@ -19,12 +19,15 @@ class TimerQueue:
     Invariant: every run in ``queued`` has an entry in the heap at or before its
     deadline. Per change O(log n) at most; per tick O(due entries).
 
+    A run is named by whatever key its shell gives (replay: the run id; the worker: the
+    store's ``bytes`` key, so that the queue holds the store's own key object, not a second
+    object per run: :meth:`held`).
+
     Layout: ``heap`` holds each distinct deadline once, as a plain int (a heap of ints
     compares much faster than one of ``(deadline, run_id)`` tuples), and ``buckets`` maps
     a deadline to the run id queued at it (a list when several share it: ~100 B per entry,
     as much as a heap of tuples). ``heap`` and ``queued`` (run id -> its deadline, whose
-    entry is in the heap or stood in for by an earlier one of the run) are public for read
-    only, so a shell's hot path can skip a call: ``heap and heap[0] <= now`` is ``due(now)``;
+    bucket holds the run's key) are public for read only, so a shell's hot path can skip a call: ``heap and heap[0] <= now`` is ``due(now)``;
     ``queued.get(run_id, inf) <= deadline`` means ``schedule`` would do nothing.
     """
 
@@ -36,13 +39,31 @@ class TimerQueue:
         self.queued: dict[str, int] = {}
         self._entries = 0  # run ids held in buckets, live or superseded
 
+    def held(self, run_id: Hashable) -> Hashable | None:
+        """The key object the queue holds for this run (equal to ``run_id``), or None: found in the bucket of
+        the run's queued deadline, O(1). A shell that names its runs with this object keeps one object per run
+        (the queue itself pushes a run under the object it already holds)."""
+        deadline = self.queued.get(run_id)
+        return None if deadline is None else self._held_at(run_id, deadline, None)
+
+    def _held_at(self, run_id, deadline: int, missing):
+        bucket = self.buckets.get(deadline)
+        if bucket.__class__ is list:
+            for key in bucket:  # type: ignore[union-attr]
+                if key == run_id:
+                    return key
+            return missing
+        return bucket if bucket is not None and bucket == run_id else missing
+
     def schedule(self, run_id: str, deadline: int | None) -> None:
         if deadline is None:
             return  # a queued entry, if any, is found stale when popped
         queued = self.queued
         was = queued.get(run_id)
-        if was is not None and was <= deadline:
-            return
+        if was is not None:
+            if was <= deadline:
+                return
+            run_id = self._held_at(run_id, was, run_id)  # the key object already held: no second one
         queued[run_id] = deadline
         self._push(run_id, deadline)
 
@@ -52,10 +73,10 @@ class TimerQueue:
         For a change that moved the run's deadline for good (its health changed: a
         different timer now), so the run is not looked at again when the old deadline
         passes. Earlier: a new entry is pushed (the old one is dropped when its time
-        comes). Later: nothing is pushed; the entry already in the heap, which is
-        earlier, stands in for it, and ``pop_due`` pushes the run's real deadline when
-        that entry comes up. A run's receipt window then its retention, say, cost one
-        heap entry after the inactivity one instead of two more, and no stale pops.
+        comes). Later: the run's entry moves to the new deadline's bucket (its old
+        deadline stays in the heap, with no bucket, until it passes: an int compared,
+        nothing loaded). The run's key stays in the bucket of its queued deadline, so
+        :meth:`held` finds it.
         """
         queued = self.queued
         if deadline is None:
@@ -64,10 +85,30 @@ class TimerQueue:
         was = queued.get(run_id)
         if was == deadline:
             return
+        if was is not None:  # the key object already held: no second one
+            run_id = self._unbucket(run_id, was) if was < deadline else self._held_at(run_id, was, run_id)
         queued[run_id] = deadline
-        if was is not None and was < deadline:
-            return  # an entry at or before `was` is in the heap: it stands in
         self._push(run_id, deadline)
+
+    def _unbucket(self, run_id, deadline: int):
+        """Take the run's entry out of ``deadline``'s bucket (its heap entry stays, and is skipped when
+        popped); returns the key object the bucket held (``run_id`` when none)."""
+        buckets = self.buckets
+        bucket = buckets.get(deadline)
+        if bucket is None:
+            return run_id
+        if bucket.__class__ is list:
+            for i, key in enumerate(bucket):  # type: ignore[arg-type]
+                if key == run_id:
+                    del bucket[i]  # type: ignore[union-attr]
+                    self._entries -= 1
+                    return key
+            return run_id
+        if bucket != run_id:
+            return run_id
+        del buckets[deadline]
+        self._entries -= 1
+        return bucket
 
     def _push(self, run_id: str, deadline: int) -> None:
         buckets = self.buckets
@@ -94,7 +135,9 @@ class TimerQueue:
         heap, buckets, queued = self.heap, self.buckets, self.queued
         while heap and heap[0] <= now_ms:
             deadline = heapq.heappop(heap)
-            bucket = buckets.pop(deadline)
+            bucket = buckets.pop(deadline, None)
+            if bucket is None:  # its entries moved to a later deadline (reschedule)
+                continue
             if bucket.__class__ is list:
                 run_ids = sorted(bucket)  # type: ignore[arg-type]
             else:
@@ -109,14 +152,16 @@ class TimerQueue:
                     self._push(run_id, live)
                 # otherwise superseded by an earlier entry, or the run has no deadline now: dropped
 
-    def nbytes(self) -> int:
-        """Bytes the queue holds: its heap, buckets and queued map with the objects only they hold (run id
-        strings, deadlines). For memory benches; O(entries)."""
+    def nbytes(self, keys: bool = True) -> int:
+        """Bytes the queue holds: its heap, buckets and queued map with the objects only they hold (deadlines,
+        and the run keys unless ``keys`` is false: a shell's keys shared with its store). For memory benches;
+        O(entries)."""
         size = sys.getsizeof(self.heap) + sum(map(sys.getsizeof, self.heap))
         size += sys.getsizeof(self.buckets) + sum(
             sys.getsizeof(v) for v in self.buckets.values() if v.__class__ is list)
         queued = self.queued
-        return size + sys.getsizeof(queued) + sum(map(sys.getsizeof, queued)) + sum(map(sys.getsizeof, queued.values()))
+        size += sys.getsizeof(queued) + sum(map(sys.getsizeof, queued.values()))
+        return size + (sum(map(sys.getsizeof, queued)) if keys else 0)
 
     def clear(self) -> None:
         self.heap.clear()

@@ -4,17 +4,27 @@
 run-id order or oldest-in-state first. Scanning and sorting every store key per page
 (what the worker did before) blocks the consuming event loop for as long as the
 partition is large. Instead each :class:`~loopwarden.streams.task.PartitionTask` owns
-one :class:`RunsIndex`:
+one :class:`RunsIndex` over its store:
 
 - **built from the restored store** (:meth:`RunsIndex.add`, called while the task
   rebuilds its timers from the same decoded states: no second pass; then one
   :meth:`RunsIndex.merge` sorts them all at once, during recovery, not on a read);
-- **fed by each committed transaction** (:meth:`RunsIndex.committed`): one dict write
-  per transition or dropped run, nothing sorted on the hot path — the changes wait in
-  ``pending`` and are merged into the ordered lists (``O(log n)`` each) by the next
-  read, so a worker nobody reads pays almost nothing, and a read pays only for what
-  changed since the last one;
+- **fed by each committed transaction** (:meth:`RunsIndex.committed`): the keys of the
+  runs it wrote go into ``pending`` (one C-level set update per batch, nothing decoded or
+  sorted on the hot path) and the next read merges them into the ordered lists
+  (``O(log n)`` each, reading their committed state from the store), so a worker nobody
+  reads pays almost nothing, and a read pays only for what changed since the last one;
 - **dropped with the partition** (it lives on the task).
+
+**Memory: one small object per run.** The lists hold the memory store's own key objects
+(``bytes``, shared with the store's dict: the key a run was first written under); the
+one per-run value is an ``int``, when the run entered its state and which state
+(``since_ts << 4 | state number``, shared by the dict and the age list's sort keys).
+Everything a page shows (state, agent, seq, reason) is read from the committed state in
+the store when the page is made (:func:`~loopwarden.rules.codec.decode_listing`). About
+110 B per run once read, a set slot (~30-50 B) per run changed since the last read
+(bench/README.md, b state). The index it replaced held a tuple, a ``str`` and an
+``int`` per run: ~210 B until read, ~185 B once read.
 
 A page walks at most ``scan_max`` index entries (filters that match little cannot hold
 the loop): it may then hold fewer runs than asked, with a ``next`` position to go on.
@@ -25,15 +35,27 @@ when it entered it, the reason, its agent and seq.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
 from typing import NamedTuple
 
-from sortedcontainers import SortedList
+from sortedcontainers import SortedKeyList, SortedList
+
+from loopwarden.codecs import STATES
+from loopwarden.rules import RunState, decode_state
+from loopwarden.rules.codec import decode_listing
 
 ORDERS = ("id", "age")
-SCAN_MAX = 100_000  # index entries one page may walk
-_AFTER_ALL = chr(0x10FFFF)  # sorts after every state name: (ts, run_id, _AFTER_ALL) > that run's entry
+SCAN_MAX = 20_000  # index entries one page may walk (each read from the store: ~3-5 µs, decode_listing)
+BULK_MIN = 1000  # changes from which a merge sorts each state's lists anew rather than one by one
+# A run's one value in the index: since_ts << 4 | its state's number (15: a state this build does not list
+# in STATES), so that the lists' sort key says which list holds it. Within a state it orders by since_ts.
+_NUMBER = {s: i for i, s in enumerate(STATES)}
+assert len(STATES) < 15
+
+
+def _value(since_ts: int, health: str) -> int:
+    return since_ts << 4 | _NUMBER.get(health, 15)
 
 
 class Entry(NamedTuple):
@@ -45,9 +67,6 @@ class Entry(NamedTuple):
     agent: str | None
     seq: int
     reason: str
-
-
-_entry = tuple.__new__  # Entry from a tuple without NamedTuple's Python-level __new__ (several times faster)
 
 
 def iso(ts_ms: int | None) -> str | None:
@@ -70,85 +89,116 @@ def entry_document(e: Entry, now_ms: int) -> dict:
 class RunsIndex:
     """A partition's held runs (committed, with a health state; tombs are not runs), ordered two ways."""
 
-    def __init__(self) -> None:
-        self.entries: dict[str, Entry] = {}
-        self._by_id: dict[str, SortedList] = {}  # state -> run ids
-        self._by_age: dict[str, SortedList] = {}  # state -> entries
-        self.pending: dict[str, tuple | None] = {}  # committed, not merged yet (Entry's fields); None: gone
-        self._agents: dict[str, str] = {}  # one str object per agent name, shared by its entries
+    def __init__(self, store: Mapping[bytes, bytes]) -> None:
+        self.store = store  # the partition's committed states: key -> encoded state
+        self.pending: set[bytes] = set()  # keys written since the last merge (their state is in the store)
+        self._since: dict[bytes, int] = {}  # key -> since_ts << 4 | state number (_value) of each listed run
+        self._by_id: dict[str, SortedList] = {}  # state -> keys
+        self._by_age: dict[str, SortedKeyList] = {}  # state -> keys by since_ts (ties: any order, see walk)
+        self._restored: dict[str, list[bytes]] = {}  # state -> keys added by a rebuild, not merged yet
 
     def clear(self) -> None:
-        self.__init__()
+        self.__init__(self.store)  # type: ignore[misc]
 
     def __len__(self) -> int:
         self.merge()
-        return len(self.entries)
+        return len(self._since)
 
     # -- feeding ----------------------------------------------------------------------
-    def add(self, state) -> None:
-        """A run of the restored store (a RunState); sorted in by the next :meth:`merge`."""
-        if state.health is None or state.tomb:
-            return
-        if state.history:
-            _seq, ts, _to, reason = state.history[-1]
-        else:  # a state written before history was kept
-            ts, reason = state.last_seen_ts, ""
-        self.pending[state.run_id] = (ts, state.run_id, state.health, state.agent, state.seq, reason)
+    def add(self, key: bytes, state: RunState) -> None:
+        """A run of the restored store (its key, as the store holds it, and its decoded state); sorted in by
+        the next :meth:`merge`."""
+        if state.health is not None and not state.tomb:
+            self._since[key] = _value(state.history[-1][1] if state.history else state.last_seen_ts, state.health)
+            self._restored.setdefault(state.health, []).append(key)
 
-    def committed(self, transitions: Iterable, states: Mapping[str, object]) -> None:
-        """A transaction committed: its transitions (HealthTransitions, in order) and the runs it touched
-        (run id -> RunState, None when dropped by retention). A dict write per transition or dropped run
-        (a plain tuple: the Entry is made when merged)."""
-        pending = self.pending
-        for t in transitions:
-            pending[t.run_id] = (t.ts, t.run_id, t.to_state, t.agent, t.seq, t.reason)
-        for run_id, state in states.items():
-            if state is None or state.tomb:
-                pending[run_id] = None
-
-    def _agent(self, agent: str | None) -> str | None:
-        if agent is None:
-            return None
-        return self._agents.setdefault(agent, agent) if len(self._agents) < 10_000 else agent
+    def committed(self, changes: Mapping[bytes, bytes | None]) -> None:
+        """A transaction committed and its changes are in the store: the keys it wrote (key -> state, None for
+        a run dropped; the store's own keys are skipped when merged). One set update, in C; a run dropped
+        that was never listed leaves ``pending`` at once (nobody reading must not mean growing)."""
+        pending, since = self.pending, self._since
+        pending.update(changes)
+        for key in [k for k, v in changes.items() if v is None]:
+            if key not in since:
+                pending.discard(key)
 
     def merge(self) -> None:
         """Bring the ordered lists up to date with what was committed since the last read: one by one
         (O(log n) each), or all at once (a sort in C) when much changed, as after a restore."""
+        since, by_id, by_age = self._since, self._by_id, self._by_age
+        restored, self._restored = self._restored, {}
+        for health, keys in restored.items():
+            self._list(health).update(keys)
+            by_age[health].update(keys)
         if not self.pending:
             return
-        entries, by_id, by_age, agent = self.entries, self._by_id, self._by_age, self._agent
-        changes, self.pending = self.pending, {}
-        if len(changes) > max(1000, len(entries) // 8):
-            for run_id, new in changes.items():
-                if new is None:
-                    entries.pop(run_id, None)
-                else:
-                    entries[run_id] = _entry(Entry, (new[0], new[1], new[2], agent(new[3]), new[4], new[5]))
-            groups: dict[str, list[Entry]] = {}
-            for e in entries.values():
-                groups.setdefault(e.state, []).append(e)
-            by_id.clear()
-            by_age.clear()
-            for state, group in groups.items():
-                by_age[state] = SortedList(group)
-                by_id[state] = SortedList(e.run_id for e in group)
+        changes, self.pending = self.pending, set()
+        if len(changes) > max(BULK_MIN, len(since) // 8):
+            self._rebuild(changes)
             return
-        for run_id, new in changes.items():
-            old = entries.pop(run_id, None)
-            if old is not None:
-                by_id[old.state].remove(run_id)
-                by_age[old.state].remove(old)
-            if new is not None:
-                e = entries[run_id] = _entry(Entry, (new[0], new[1], new[2], agent(new[3]), new[4], new[5]))
-                if e.state not in by_id:
-                    by_id[e.state], by_age[e.state] = SortedList(), SortedList()
-                by_id[e.state].add(run_id)
-                by_age[e.state].add(e)
+        store = self.store
+        for key in changes:
+            if key[:1] == b"\xff":
+                continue
+            if key in since:
+                key = self._unlist(key)  # the key object the lists (and the store) hold
+            raw = store.get(key)
+            listed = decode_listing(raw) if raw is not None else None
+            if listed is None:  # dropped by retention, or a tomb
+                since.pop(key, None)
+                continue
+            since[key] = _value(listed[0], listed[2])
+            self._list(listed[2]).add(key)
+            by_age[listed[2]].add(key)
+
+    def _rebuild(self, changes: set[bytes]) -> None:
+        """Merge many changes at once: read each from the store, then sort every state's lists anew (in C)."""
+        since, store = self._since, self.store
+        groups = {h: [k for k in ids if k not in changes] for h, ids in self._by_id.items()}
+        held = {k: k for ids in self._by_id.values() for k in ids if k in changes}  # the key objects listed
+        for key in changes:
+            if key[:1] == b"\xff":
+                continue
+            key = held.get(key, key)
+            raw = store.get(key)
+            listed = decode_listing(raw) if raw is not None else None
+            if listed is None:
+                since.pop(key, None)
+                continue
+            since[key] = _value(listed[0], listed[2])
+            groups.setdefault(listed[2], []).append(key)
+        del held
+        self._by_id.clear()
+        self._by_age.clear()
+        for health, keys in groups.items():
+            self._list(health).update(keys)
+            self._by_age[health].update(keys)
+
+    def _list(self, health: str) -> SortedList:
+        if health not in self._by_id:
+            self._by_id[health] = SortedList()
+            self._by_age[health] = SortedKeyList(key=self._since.__getitem__)
+        return self._by_id[health]
+
+    def _unlist(self, key: bytes) -> bytes:
+        """Take a listed run out of its state's lists; returns the key object they held."""
+        number = self._since[key] & 15
+        for health, ids in ([(STATES[number], self._by_id[STATES[number]])] if number < 15 else self._by_id.items()):
+            if key in ids:
+                held = next(ids.irange(key, key))
+                ids.remove(held)
+                self._by_age[health].remove(held)  # by its value, still in _since
+                return held
+        return key
 
     # -- reading ----------------------------------------------------------------------
+    def _read(self, key: bytes) -> Entry:
+        return tuple.__new__(Entry, decode_listing(self.store[key]))  # type: ignore[arg-type]
+
     def get(self, run_id: str) -> Entry | None:
         self.merge()
-        return self.entries.get(run_id)
+        key = run_id.encode()
+        return self._read(key) if key in self._since else None
 
     def walk(self, state: str | None, order: str, after: tuple | None) -> Iterator[Entry]:
         """Every held entry in ``state`` (all if None) in ``order``, strictly after ``after``:
@@ -156,15 +206,43 @@ class RunsIndex:
         self.merge()
         states = [state] if state is not None else list(self._by_id)
         if order == "id":
-            start = after[0] if after else None
+            start = after[0].encode() if after else None
             lists = [self._by_id[s].irange(minimum=start, inclusive=(False, True)) if start is not None
                      else iter(self._by_id[s]) for s in states if s in self._by_id]
-            entries = self.entries
-            return (entries[r] for r in heapq.merge(*lists))
-        start = (after[0], after[1], _AFTER_ALL) if after else None
-        lists = [self._by_age[s].irange(minimum=start) if start is not None else iter(self._by_age[s])
+            return map(self._read, heapq.merge(*lists))
+        since = self._since
+        lists = [self._by_age[s].irange_key(min_key=after[0] << 4) if after else iter(self._by_age[s])
                  for s in states if s in self._by_age]
-        return heapq.merge(*lists)
+        return self._by_age_after(heapq.merge(*lists, key=since.__getitem__), after)
+
+    def _by_age_after(self, keys: Iterator[bytes], after: tuple | None) -> Iterator[Entry]:
+        """Entries of ``keys`` (in since_ts order) in (since_ts, run_id) order, strictly after ``after``:
+        runs that entered their state in the same ms are put in run-id order here."""
+        since, start = self._since, ((after[0], after[1].encode()) if after else None)
+        tie: list[bytes] = []
+        tie_ts = None
+        for key in keys:
+            ts = since[key] >> 4
+            if ts != tie_ts and tie:
+                yield from self._tie(tie_ts, tie, start)  # type: ignore[arg-type]
+                tie = []
+            tie_ts = ts
+            tie.append(key)
+        if tie:
+            yield from self._tie(tie_ts, tie, start)  # type: ignore[arg-type]
+
+    def _tie(self, ts: int, keys: list[bytes], start: tuple | None) -> Iterator[Entry]:
+        if len(keys) > 1:
+            keys.sort()
+        for key in keys:
+            if start is None or (ts, key) > start:
+                yield self._read(key)
+
+
+def committed_state(store: Mapping[bytes, bytes], run_id: str) -> RunState | None:
+    """A run's committed state in its partition's store (``GET /runs/{id}``), or None."""
+    raw = store.get(run_id.encode())
+    return None if raw is None else decode_state(raw)
 
 
 def page(indexes: Mapping[int, RunsIndex], *, state: str | None, agent: str | None, order: str,

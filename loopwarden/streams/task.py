@@ -73,7 +73,8 @@ class PartitionTask:
         self.max_future_ms = max_future_ms
         # loopwarden.trust.ReceiptTrust or None (every receipt counts): receipts are classified before the core.
         self.trust = trust
-        self.timers = RunTable(settings, self.load)  # the runs' due timers: one policy with replay's
+        # The runs' due timers, one policy with replay's; named by store keys, held once (_key): no second object per run.
+        self.timers = RunTable(settings, lambda key: self.load(key.decode()), str.encode)
         self.clock = 0  # event-time clock (clock == "event"), committed with the batch that moved it
         self.state_counts: Counter = Counter()  # health -> runs, committed
         # States touched by the batch being folded; None: dropped by retention in this batch
@@ -83,7 +84,7 @@ class PartitionTask:
         self._moved: set[str] = set()  # runs whose health changed in the batch (a new timer: rescheduled)
         self._clock_before = 0
         self.stream = StreamTime(roles, ALIGNED)  # stream times, records held for a lagging input
-        self.index = RunsIndex()  # the read API's ordered view of the committed runs (dropped with the task)
+        self.index = RunsIndex(store)  # the read API's ordered view of the committed runs (dropped with the task)
 
     # -- recovery -------------------------------------------------------------------
     def rebuild(self) -> int:
@@ -102,8 +103,8 @@ class PartitionTask:
             state = decode_state(raw)
             n += 1
             self.state_counts[state.health] += 1
-            self.timers.changed(state, True)
-            self.index.add(state)
+            self.timers.changed(state, True, run=key)  # the store's key object: shared
+            self.index.add(key, state)
         self.index.merge()  # sorted now, during recovery, not by the first read
         return n
 
@@ -115,6 +116,10 @@ class PartitionTask:
         if raw is None:
             return None
         return decode_state(raw)
+
+    def _key(self, run_id: str) -> bytes:
+        key = run_id.encode()  # the store's key; the object the timer queue (so the store) holds, if any
+        return self.timers.held(key) or key  # type: ignore[return-value]
 
     def _take(self, run_id: str, res, out: Batch) -> None:
         counts = out.counts
@@ -276,7 +281,7 @@ class PartitionTask:
                 before[run_id] = health
             self._take(run_id, res, out)
             if res.state is not None:
-                timers.changed(res.state, bool(res.transitions))
+                timers.changed(res.state, bool(res.transitions), run=timers.firing)
 
     def _finish(self, out: Batch) -> None:
         """One changelog record per run touched (its last state); its timer looked at once per batch."""
@@ -284,11 +289,11 @@ class PartitionTask:
         scheduled = self.clock_mode == "event"  # on the event clock each change was scheduled as it happened
         for run_id, state in self._live.items():
             if state is None:
-                out.changes[run_id.encode()] = None  # a tombstone
+                out.changes[self._key(run_id)] = None  # a tombstone
                 continue
-            out.changes[run_id.encode()] = encode_state(state)
             if not scheduled:
                 changed(state, run_id in moved)
+            out.changes[self._key(run_id)] = encode_state(state)
         if self.clock != self._clock_before:
             out.changes[CLOCK_KEY] = _encode_clock(self.clock)
         if self._forwarded:
@@ -313,7 +318,7 @@ class PartitionTask:
                 if after is not None:
                     delta[after] += 1
         self.state_counts.update(delta)
-        self.index.committed(out.transitions, self._live)
+        self.index.committed(out.changes)
         self._live.clear()
         self._before.clear()
         self._moved.clear()
@@ -328,11 +333,6 @@ class PartitionTask:
         self._moved.clear()
         self.stream.held.clear()  # consumed again from the committed offsets, which stop before them
         self.clock = self._clock_before
-
-    # -- read model -------------------------------------------------------------------
-    def committed_state(self, run_id: str) -> RunState | None:
-        raw = self.store.get(run_id.encode())
-        return None if raw is None else decode_state(raw)
 
 
 def _ts(item) -> int:

@@ -57,7 +57,7 @@ class Worker(Engine):
     def run_state(self, run_id: str):
         """The run's committed state, if this worker owns its partition and holds it."""
         task = self.tasks.get(self.partition_of(run_id))
-        state = None if task is None else task.committed_state(run_id)
+        state = None if task is None else readmodel.committed_state(task.store, run_id)
         return None if state is None or state.tomb else state  # a tomb is a dropped run: not held
 
     def is_ready(self) -> bool:

@@ -9,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loopwarden.codecs import STATES
+from loopwarden.rules import RunState, encode_state
 from loopwarden.streams.http import decode_cursor, encode_cursor
+from loopwarden.streams import readmodel
 from loopwarden.streams.readmodel import RunsIndex, iso, page
 
 AGENTS = ("planner", "coder", None)
@@ -17,6 +19,25 @@ AGENTS = ("planner", "coder", None)
 
 def transition(run_id: str, ts: int, state: str, agent, seq: int, reason: str = "r"):
     return SimpleNamespace(run_id=run_id, ts=ts, to_state=state, agent=agent, seq=seq, reason=reason)
+
+
+def commit(index: RunsIndex, transitions=(), dropped: dict | None = None) -> None:
+    """What a committed batch does: the runs' states (after these transitions) written to the index's store,
+    then the changes handed to the index. ``dropped``: run id -> None (gone) or a tomb state."""
+    changes: dict[bytes, bytes | None] = {}
+    for t in transitions:
+        state = RunState(run_id=t.run_id, health=t.to_state, seq=t.seq + 1, agent=t.agent, last_seen_ts=t.ts + 7)
+        state.history = [(t.seq - 1, t.ts - 1, "RUNNING", "started"), (t.seq, t.ts, t.to_state, t.reason)]
+        changes[t.run_id.encode()] = encode_state(state)
+    for run_id, state in (dropped or {}).items():
+        changes[run_id.encode()] = None if state is None else encode_state(state)
+    store = index.store
+    for key, value in changes.items():
+        if value is None:
+            store.pop(key, None)
+        else:
+            store[key] = value
+    index.committed(changes)
 
 
 def all_pages(indexes, **query) -> list[dict]:
@@ -29,12 +50,21 @@ def all_pages(indexes, **query) -> list[dict]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 2**32), st.sampled_from([1, 3, 50]), st.sampled_from([2, 5, 10**6]))
-def test_pages_equal_a_sort_of_the_committed_runs(seed: int, limit: int, scan_max: int) -> None:
-    """Random committed batches over 3 partitions (transitions, tombs, drops): every order and filter,
-    paged at any size and scan budget, lists each held run once, in the order a full sort gives."""
+@given(st.integers(0, 2**32), st.sampled_from([1, 3, 50]), st.sampled_from([2, 5, 10**6]), st.sampled_from([0, 10**6]))
+def test_pages_equal_a_sort_of_the_committed_runs(seed: int, limit: int, scan_max: int, bulk_min: int) -> None:
+    """Random committed batches over 3 partitions (transitions, tombs, drops), read between batches or not,
+    merged one by one or in bulk: every order and filter, paged at any size and scan budget, lists each held
+    run once, in the order a full sort gives."""
     rnd = random.Random(seed)
-    indexes = {p: RunsIndex() for p in range(3)}
+    was, readmodel.BULK_MIN = readmodel.BULK_MIN, bulk_min
+    try:
+        _pages_equal_a_sort(rnd, limit, scan_max)
+    finally:
+        readmodel.BULK_MIN = was
+
+
+def _pages_equal_a_sort(rnd: random.Random, limit: int, scan_max: int) -> None:
+    indexes = {p: RunsIndex({}) for p in range(3)}
     truth: dict[str, tuple] = {}
     seqs: dict[str, int] = {}
     for _batch in range(rnd.randint(1, 12)):
@@ -43,7 +73,7 @@ def test_pages_equal_a_sort_of_the_committed_runs(seed: int, limit: int, scan_ma
             run_id = f"run-{rnd.randint(0, 30):02d}"
             p = int(run_id[-2:]) % 3
             if rnd.random() < 0.15:
-                per_p[p][1][run_id] = None if rnd.random() < 0.5 else SimpleNamespace(tomb=True)
+                per_p[p][1][run_id] = None if rnd.random() < 0.5 else RunState(run_id=run_id, seq=3, tomb=True)
                 truth.pop(run_id, None)
                 continue
             seqs[run_id] = seqs.get(run_id, 0) + 1
@@ -52,7 +82,9 @@ def test_pages_equal_a_sort_of_the_committed_runs(seed: int, limit: int, scan_ma
             per_p[p][1].pop(run_id, None)
             truth[run_id] = (t.ts, run_id, t.to_state, t.agent, p)
         for p, (ts, live) in per_p.items():
-            indexes[p].committed(ts, live)
+            commit(indexes[p], ts, live)
+            if rnd.random() < 0.5:
+                len(indexes[p])  # a read between batches merges what was committed so far
     for state in (None, "STUCK"):
         for agent in (None, "coder"):
             rows = [v for v in truth.values() if (state is None or v[2] == state) and (agent is None or v[3] == agent)]
@@ -66,9 +98,9 @@ def test_pages_equal_a_sort_of_the_committed_runs(seed: int, limit: int, scan_ma
 def test_a_page_is_short_when_its_scan_budget_ends_and_goes_on() -> None:
     """A filter that matches little cannot make one page walk the whole index: the page stops after
     scan_max entries with a cursor, and the next page goes on from there."""
-    index = RunsIndex()
-    index.committed([transition(f"r{i:03d}", i, "RUNNING", "a", 1) for i in range(100)]
-                    + [transition("r999", 5, "RUNNING", "rare", 1)], {})
+    index = RunsIndex({})
+    commit(index, [transition(f"r{i:03d}", i, "RUNNING", "a", 1) for i in range(100)]
+           + [transition("r999", 5, "RUNNING", "rare", 1)])
     found, cursor = page({0: index}, state=None, agent="rare", order="id", cursor=None, limit=10, now_ms=0, scan_max=30)
     assert found == [] and cursor == (0, "r029")
     assert [r["run_id"] for r in all_pages({0: index}, state=None, agent="rare", order="age", limit=10, scan_max=30)] == ["r999"]
@@ -76,8 +108,8 @@ def test_a_page_is_short_when_its_scan_budget_ends_and_goes_on() -> None:
 
 def test_a_run_entry_says_since_when_in_ms_and_iso_and_for_how_long() -> None:
     """Each listed run carries since_ts (ms), since (ISO-8601 UTC), in_state_s and the last reason."""
-    index = RunsIndex()
-    index.committed([transition("r", 1_764_601_526_123, "STUCK", "a", 3, "inactivity_timeout")], {})
+    index = RunsIndex({})
+    commit(index, [transition("r", 1_764_601_526_123, "STUCK", "a", 3, "inactivity_timeout")])
     [doc], _ = page({4: index}, state=None, agent=None, order="id", cursor=None, limit=5, now_ms=1_764_601_586_123)
     assert doc == {"run_id": "r", "state": "STUCK", "seq": 3, "agent": "a", "since_ts": 1_764_601_526_123,
                    "since": "2025-12-01T15:05:26.123Z", "in_state_s": 60, "reason": "inactivity_timeout",

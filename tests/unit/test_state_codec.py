@@ -11,7 +11,7 @@ from loopwarden.codecs import Approval, Custom, LoopFinished, Policy, RunStarted
 from loopwarden.codecs.events import StepCount, TokenBudget, ToolCallCondition
 from loopwarden.replay import Replay
 from loopwarden.rules import RunState, apply, decode_state, encode_state
-from loopwarden.rules.codec import VERSION, WORDS
+from loopwarden.rules.codec import VERSION, WORDS, decode_listing
 from loopwarden.simulate import fleet as sim_fleet
 from tests import strategies as S
 
@@ -27,7 +27,8 @@ def _states_after(events, advance_s: float = 0.0) -> list[RunState]:
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(S.fleet(), st.sampled_from([0, 350, 3600]))
 def test_round_trip_of_folded_states(events, advance_s) -> None:
-    """decode_state(encode_state(s)) == s for every state random event sequences fold into."""
+    """decode_state(encode_state(s)) == s for every state random event sequences fold into, and
+    decode_listing (the read index's partial decode) reads the same listing as the whole state gives."""
     for state in _states_after(events, advance_s):
         data = encode_state(state)
         assert data[0] == VERSION
@@ -35,6 +36,17 @@ def test_round_trip_of_folded_states(events, advance_s) -> None:
         assert back == state
         assert msgspec.structs.asdict(back) == msgspec.structs.asdict(state)
         assert encode_state(back) == data  # a decoded state encodes to the same bytes
+        assert decode_listing(data) == _listing(state)
+
+
+def _listing(s: RunState) -> tuple | None:
+    """What /runs lists of a state, from the decoded state: its last transition's ts, seq and reason."""
+    if s.health is None or s.tomb:
+        return None
+    if s.history:
+        seq, ts, _to, reason = s.history[-1]
+        return ts, s.run_id, s.health, s.agent, seq, reason
+    return s.last_seen_ts, s.run_id, s.health, s.agent, s.seq, ""
 
 
 @settings(max_examples=200, deadline=None)
@@ -112,9 +124,11 @@ def test_a_long_run_encodes_as_small_as_a_short_one() -> None:
     ],
 )
 def test_bad_bytes_raise_a_value_error_naming_the_problem(data: bytes, message: str) -> None:
-    with pytest.raises(ValueError, match=None) as info:
-        decode_state(data)
-    assert message in str(info.value)
+    """decode_state and decode_listing (the read index's) refuse bad bytes with a ValueError naming the problem."""
+    for decode in (decode_state, decode_listing):
+        with pytest.raises(ValueError, match=None) as info:
+            decode(data)
+        assert message in str(info.value) or (decode is decode_listing and "invalid encoded state" in str(info.value))
 
 
 def test_truncated_bytes_are_rejected() -> None:

@@ -287,7 +287,7 @@ def test_runs_index_walks_every_held_run_once_in_run_id_order_and_skips_tombs() 
     """The read API's index, fed by the committed batches: pages of any size after a run id cover
     each held run once (what the store holds), a state filter keeps only that state, a run dropped
     to a tomb leaves it, and an index rebuilt from the store equals the one fed batch by batch."""
-    from loopwarden.rules import decode_state
+    from loopwarden.rules import decode_state, encode_state
     from loopwarden.streams import readmodel
 
     part = run_all(batch_size=50)[0]
@@ -311,13 +311,16 @@ def test_runs_index_walks_every_held_run_once_in_run_id_order_and_skips_tombs() 
     page, _ = readmodel.page({0: fed}, state=state, agent=None, order="id", cursor=None, limit=1000, now_ms=LAST_TS)
     assert [r["run_id"] for r in page] == sorted(r for r, s in held.items() if s == state)
     assert len(fed) == len(held)
-    fed_entries = dict(fed.entries)
+    fed_entries = {order: list(fed.walk(None, order, None)) for order in ("id", "age")}
     part.task.rebuild()  # as after a restore: from the store alone
-    assert len(part.task.index) == len(held) and part.task.index.entries == fed_entries
+    index = part.task.index
+    assert len(index) == len(held)
+    assert {order: list(index.walk(None, order, None)) for order in ("id", "age")} == fed_entries
     # retention drops a run to a tomb: committed, it leaves the index
     gone = sorted(held)[0]
-    index = part.task.index
-    index.committed([], {gone: decode_state(store[gone.encode()]).__class__(run_id=gone, seq=3, tomb=True)})
+    tomb = {gone.encode(): encode_state(decode_state(store[gone.encode()]).__class__(run_id=gone, seq=3, tomb=True))}
+    store.write(tomb, None)
+    index.committed(tomb)
     assert index.get(gone) is None and len(index) == len(held) - 1
 
 
@@ -446,3 +449,18 @@ def test_the_committed_state_counts_follow_the_store_after_timers_fire() -> None
         held = Counter(decode_state(v).health for k, v in part.store.items() if not is_meta(k))
         counted = Counter({k: n for k, n in part.task.state_counts.items() if n})
         assert counted == held
+
+
+def test_the_store_and_the_timer_queue_share_each_runs_key_object() -> None:
+    """A run's store key and its timer queue entry are one bytes object (no second object per run), batch
+    after batch and after a rebuild from the store; the read index holds the same objects."""
+    for part in run_all(batch_size=50)[:2]:
+        task = part.task
+        for _ in range(2):
+            keys = [key for key, _ in part.store.items() if not is_meta(key)]
+            held = [task.timers.held(key) for key in keys]
+            assert len(keys) > 20 and all(h is not None for h in held)
+            assert all(h is key for h, key in zip(held, keys))
+            assert {id(k) for k in task.index.pending if not is_meta(k)} <= {id(k) for k in keys}  # none of its own
+            assert len(task.index) == sum(1 for k in keys if task.index.get(k.decode()) is not None)
+            task.rebuild()  # as after a restore: the queue is built from the store's own keys

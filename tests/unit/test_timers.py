@@ -39,3 +39,21 @@ def test_a_long_run_keeps_one_timer_entry_in_replay() -> None:
     assert len(replay._timers) == 1
     out = replay.finish(301)
     assert [(t.to_state, t.reason, t.ts) for t in out] == [("STUCK", "no_progress", 9_999 + 300_000)]
+
+
+def test_a_run_keeps_one_key_object_whatever_moves_its_deadline() -> None:
+    """Every entry of a run holds the key object it was first queued under (held() returns it), however its
+    deadline moves: earlier, later (the entry moves to the later bucket, the old deadline pops empty), again."""
+    q = TimerQueue()
+    first = "run-" + str(7)  # built at run time: not the same object as an equal literal
+    q.reschedule(first, 100)
+    for again, deadline in ((500, 400), (300, 50), (250, 900)):
+        other = "run-" + str(7)
+        assert other is not first
+        (q.schedule if again == 500 else q.reschedule)(other, deadline)
+        assert q.held("run-7") is first
+    q.reschedule("run-7", 2000)  # later: moved, not stood in for
+    assert q.held("run-7") is first and q.queued["run-7"] == 2000
+    assert list(q.pop_due(1999)) == []  # the old deadlines pop empty or superseded: nothing to load
+    [(deadline, key)] = list(q.pop_due(2000))
+    assert deadline == 2000 and key is first and q.held("run-7") is None and len(q) == 0

@@ -1,0 +1,49 @@
+"""Bench c's look inside its worker: on SIGUSR1, the Python allocator's own figures, written to a file.
+
+Loaded by the bench's worker only (``bench.kafka`` puts this directory first on its PYTHONPATH and sets
+``LOOPWARDEN_BENCH_PROBE`` to a directory). On SIGUSR1 the worker collects garbage, reads pymalloc's
+statistics (``sys._debugmallocstats``: counters kept anyway, no tracing, nothing slowed between reads) and
+writes ``<n>.json`` there: bytes in allocated blocks (the live Python objects of at most 512 B: what a run
+holds is made of these), bytes in free blocks, arenas (1 MiB each, given back only when empty).
+"""
+
+import os
+
+if os.environ.get("LOOPWARDEN_BENCH_PROBE"):
+    import gc
+    import json
+    import signal
+    import sys
+    import tempfile
+
+    def _malloc_stats() -> dict:
+        with tempfile.TemporaryFile() as f:
+            sys.stderr.flush()
+            saved = os.dup(2)
+            os.dup2(f.fileno(), 2)  # it prints to the C stderr
+            try:
+                sys._debugmallocstats()
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+            f.seek(0)
+            text = f.read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("# ") and "=" in line:
+                name, value = line[2:].rsplit("=", 1)
+                try:
+                    out[name.strip()] = int(value.strip().replace(",", ""))
+                except ValueError:
+                    pass
+        return out
+
+    def _dump(signum, frame) -> None:
+        where = os.environ["LOOPWARDEN_BENCH_PROBE"]
+        n = len([f for f in os.listdir(where) if f.endswith(".json")])
+        gc.collect()
+        with open(os.path.join(where, f"{n}.tmp"), "w") as f:
+            json.dump(_malloc_stats(), f)
+        os.rename(os.path.join(where, f"{n}.tmp"), os.path.join(where, f"{n}.json"))
+
+    signal.signal(signal.SIGUSR1, _dump)
