@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import time
 import tracemalloc
 
 import msgspec
@@ -24,6 +25,8 @@ from loopwarden.codecs import InputEvent, Policy, RunStarted, StepFinished, Tool
 from loopwarden.replay import Replay
 from loopwarden.rules import Settings, apply, decode_state, encode_state
 from loopwarden.simulate import fleet
+from loopwarden.streams.config import Config
+from loopwarden.streams.health import HealthStage
 from loopwarden.streams.metrics import Metrics
 from loopwarden.streams.store import MemoryPartition
 from loopwarden.streams.task import PartitionTask
@@ -70,7 +73,8 @@ def throughput(report: Report, runs: int, repeats: int) -> dict:
             r.feed(decode_input(v))
 
     # The worker's path without Kafka: records of 8 partitions in batches, folded by the
-    # partition's task, changes written to its store as after a commit, metrics per batch.
+    # partition's task, changes written to its store as after a commit, and the metrics the
+    # health stage records from each commit (HealthStage.committed, as the engine calls it).
     next_offset: dict = {}
     by_partition: dict[int, list] = {}
     for m in messages:
@@ -81,18 +85,16 @@ def throughput(report: Report, runs: int, repeats: int) -> dict:
 
     def worker_fold(batch: int, with_metrics: bool = True):
         def go() -> None:
-            metrics = Metrics()
+            stage = HealthStage(Config(), Metrics())
             roles = {"steps": "steps", "outcomes": "outcomes", "ticks": "ticks"}
             for p, records in by_partition.items():
                 task = PartitionTask(p, MemoryPartition(), roles, settings=Settings(), clock="event")
                 for i in range(0, len(records), batch):
                     out = task.fold(records[i:i + batch], punctuate=True)
                     task.store.write(out.changes, None)
-                    task.committed(out)
+                    summary = task.committed(out)
                     if with_metrics:
-                        metrics.count_batch(out.counts)
-                        for t in out.transitions:
-                            metrics.child(metrics.transitions, t.from_state or "none", t.to_state).inc()
+                        stage.committed(None, out, summary)  # type: ignore[arg-type]
         return go
 
     variants = {
@@ -105,6 +107,7 @@ def throughput(report: Report, runs: int, repeats: int) -> dict:
         "fold_small": worker_fold(50),
     }
     times: dict[str, list[float]] = {k: [] for k in variants}
+    cpu: dict[str, list[float]] = {k: [] for k in variants}
     # As the shells run: the collector settings the CLI's replay and the worker set, and the
     # bench's own inputs (~130k fixture objects the CLI never holds: it streams its lines)
     # frozen, so no collection walks them on every variant's behalf.
@@ -115,11 +118,14 @@ def throughput(report: Report, runs: int, repeats: int) -> dict:
         for _ in range(repeats):  # round-robin, so machine noise hits every variant alike
             for name, fn in variants.items():
                 gc.collect()
+                c0 = time.process_time()
                 times[name].append(timed(fn))
+                cpu[name].append(time.process_time() - c0)
     finally:
         gc.set_threshold(*before)
         gc.unfreeze()
     t = {k: median(v) for k, v in times.items()}
+    c = {k: median(v) for k, v in cpu.items()}
     bench = "a core"
     report.add(bench, f"events (valid, {runs:,} runs)", f"{n:,}",
                f"median of {repeats}; collector as the shells set it ({'/'.join(map(str, gctune.THRESHOLDS))}), inputs frozen")
@@ -138,6 +144,12 @@ def throughput(report: Report, runs: int, repeats: int) -> dict:
                f"metrics = {1 - t['fold_nometrics'] / t['fold']:.0%} of fold time")
     report.add(bench, "  same, batches of 50", si(n / t["fold_small"], "ev/s"),
                f"{t['fold_small'] / t['fold']:.2f}x the time of batches of 2,500")
+    report.add(bench, "CPU per event: decode_input / Replay.feed / replay", " / ".join(
+        duration(c[k] / n) for k in ("decode", "feed", "total")),
+        f"process_time, median of {repeats}; replay : decode-only by CPU {c['decode'] / c['total']:.2f}")
+    report.add(bench, "CPU per event: worker fold, batches of 2,500 / of 50", " / ".join(
+        duration(c[k] / n) for k in ("fold", "fold_small")),
+        f"process_time; metrics (HealthStage.committed) {duration((c['fold'] - c['fold_nometrics']) / n)}/event")
     return {"events": n, "replay_eps": n / t["total"]}
 
 

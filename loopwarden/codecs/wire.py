@@ -117,6 +117,14 @@ def _decode(data: bytes, content_type: str | None, union: str) -> Any:
                            f"limit (about {sys.getrecursionlimit()} levels)") from None
 
 
+def unchecked_decoder(union: str, content_type: str) -> Any:
+    """msgspec's decode function of one union (``input``, ``steps``, ``outcomes``) and content type, alone:
+    no content-type, type or size checks and no :class:`InvalidEvent` (its errors are msgspec's). For a
+    shell's hot path that tries it on records the checked functions would accept, and on any error
+    decodes again with the checked one, which says what is wrong."""
+    return _decoders[(union, content_type)].decode
+
+
 def decode_input(data: bytes, content_type: str | None = None) -> InputEvent:
     """Decode any input event (replay reads every input type from one stream).
 

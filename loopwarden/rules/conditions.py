@@ -75,30 +75,22 @@ class CompiledPolicy:
 
     def evaluate(self, steps_in_segment: int, segment_tokens: int, last_calls: Iterable[ToolCall]) -> tuple[str, ...]:
         """As :func:`evaluate` on this policy's conditions, given the last step's tool calls."""
-        fired = None
         cid = self.step_ids.get(steps_in_segment)
-        if cid is not None:
-            fired = {cid}
-        tool_ids = self.tool_ids
+        tool_ids, budgets = self.tool_ids, self.budgets
+        if not tool_ids and not budgets:  # step counts only (the default policy): at most one id
+            return () if cid is None else (cid,)
+        fired = [] if cid is None else [cid]  # few ids: a list's `in` is cheaper than a set
         if tool_ids:
             for call in last_calls:
                 cid = tool_ids.get(call.name)
-                if cid is not None:
-                    if fired is None:
-                        fired = {cid}
-                    else:
-                        fired.add(cid)
-        for max_tokens, cid in self.budgets:
-            if segment_tokens >= max_tokens:
-                if fired is None:
-                    fired = {cid}
-                else:
-                    fired.add(cid)
-        if fired is None:
-            return ()
-        if len(fired) == 1:
-            return (fired.pop(),)
-        return tuple(sorted(fired))
+                if cid is not None and cid not in fired:
+                    fired.append(cid)
+        for max_tokens, cid in budgets:
+            if segment_tokens >= max_tokens and cid not in fired:
+                fired.append(cid)
+        if len(fired) > 1:
+            fired.sort()
+        return tuple(fired)
 
 
 _DEFAULT_POLICY = Policy(version="")

@@ -98,6 +98,40 @@ class StreamTime:
     def holding(self) -> int:
         return sum(map(len, self.held.values()))
 
+    def ready(self, per_topic: dict[str, list], lagging: Collection[str], out) -> dict[str, list]:
+        """role -> the decoded items to apply now, offset order per topic; ``per_topic`` as the task decoded it.
+
+        Dead letters go to ``out`` (a Batch) and count as consumed; a topic's records past its limit
+        (see :meth:`limits`) are held, with the rest of the topic, for a later fold."""
+        limits = self.limits(per_topic, lagging) if lagging else {}
+        seen_ts, roles, counts = self.seen_ts, self.roles, out.counts
+        inputs: dict[str, list] = {}
+        for topic, items in per_topic.items():
+            role = roles[topic]
+            limit = limits.get(role)
+            applied = inputs.get(role)
+            if applied is None:
+                applied = inputs[role] = []
+            high = seen_ts.get(role, -1)
+            used = 0
+            for _rec, item in items:
+                if item.__class__ is not tuple:  # a dead letter
+                    out.deadletters.append(item)
+                    counts["invalid", role, item.reason] += 1
+                else:
+                    ts = item[1].ts
+                    if limit is not None and ts > limit:  # later than all the lagging topic has shown: wait for it
+                        self.held[topic] = items[used:]
+                        break
+                    applied.append(item)
+                    if ts > high:
+                        high = seen_ts[role] = ts
+                used += 1
+            if used:
+                out.consumed += used
+                out.offsets[topic] = items[used - 1][0].offset + 1
+        return inputs
+
     def limits(self, per_topic: dict[str, list], lagging: Collection[str]) -> dict[str, int]:
         """role -> the latest ts it may apply now: the lowest stream time (highest ts seen, folded or in this
         batch) of the other, lagging, aligned inputs; -1 when one of those has shown nothing yet."""
@@ -113,3 +147,32 @@ class StreamTime:
             if others:
                 limits[role] = min(others)
         return limits
+
+
+def merge_by_ts(first: list, second: list) -> list:
+    """``list(heapq.merge(first, second, key=lambda item: item[1].ts))``: two inputs' decoded items in event-time
+    order, ties to ``first``. A copy of heapq.merge for two lists: 0.05 µs an item instead of 0.11
+    (tests/unit/test_task_fast_paths.py checks it against heapq.merge)."""
+    if not second:
+        return first
+    if not first:
+        return second
+    out: list = []
+    take = out.append
+    i = j = 0
+    ends = len(first), len(second)
+    head = second[0]
+    head_ts = head[1].ts
+    for item in first:
+        while head_ts < item[1].ts:
+            take(head)
+            j += 1
+            if j == ends[1]:
+                out += first[i:]
+                return out
+            head = second[j]
+            head_ts = head[1].ts
+        take(item)
+        i += 1
+    out += second[j:]
+    return out

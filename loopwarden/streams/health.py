@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from operator import attrgetter
 
 from loopwarden.rules import TIMER_REASONS, Settings
 from loopwarden.streams.batch import Batch, wall_clock_ms
@@ -22,6 +23,10 @@ from loopwarden.streams.stage import Input, StageBase
 from loopwarden.streams.task import PartitionTask
 from loopwarden.streams.topics import ensure_topics
 from loopwarden.streams.topology import TopologyWatch
+
+
+_moves = attrgetter("from_state", "to_state")
+_agents = attrgetter("agent", "to_state")
 
 
 class HealthStage(StageBase):
@@ -77,11 +82,17 @@ class HealthStage(StageBase):
             return
         m = self.metrics
         m.count_batch(result.counts)
+        transitions = result.transitions
+        # The two counters per distinct (from, to) and (agent, to) of the batch, not per transition: a
+        # metric update costs ~0.5 µs, and this loop was ~1 µs of the worker's CPU per event (bench/README.md).
+        for (from_state, to_state), n in Counter(map(_moves, transitions)).items():
+            m.child(m.transitions, from_state or "none", to_state).inc(n)
+        for (agent, to_state), n in Counter(map(_agents, transitions)).items():  # agents in order of first sight
+            m.child(m.agent_transitions, m.agent_label(agent), to_state).inc(n)
         now_ms = wall_clock_ms()
-        for t in result.transitions:
-            m.child(m.transitions, t.from_state or "none", t.to_state).inc()
-            m.child(m.agent_transitions, m.agent_label(t.agent), t.to_state).inc()
-            (m.timer_latency if t.reason in TIMER_REASONS else m.latency).observe(max(0.0, (now_ms - t.ts) / 1000))
+        latency, timer_latency = m.latency, m.timer_latency
+        for t in transitions:
+            (timer_latency if t.reason in TIMER_REASONS else latency).observe(max(0.0, (now_ms - t.ts) / 1000))
 
     def aborted(self, part: OwnedPartition, result: Batch) -> None:  # type: ignore[override]
         m = self.metrics

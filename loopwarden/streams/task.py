@@ -24,21 +24,27 @@ from __future__ import annotations
 import heapq
 import logging
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
+from operator import itemgetter
 
 
 from loopwarden.codecs import encode
 from loopwarden.rules import RunState, Settings, apply, decode_state, encode_state
 from loopwarden.rules.machine import DEADLINE_KEEPING
 from loopwarden.rules.table import RunTable
-from loopwarden.streams.alignment import ALIGNED, StreamTime
+from loopwarden.streams.alignment import ALIGNED, StreamTime, merge_by_ts
 from loopwarden.streams.batch import CLOCK_KEY, Batch, _decode_clock, _encode_clock, is_meta, wall_clock_ms  # noqa: F401
-from loopwarden.streams.inputs import Record, Tick, decode_input, decode_tick, encode_tick, header  # noqa: F401
+from loopwarden.streams.inputs import Record, Tick, decode_input, decode_records, decode_tick, encode_tick, header  # noqa: F401
+from loopwarden.streams.hotstates import LIMIT as HOT_RUNS, HotStates
 from loopwarden.streams.readmodel import RunsIndex
 from loopwarden.streams.stage import DeadLetter, Output
 from loopwarden.streams.topology import LAYOUT_KEY, Placement, decode_expansion
 
 log = logging.getLogger("loopwarden.task")
+
+_ABSENT = object()  # not touched by the batch being folded (None in ``_live`` means dropped by retention)
+_event_of = itemgetter(1)
+
 
 class PartitionTask:
     """A partition's run states (committed, in ``store``), its due-timer queue and its clock."""
@@ -56,6 +62,7 @@ class PartitionTask:
         health_topic: str = "agent.health",
         trust=None,
         partitions: int | None = None,
+        hot_runs: int = HOT_RUNS,
     ) -> None:
         self.partition = partition
         self.health_topic = health_topic
@@ -82,6 +89,7 @@ class PartitionTask:
         self._live: dict[str, RunState | None] = {}
         self._before: dict[str, str | None] = {}  # their committed health
         self._moved: set[str] = set()  # runs whose health changed in the batch (a new timer: rescheduled)
+        self.hot = HotStates(hot_runs)  # committed states kept decoded between batches
         self._clock_before = 0
         self.stream = StreamTime(roles, ALIGNED)  # stream times, records held for a lagging input
         self.index = RunsIndex(store)  # the read API's ordered view of the committed runs (dropped with the task)
@@ -92,6 +100,7 @@ class PartitionTask:
         self.timers.clear()
         self.state_counts.clear()
         self.index.clear()
+        self.hot.clear()
         n = 0
         for key, raw in self.store.items():
             if is_meta(key):
@@ -110,12 +119,9 @@ class PartitionTask:
 
     # -- state within a batch ---------------------------------------------------------
     def load(self, run_id: str) -> RunState | None:
-        if run_id in self._live:
-            return self._live[run_id]
-        raw = self.store.get(run_id.encode())
-        if raw is None:
-            return None
-        return decode_state(raw)
+        """The run's state in the batch: as the batch left it, else its committed one (to be changed)."""
+        state = self._live.get(run_id, _ABSENT)
+        return self.hot.take(run_id, self.store) if state is _ABSENT else state  # type: ignore[return-value]
 
     def _key(self, run_id: str) -> bytes:
         key = run_id.encode()  # the store's key; the object the timer queue (so the store) holds, if any
@@ -149,64 +155,48 @@ class PartitionTask:
         A call with no ``lagging`` folds everything held.
         """
         out = Batch()
-        self._live.clear()
-        self._before.clear()
-        self._moved.clear()
+        live, before, moved, hot, store = self._live, self._before, self._moved, self.hot, self.store
+        live.clear()
+        before.clear()
+        moved.clear()
+        hot.taken.clear()
         self._clock_before = self.clock
-        max_future_ms = self.max_future_ms
-        ts_limit = self.wall_ms() + max_future_ms
-        inputs: dict[str, list] = {}
-        ticks = []
-        # input topic -> [(record, (role, event, record) | DeadLetter)], offset order: held ones first
         stream = self.stream
+        # input topic -> [(record, (role, event, record) | DeadLetter)], offset order: held ones first
         per_topic = stream.take_held()
-        for rec in records:
-            role = self.roles.get(rec.topic)
-            if role in ALIGNED:
-                per_topic.setdefault(rec.topic, []).append((rec, decode_input(rec, role, ts_limit, max_future_ms)))
-                continue
-            out.consumed += 1
-            out.offsets[rec.topic] = rec.offset + 1
-            if role == "ticks":
-                ticks.append(rec)
-            else:
-                out.deadletters.append(DeadLetter(rec, "wrong_topic", f"topic {rec.topic!r} is not an input"))
-                out.counts["invalid", "steps", "wrong_topic"] += 1
-        limits = stream.limits(per_topic, lagging) if lagging else {}
-        seen_ts = stream.seen_ts
-        for topic, items in per_topic.items():
-            role = self.roles[topic]
-            limit = limits.get(role)
-            for i, (rec, item) in enumerate(items):
-                if item.__class__ is DeadLetter:
-                    out.deadletters.append(item)
-                    out.counts["invalid", role, item.reason] += 1
-                else:
-                    ts = item[1].ts
-                    if limit is not None and ts > limit:  # later than all the lagging topic has shown: wait for it
-                        stream.held[topic] = items[i:]
-                        break
-                    inputs.setdefault(role, []).append(item)
-                    if ts > seen_ts.get(role, -1):
-                        seen_ts[role] = ts
-                out.consumed += 1
-                out.offsets[topic] = rec.offset + 1
-        if len(inputs) > 1:
-            merged: Iterator = heapq.merge(*inputs.values(), key=_ts)
+        ticks = decode_records(records, self.roles, self.wall_ms() + self.max_future_ms, self.max_future_ms,
+                               per_topic, out)
+        inputs = stream.ready(per_topic, lagging, out)
+        counts = out.counts
+        for role, applied in inputs.items():  # counted at once: every event taken here is applied below
+            for cls, n in Counter(map(type, map(_event_of, applied))).items():
+                counts["event", role, cls.__struct_config__.tag] += n
+        if len(inputs) == 2:
+            merged = merge_by_ts(*inputs.values())
+        elif len(inputs) > 2:  # the verifiers' own receipts topic too (LOOPWARDEN_TRUSTED_OUTCOMES_TOPIC)
+            merged = heapq.merge(*inputs.values(), key=_ts)
         else:
-            merged = iter(next(iter(inputs.values()), ()))
+            merged = next(iter(inputs.values()), ())
         trust = self.trust
+        placement = self.placement
         # One event clock in both modes (docs/contract.md section 5, "Event time and late events"). On event
         # time timers are queued and fired around each event as in replay; on the wall clock, at punctuation.
         event_mode = self.clock_mode == "event"
         timers = self.timers
         heap = timers.heap
         clock = self.clock
+        noted: dict = {}  # notes of the batch, added to counts at the end: a dict write per note, not a Counter's
         for role, event, rec in merged:
-            out.counts["event", role, event.__struct_config__.tag] += 1
             run_id = event.run_id
-            state = self.load(run_id)
-            if state is None and self.placement is not None and self._misplaced(rec, role, out):
+            # load(), inline: one dict lookup per event of a run the batch already holds
+            state = live.get(run_id, _ABSENT)
+            if state is _ABSENT:
+                state = hot.take(run_id, store)
+                if state is None and placement is not None and self._misplaced(rec, role, out):
+                    continue
+                if run_id not in before:  # its committed health (a timer fired below sees the same)
+                    before[run_id] = state.health if state is not None else None
+            elif state is None and placement is not None and self._misplaced(rec, role, out):
                 continue
             ts = event.ts
             if ts > clock:
@@ -215,11 +205,9 @@ class PartitionTask:
                 now = clock
                 if heap and heap[0] <= clock:  # RunTable.due, inline: a heap peek per event
                     self.fire_due(clock, out)
-                    state = self.load(run_id)
+                    state = live.get(run_id, state)  # fired: its new state; else the one taken above, unchanged
             else:
                 now = self.wall_ms()
-            if run_id not in self._before:
-                self._before[run_id] = state.health if state is not None else None
             try:
                 if trust is not None and role != "steps":  # trust is decided here, before the core
                     event = trust.classify(event, role == "verified_outcomes")
@@ -227,14 +215,25 @@ class PartitionTask:
             except Exception as exc:  # a bug of ours must not stop the partition nor lose the message
                 log.exception("internal error on %s[%d]@%d; dead-lettered", rec.topic, rec.partition, rec.offset)
                 out.deadletters.append(DeadLetter(rec, "internal_error", f"{type(exc).__name__}: {exc}"))
-                out.counts["invalid", role, "internal_error"] += 1
+                counts["invalid", role, "internal_error"] += 1
+                hot.taken.pop(run_id, None)  # apply may have changed it half-way: never kept decoded
                 continue
-            self._take(run_id, res, out)
+            # _take, inline
+            if res.notes:
+                for note in res.notes:
+                    noted[note] = noted.get(note, 0) + 1
+            transitions = res.transitions
+            new = live[run_id] = res.state
+            if transitions:
+                out.transitions += transitions
+                moved.add(run_id)
             if event_mode:  # replay's scheduling, event by event (RunTable.changed's first test inline)
-                if res.transitions or res.state is not state or event.__class__ not in DEADLINE_KEEPING:
-                    timers.changed(res.state, bool(res.transitions))
+                if transitions or new is not state or event.__class__ not in DEADLINE_KEEPING:
+                    timers.changed(new, bool(transitions))  # type: ignore[arg-type]
                     if heap and heap[0] <= clock:  # a deadline already past (an approval's): it fires now
                         self.fire_due(clock, out)
+        if noted:
+            counts.update(noted)
         self.clock = clock
         fire = punctuate
         for rec in ticks:
@@ -249,6 +248,7 @@ class PartitionTask:
             fire = True
         if fire and caught_up:
             self.fire_due(self.clock if event_mode else self.wall_ms(), out)
+        hot.put_back(live)  # taken and left as committed (a stale timer's run): kept decoded
         self._finish(out)
         return out
 
@@ -319,6 +319,7 @@ class PartitionTask:
                     delta[after] += 1
         self.state_counts.update(delta)
         self.index.committed(out.changes)
+        self.hot.committed(self._live, out.changes)  # the batch's states are the committed ones now
         self._live.clear()
         self._before.clear()
         self._moved.clear()

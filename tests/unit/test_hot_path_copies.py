@@ -67,3 +67,19 @@ def test_the_step_handlers_token_copy_equals_usage_tokens(step) -> None:
     """A run's first step adds exactly Usage.tokens to its segment."""
     state = apply(None, step, 0).state
     assert state.open[step.segment].tokens == step.usage.tokens
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.none() | S.policies, st.integers(0, 52), st.data())
+def test_the_compiled_policys_evaluate_equals_evaluate(policy, steps, data) -> None:
+    """CompiledPolicy.evaluate (lookup tables) fires what conditions.evaluate over the policy's conditions fires."""
+    from loopwarden.codecs import ToolCall, TokenBudget, ToolCallCondition
+    from loopwarden.rules.conditions import conditions_of, evaluate
+
+    conditions = conditions_of(policy)
+    names = [t for c in conditions if isinstance(c, ToolCallCondition) for t in c.tools] + ["other"]
+    budgets = [c.max_tokens for c in conditions if isinstance(c, TokenBudget)] or [1]
+    tokens = data.draw(st.sampled_from(budgets).flatmap(lambda b: st.integers(max(0, b - 2), b + 2)) | st.integers(0, 2**41))
+    calls = [ToolCall(id=f"c{i}", name=name, status="result")
+             for i, name in enumerate(data.draw(st.lists(st.sampled_from(names), max_size=4)))]
+    assert compile_policy(policy).evaluate(steps, tokens, calls) == evaluate(conditions, steps, tokens, [c.name for c in calls])
