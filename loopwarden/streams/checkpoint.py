@@ -44,15 +44,21 @@ class Checkpoint:
         p, producer = self.partition, self.producer
         await producer.begin_transaction()
         outbox = _Outbox(producer)
-        route = self.router.partition
+        route, put = self.router.partition, outbox.put
         for o in result.outputs:
-            await outbox.add(o.topic, o.partition if o.partition is not None else route(o.topic, o.key, p),
-                             o.key, o.value, o.headers)
+            partition = o.partition if o.partition is not None else route(o.topic, o.key, p)
+            if not put(o.topic, partition, o.key, o.value, o.headers):
+                await outbox.spill(o.topic, partition, o.key, o.value, o.headers)
         for o in deadletters:
-            await outbox.add(o.topic, o.partition, o.key, o.value, o.headers)  # type: ignore[arg-type]
+            if not put(o.topic, o.partition, o.key, o.value, o.headers):  # type: ignore[arg-type]
+                await outbox.spill(o.topic, o.partition, o.key, o.value, o.headers)  # type: ignore[arg-type]
         changelog = self.changelog_topic
-        for key, value in result.changes.items():
-            await outbox.add(changelog, p, key, value)
+        if result.changes:
+            batch = outbox.batch(changelog, p)
+            for key, value in result.changes.items():
+                if batch.append(key=key, value=value, timestamp=None, headers=_NO_HEADERS) is None:
+                    await outbox.spill(changelog, p, key, value)
+                    batch = outbox.batch(changelog, p)
         await outbox.flush()
         if result.offsets:
             await producer.send_offsets_to_transaction(
@@ -63,24 +69,41 @@ class Checkpoint:
         return Committed(max(ends) if ends else None, time.monotonic() - began)
 
 
+_NO_HEADERS: list = []  # BatchBuilder.append reads the list it is given, never keeps or changes it
+
+
 class _Outbox:
-    """A transaction's records, one batch per topic partition (``send_batch``): no per-record send."""
+    """A transaction's records, one batch per topic partition (``send_batch``): no per-record send.
+
+    Records go into the open batch of their topic partition without a turn of the event loop
+    (:meth:`put`, the changelog's loop on :meth:`batch`); only a full batch is sent before the
+    rest (:meth:`spill`). Per produced record 0.29 µs instead of 0.46 µs with one coroutine per
+    record (bench/README.md, "g latency")."""
 
     def __init__(self, producer: AIOKafkaProducer) -> None:
         self.producer = producer
         self.open: dict[tuple[str, int], object] = {}
         self.sent: list[tuple[str, int, asyncio.Future]] = []  # (topic, records, future of the batch)
 
-    async def add(self, topic: str, partition: int, key: bytes | None, value: bytes | None, headers=()) -> None:
+    def batch(self, topic: str, partition: int):
+        """The open batch of ``topic``/``partition`` (a new one if none)."""
         batch = self.open.get((topic, partition))
         if batch is None:
             batch = self.open[topic, partition] = self.producer.create_batch()
-        if batch.append(key=key, value=value, timestamp=None, headers=list(headers)) is not None:
-            return
+        return batch
+
+    def put(self, topic: str, partition: int, key: bytes | None, value: bytes | None, headers=()) -> bool:
+        """Append a record to its open batch; False: the batch is full (then :meth:`spill` it)."""
+        return self.batch(topic, partition).append(
+            key=key, value=value, timestamp=None, headers=list(headers) if headers else _NO_HEADERS) is not None
+
+    async def spill(self, topic: str, partition: int, key: bytes | None, value: bytes | None, headers=()) -> None:
+        """A record its open batch had no room for: send that batch, put the record in a new one."""
+        batch = self.batch(topic, partition)
         if batch.record_count():  # full: send it, start the next one
             await self._send(topic, partition, batch)
-            batch = self.open[topic, partition] = self.producer.create_batch()
-            if batch.append(key=key, value=value, timestamp=None, headers=list(headers)) is not None:
+            del self.open[topic, partition]
+            if self.put(topic, partition, key, value, headers):
                 return
         # Larger than a batch on its own (a dead letter near the size limit).
         future = await self.producer.send(topic, value, key=key, partition=partition, headers=list(headers))
