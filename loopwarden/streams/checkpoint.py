@@ -1,5 +1,10 @@
 """One batch's transaction: outputs, dead letters, changelog and consumed offsets, committed together.
 
+The consumed offsets are a changelog record of the engine's (``store.OFFSETS_KEY``) in every
+transaction, and the group's committed offsets (``send_offsets_to_transaction``: AddOffsetsToTxn
+and TxnOffsetCommit, two of the four round trips to the coordinators in sequence) when the
+engine asks (every ``commit_offsets_ms``): a restart resumes from whichever is further.
+
 A :class:`Checkpoint` is made fresh for each batch of a partition and committed once
 (Quix Streams' ``Checkpoint.commit``; Kafka Streams' ``RecordCollector`` + EOS commit).
 It records nothing: the engine records metrics from the :class:`Committed` it returns,
@@ -16,6 +21,7 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaProducer, TopicPartition
 
 from loopwarden.streams.stage import FoldResult, Output
+from loopwarden.streams.store import OFFSETS_KEY
 from loopwarden.streams.topics import Router
 
 
@@ -25,6 +31,7 @@ class Committed:
 
     position: int | None  # next changelog offset after this batch's records (None: it wrote none)
     seconds: float  # begin to commit: the broker round trips
+    offsets: bytes | None = None  # the engine's offsets record it wrote to the changelog (None: none)
 
 
 class Checkpoint:
@@ -38,8 +45,12 @@ class Checkpoint:
         self.changelog_topic = changelog_topic
         self.router = router
 
-    async def commit(self, result: FoldResult, deadletters: list[Output]) -> Committed:
-        """In order: begin; the outputs, the dead letters, the changelog; the offsets; commit."""
+    async def commit(self, result: FoldResult, deadletters: list[Output], *, offsets_record: bytes | None = None,
+                     send_offsets: bool = True) -> Committed:
+        """In order: begin; the outputs, the dead letters, the changelog; the offsets; commit.
+
+        ``offsets_record``: the input offsets (``recovery.encode_offsets``), written to the changelog as the
+        engine's record; ``send_offsets``: also commit them as the group's (AddOffsetsToTxn, TxnOffsetCommit)."""
         began = time.monotonic()
         p, producer = self.partition, self.producer
         await producer.begin_transaction()
@@ -59,14 +70,23 @@ class Checkpoint:
                 if batch.append(key=key, value=value, timestamp=None, headers=_NO_HEADERS) is None:
                     await outbox.spill(changelog, p, key, value)
                     batch = outbox.batch(changelog, p)
+        if offsets_record is not None and not put(changelog, p, OFFSETS_KEY, offsets_record):
+            await outbox.spill(changelog, p, OFFSETS_KEY, offsets_record)
         await outbox.flush()
-        if result.offsets:
+        if send_offsets and result.offsets:
             await producer.send_offsets_to_transaction(
                 {TopicPartition(t, p): o for t, o in result.offsets.items()}, self.group_id)
         metas = await outbox.delivered()
         await producer.commit_transaction()
         ends = [meta.offset + n for topic, n, meta in metas if topic == changelog]
-        return Committed(max(ends) if ends else None, time.monotonic() - began)
+        return Committed(max(ends) if ends else None, time.monotonic() - began, offsets_record)
+
+    async def commit_offsets(self, offsets: dict[str, int]) -> None:
+        """A transaction of the group's committed offsets only (a quiet partition whose group offsets are behind)."""
+        p, producer = self.partition, self.producer
+        await producer.begin_transaction()
+        await producer.send_offsets_to_transaction({TopicPartition(t, p): o for t, o in offsets.items()}, self.group_id)
+        await producer.commit_transaction()
 
 
 _NO_HEADERS: list = []  # BatchBuilder.append reads the list it is given, never keeps or changes it
