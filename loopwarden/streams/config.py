@@ -92,8 +92,9 @@ class Config:
     commit_gap_ms: int = 6
     # Every transaction writes the input offsets it consumed up to in the changelog (a restart resumes
     # there); the group's committed offsets (AddOffsetsToTxn + TxnOffsetCommit: two more broker round
-    # trips) go with a partition's transaction at most this often, and within this long once it is idle:
-    # lag tools see them this late at most. 0: with every transaction, and none in the changelog.
+    # trips) go with a partition's transaction at most this often, within this long once it is idle, and
+    # when it is given up (stop, rebalance): lag tools see them this late at most. 0: with every
+    # transaction, and none in the changelog.
     commit_offsets_ms: int = 1000
     # Records of one input stamped later than all the other input has shown, while that one holds
     # more on the broker than has been consumed, wait for it (so steps and receipts meet in event

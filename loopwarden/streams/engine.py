@@ -117,10 +117,10 @@ class Engine:
 
     async def process(self) -> None:
         """Start the pipeline of each partition with work; with ``batch_max_records`` buffered, wait for one."""
-        now = time.monotonic()
+        now, every = time.monotonic(), self.config.commit_offsets_ms
         parts = self.owned_partitions().values()
         for part in parts:
-            if part.buffered or part.punctuate or part.alignment.overdue(now) or self._group_due(part, now):
+            if part.buffered or part.punctuate or part.alignment.overdue(now) or part.group_due(now, every):
                 running = part.pipeline
                 if running is None or running.done():
                     if running is not None:
@@ -147,7 +147,7 @@ class Engine:
             overdue = part.alignment.overdue()
             records, punctuate = part.take()
             if not records and not punctuate and not overdue:  # what the task holds waits for the other input
-                if self._group_due(part, time.monotonic()):
+                if part.group_due(time.monotonic(), self.config.commit_offsets_ms):
                     await self._commit_group_offsets(part)
                 return
             caught_up, lagging = await part.alignment.lagging(records)
@@ -200,10 +200,6 @@ class Engine:
         a = self.assigned.get(part.number)
         if a is not None:
             a.progressed(result.offsets, self.untracked)
-
-    def _group_due(self, part: OwnedPartition, now: float) -> bool:
-        """Whether ``part``'s group offsets are behind its last commit and ``commit_offsets_ms`` has passed."""
-        return part.group_behind and now - part.offsets_sent_at >= self.config.commit_offsets_ms / 1000
 
     async def _commit_group_offsets(self, part: OwnedPartition) -> None:
         """A partition that went quiet: commit the group's offsets (a transaction of offsets only), so lag reads 0."""
@@ -290,13 +286,16 @@ class Engine:
             part.alignment.holding_since = None
 
     async def drain(self) -> None:
-        """Wait for every pipeline in flight (each ends once its buffer is empty)."""
+        """Wait for every pipeline in flight (each ends once its buffer is empty); then commit the group's offsets
+        where they are behind (for lag tools, and for workers older than the changelog's offsets record)."""
         pipelines = []
         for part in self.owned_partitions().values():
             if part.pipeline is not None:
                 pipelines.append(part.pipeline)
                 part.pipeline = None
         await asyncio.gather(*pipelines)
+        behind = [part for part in self.owned_partitions().values() if part.group_behind]
+        await quietly(asyncio.wait_for(asyncio.gather(*map(self._commit_group_offsets, behind)), 10), "committing offsets")
 
     async def start(self) -> None:
         c = self.config

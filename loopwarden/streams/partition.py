@@ -71,6 +71,10 @@ class OwnedPartition:
         self.group_behind = False  # the group's committed offsets are behind its last commit (commit_offsets_ms)
         self.pipeline: asyncio.Task | None = None  # fold, then commit, while records wait
 
+    def group_due(self, now: float, interval_ms: int) -> bool:
+        """Whether the group's offsets are behind its last commit and ``interval_ms`` has passed since they went."""
+        return self.group_behind and now - self.offsets_sent_at >= interval_ms / 1000
+
     def take(self) -> tuple[list, bool]:
         """The records buffered and whether to punctuate, handed to the next fold."""
         records, punctuate = self.buffered, self.punctuate
