@@ -1,5 +1,10 @@
 """One batch's transaction: outputs, dead letters, changelog and consumed offsets, committed together.
 
+The consumed offsets are a changelog record of the engine's (``store.OFFSETS_KEY``) in every
+transaction, and the group's committed offsets (``send_offsets_to_transaction``: AddOffsetsToTxn
+and TxnOffsetCommit, two of the four round trips to the coordinators in sequence) when the
+engine asks (every ``commit_offsets_ms``): a restart resumes from whichever is further.
+
 A :class:`Checkpoint` is made fresh for each batch of a partition and committed once
 (Quix Streams' ``Checkpoint.commit``; Kafka Streams' ``RecordCollector`` + EOS commit).
 It records nothing: the engine records metrics from the :class:`Committed` it returns,
@@ -16,6 +21,7 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaProducer, TopicPartition
 
 from loopwarden.streams.stage import FoldResult, Output
+from loopwarden.streams.store import OFFSETS_KEY
 from loopwarden.streams.topics import Router
 
 
@@ -25,6 +31,7 @@ class Committed:
 
     position: int | None  # next changelog offset after this batch's records (None: it wrote none)
     seconds: float  # begin to commit: the broker round trips
+    offsets: bytes | None = None  # the engine's offsets record it wrote to the changelog (None: none)
 
 
 class Checkpoint:
@@ -38,49 +45,85 @@ class Checkpoint:
         self.changelog_topic = changelog_topic
         self.router = router
 
-    async def commit(self, result: FoldResult, deadletters: list[Output]) -> Committed:
-        """In order: begin; the outputs, the dead letters, the changelog; the offsets; commit."""
+    async def commit(self, result: FoldResult, deadletters: list[Output], *, offsets_record: bytes | None = None,
+                     send_offsets: bool = True) -> Committed:
+        """In order: begin; the outputs, the dead letters, the changelog; the offsets; commit.
+
+        ``offsets_record``: the input offsets (``recovery.encode_offsets``), written to the changelog as the
+        engine's record; ``send_offsets``: also commit them as the group's (AddOffsetsToTxn, TxnOffsetCommit)."""
         began = time.monotonic()
         p, producer = self.partition, self.producer
         await producer.begin_transaction()
         outbox = _Outbox(producer)
-        route = self.router.partition
+        route, put = self.router.partition, outbox.put
         for o in result.outputs:
-            await outbox.add(o.topic, o.partition if o.partition is not None else route(o.topic, o.key, p),
-                             o.key, o.value, o.headers)
+            partition = o.partition if o.partition is not None else route(o.topic, o.key, p)
+            if not put(o.topic, partition, o.key, o.value, o.headers):
+                await outbox.spill(o.topic, partition, o.key, o.value, o.headers)
         for o in deadletters:
-            await outbox.add(o.topic, o.partition, o.key, o.value, o.headers)  # type: ignore[arg-type]
+            if not put(o.topic, o.partition, o.key, o.value, o.headers):  # type: ignore[arg-type]
+                await outbox.spill(o.topic, o.partition, o.key, o.value, o.headers)  # type: ignore[arg-type]
         changelog = self.changelog_topic
-        for key, value in result.changes.items():
-            await outbox.add(changelog, p, key, value)
+        if result.changes:
+            batch = outbox.batch(changelog, p)
+            for key, value in result.changes.items():
+                if batch.append(key=key, value=value, timestamp=None, headers=_NO_HEADERS) is None:
+                    await outbox.spill(changelog, p, key, value)
+                    batch = outbox.batch(changelog, p)
+        if offsets_record is not None and not put(changelog, p, OFFSETS_KEY, offsets_record):
+            await outbox.spill(changelog, p, OFFSETS_KEY, offsets_record)
         await outbox.flush()
-        if result.offsets:
+        if send_offsets and result.offsets:
             await producer.send_offsets_to_transaction(
                 {TopicPartition(t, p): o for t, o in result.offsets.items()}, self.group_id)
         metas = await outbox.delivered()
         await producer.commit_transaction()
         ends = [meta.offset + n for topic, n, meta in metas if topic == changelog]
-        return Committed(max(ends) if ends else None, time.monotonic() - began)
+        return Committed(max(ends) if ends else None, time.monotonic() - began, offsets_record)
+
+    async def commit_offsets(self, offsets: dict[str, int]) -> None:
+        """A transaction of the group's committed offsets only (a quiet partition whose group offsets are behind)."""
+        p, producer = self.partition, self.producer
+        await producer.begin_transaction()
+        await producer.send_offsets_to_transaction({TopicPartition(t, p): o for t, o in offsets.items()}, self.group_id)
+        await producer.commit_transaction()
+
+
+_NO_HEADERS: list = []  # BatchBuilder.append reads the list it is given, never keeps or changes it
 
 
 class _Outbox:
-    """A transaction's records, one batch per topic partition (``send_batch``): no per-record send."""
+    """A transaction's records, one batch per topic partition (``send_batch``): no per-record send.
+
+    Records go into the open batch of their topic partition without a turn of the event loop
+    (:meth:`put`, the changelog's loop on :meth:`batch`); only a full batch is sent before the
+    rest (:meth:`spill`). Per produced record 0.31 µs instead of 0.45 µs with one coroutine per
+    record (bench/README.md, "g latency")."""
 
     def __init__(self, producer: AIOKafkaProducer) -> None:
         self.producer = producer
         self.open: dict[tuple[str, int], object] = {}
         self.sent: list[tuple[str, int, asyncio.Future]] = []  # (topic, records, future of the batch)
 
-    async def add(self, topic: str, partition: int, key: bytes | None, value: bytes | None, headers=()) -> None:
+    def batch(self, topic: str, partition: int):
+        """The open batch of ``topic``/``partition`` (a new one if none)."""
         batch = self.open.get((topic, partition))
         if batch is None:
             batch = self.open[topic, partition] = self.producer.create_batch()
-        if batch.append(key=key, value=value, timestamp=None, headers=list(headers)) is not None:
-            return
+        return batch
+
+    def put(self, topic: str, partition: int, key: bytes | None, value: bytes | None, headers=()) -> bool:
+        """Append a record to its open batch; False: the batch is full (then :meth:`spill` it)."""
+        return self.batch(topic, partition).append(
+            key=key, value=value, timestamp=None, headers=list(headers) if headers else _NO_HEADERS) is not None
+
+    async def spill(self, topic: str, partition: int, key: bytes | None, value: bytes | None, headers=()) -> None:
+        """A record its open batch had no room for: send that batch, put the record in a new one."""
+        batch = self.batch(topic, partition)
         if batch.record_count():  # full: send it, start the next one
             await self._send(topic, partition, batch)
-            batch = self.open[topic, partition] = self.producer.create_batch()
-            if batch.append(key=key, value=value, timestamp=None, headers=list(headers)) is not None:
+            del self.open[topic, partition]
+            if self.put(topic, partition, key, value, headers):
                 return
         # Larger than a batch on its own (a dead letter near the size limit).
         future = await self.producer.send(topic, value, key=key, partition=partition, headers=list(headers))

@@ -96,6 +96,12 @@ class Config:
     # writes the commit markers meanwhile (one begun sooner meets CONCURRENT_TRANSACTIONS and
     # the client retries only after a fixed 20 ms).
     commit_gap_ms: int = 6
+    # Every transaction writes the input offsets it consumed up to in the changelog (a restart resumes
+    # there); the group's committed offsets (AddOffsetsToTxn + TxnOffsetCommit: two more broker round
+    # trips) go with a partition's transaction at most this often, within this long once it is idle, and
+    # when it is given up (stop, rebalance): lag tools see them this late at most. 0: with every
+    # transaction, and none in the changelog.
+    commit_offsets_ms: int = 1000
     # Records of one input stamped later than all the other input has shown, while that one holds
     # more on the broker than has been consumed, wait for it (so steps and receipts meet in event
     # time across batches), this long at most; 0: no waiting.
@@ -191,6 +197,8 @@ class Config:
             raise ConfigError(f"batch_max_records: {self.batch_max_records} must be between 1 and 1000000")
         if not 0 <= self.commit_gap_ms <= 1000:
             raise ConfigError(f"commit_gap_ms: {self.commit_gap_ms} must be between 0 and 1000")
+        if not 0 <= self.commit_offsets_ms <= 60_000:
+            raise ConfigError(f"commit_offsets_ms: {self.commit_offsets_ms} must be between 0 and 60000")
         if not 0 <= self.align_max_ms <= 60_000:
             raise ConfigError(f"align_max_ms: {self.align_max_ms} must be between 0 and 60000")
         if not 0 <= self.batch_wait_ms <= 10_000:

@@ -31,6 +31,7 @@ from loopwarden.streams.layoutguard import LayoutGuard
 from loopwarden.streams.manager import RECOVERABLE, PartitionManager, quietly
 from loopwarden.streams.metrics import Metrics
 from loopwarden.streams.partition import AssignedPartition, OwnedPartition
+from loopwarden.streams.recovery import encode_offsets
 from loopwarden.streams.security import client_options
 from loopwarden.streams.stage import FoldResult, Stage
 from loopwarden.streams.topics import Router
@@ -116,10 +117,10 @@ class Engine:
 
     async def process(self) -> None:
         """Start the pipeline of each partition with work; with ``batch_max_records`` buffered, wait for one."""
-        now = time.monotonic()
+        now, every = time.monotonic(), self.config.commit_offsets_ms
         parts = self.owned_partitions().values()
         for part in parts:
-            if part.buffered or part.punctuate or part.alignment.overdue(now):
+            if part.buffered or part.punctuate or part.alignment.overdue(now) or part.group_due(now, every):
                 running = part.pipeline
                 if running is None or running.done():
                     if running is not None:
@@ -146,6 +147,8 @@ class Engine:
             overdue = part.alignment.overdue()
             records, punctuate = part.take()
             if not records and not punctuate and not overdue:  # what the task holds waits for the other input
+                if part.group_due(time.monotonic(), self.config.commit_offsets_ms):
+                    await self._commit_group_offsets(part)
                 return
             caught_up, lagging = await part.alignment.lagging(records)
             if not self.partitions.owns(part):
@@ -163,8 +166,15 @@ class Engine:
         dead = [deadletter_output(d, stage.deadletter_topic, self.router.counts[stage.deadletter_topic],
                                   c.max_message_bytes) for d in result.deadletters]
         checkpoint = Checkpoint(part.producer, part.number, c.app_id, stage.changelog_topic, self.router)
+        record, send_offsets, began = None, True, time.monotonic()
+        if c.commit_offsets_ms and result.offsets:
+            # The offsets go to the changelog with every transaction (recovery seeks to them); the group's
+            # committed offsets, two more round trips to the coordinators, only every commit_offsets_ms.
+            a = self.assigned.get(part.number)
+            record = encode_offsets({**(a.committed if a is not None else {}), **result.offsets})
+            send_offsets = began - part.offsets_sent_at >= c.commit_offsets_ms / 1000
         try:
-            committed = await checkpoint.commit(result, dead)
+            committed = await checkpoint.commit(result, dead, offsets_record=record, send_offsets=send_offsets)
         except ProducerFenced:
             part.after_abort(result)
             await self._fenced(part.number)
@@ -174,6 +184,10 @@ class Engine:
             await self._failed(part, exc)
             return
         part.committed_at = time.monotonic()
+        if result.offsets:
+            part.group_behind = not send_offsets
+            if send_offsets:
+                part.offsets_sent_at = began
         part.after_commit(result, committed)
         m = self.metrics
         m.transactions.labels("committed").inc()
@@ -186,6 +200,24 @@ class Engine:
         a = self.assigned.get(part.number)
         if a is not None:
             a.progressed(result.offsets, self.untracked)
+
+    async def _commit_group_offsets(self, part: OwnedPartition) -> None:
+        """A partition that went quiet: commit the group's offsets (a transaction of offsets only), so lag reads 0."""
+        a = self.assigned.get(part.number)
+        if a is None or a.owned is not part or not a.committed:
+            return
+        c, began = self.config, time.monotonic()
+        try:
+            await Checkpoint(part.producer, part.number, c.app_id, self.stage.changelog_topic, self.router) \
+                .commit_offsets(a.committed)
+        except ProducerFenced:
+            await self._fenced(part.number)
+            return
+        except RECOVERABLE as exc:
+            await self._failed(part, exc)
+            return
+        part.committed_at = time.monotonic()
+        part.offsets_sent_at, part.group_behind = began, False
 
     async def _fenced(self, p: int) -> None:
         """Another worker owns ``p`` now: commit nothing more for it until the group assigns it again."""
@@ -254,13 +286,16 @@ class Engine:
             part.alignment.holding_since = None
 
     async def drain(self) -> None:
-        """Wait for every pipeline in flight (each ends once its buffer is empty)."""
+        """Wait for every pipeline in flight (each ends once its buffer is empty); then commit the group's offsets
+        where they are behind (for lag tools, and for workers older than the changelog's offsets record)."""
         pipelines = []
         for part in self.owned_partitions().values():
             if part.pipeline is not None:
                 pipelines.append(part.pipeline)
                 part.pipeline = None
         await asyncio.gather(*pipelines)
+        behind = [part for part in self.owned_partitions().values() if part.group_behind]
+        await quietly(asyncio.wait_for(asyncio.gather(*map(self._commit_group_offsets, behind)), 10), "committing offsets")
 
     async def start(self) -> None:
         c = self.config

@@ -39,7 +39,9 @@ from loopwarden.streams.assignment import partition_of
 from loopwarden.streams.batch import CLOCK_KEY
 from loopwarden.streams.config import Config
 from loopwarden.streams.exceptions import TopicLayoutError
+from loopwarden.streams.recovery import decode_offsets
 from loopwarden.streams.security import client_options
+from loopwarden.streams.store import OFFSETS_KEY
 from loopwarden.streams.topics import co_partitioned, existing_counts, inputs
 from loopwarden.streams.topology import (
     LAYOUT_KEY,
@@ -162,6 +164,9 @@ async def _move(c: Config, old: int, new: int, report: Report) -> None:
             for topic in inputs(c):
                 tp = TopicPartition(topic, p)
                 start = await group.committed(tp)
+                logged = decode_offsets(changelog[p].get(OFFSETS_KEY)).get(topic)  # the worker's last transaction
+                if logged is not None and (start is None or logged > start):
+                    start = logged
                 records, end = await _read_range(reader, tp, start)
                 boundaries[p][topic] = end
                 for r in records:

@@ -66,7 +66,7 @@ class PartitionManager:
             await self.router.learn(next(iter(producers.values())), (*stage.outputs, stage.deadletter_topic))
             stores = {p: open_partition(c.store, c.data_dir, c.app_id, p, stage.store_name) for p in partitions}
             self.metrics.restored.inc(await restore(self.restorer, stage.changelog_topic, stores))
-            offsets = await seek_committed(self.consumer, self.topics, partitions)
+            offsets = await seek_committed(self.consumer, self.topics, partitions, stores)
         except BaseException:
             for p, producer in producers.items():
                 await quietly(producer.stop(), f"stopping the producer of partition {p}")

@@ -67,7 +67,13 @@ class OwnedPartition:
         self.buffered: list = []  # records consumed, not folded yet
         self.punctuate = False  # the next fold fires due timers
         self.committed_at = 0.0  # monotonic time of its last commit
+        self.offsets_sent_at = 0.0  # monotonic time of its last transaction that committed the group's offsets
+        self.group_behind = False  # the group's committed offsets are behind its last commit (commit_offsets_ms)
         self.pipeline: asyncio.Task | None = None  # fold, then commit, while records wait
+
+    def group_due(self, now: float, interval_ms: int) -> bool:
+        """Whether the group's offsets are behind its last commit and ``interval_ms`` has passed since they went."""
+        return self.group_behind and now - self.offsets_sent_at >= interval_ms / 1000
 
     def take(self) -> tuple[list, bool]:
         """The records buffered and whether to punctuate, handed to the next fold."""
@@ -84,7 +90,7 @@ class OwnedPartition:
     def after_commit(self, result: FoldResult, committed: Committed | None) -> None:
         """The batch's transaction committed (``None``: the batch had nothing to commit)."""
         if committed is not None:
-            self.store.write(result.changes, committed.position)
+            self.store.write(result.changes, committed.position, committed.offsets)
         self.stage.committed(self, result, self.task.committed(result))
 
     def after_abort(self, result: FoldResult) -> None:

@@ -12,21 +12,42 @@ by generation) is not available; hence one producer per partition.
 **Restore.** Once the producer is up the changelog and the committed offsets are
 final (they were written in the same transactions): the store reads its changelog
 partition ``read_committed`` from its position to the end, then the inputs seek to the
-group's committed offsets. Nothing else.
+group's committed offsets, or further: to the input offsets of the changelog's last
+engine record (``store.OFFSETS_KEY``, written by every transaction), since the group's
+go with a transaction only every ``commit_offsets_ms``. Nothing else.
 """
 
 from __future__ import annotations
 
 import logging
 
+import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from loopwarden.streams.config import Config
 from loopwarden.streams.deadletters import OVERHEAD
 from loopwarden.streams.security import client_options
-from loopwarden.streams.store import PartitionStore
+from loopwarden.streams.store import OFFSETS_KEY, PartitionStore
 
 log = logging.getLogger("loopwarden.worker")
+_encode_offsets = msgspec.msgpack.Encoder().encode
+_decode_offsets = msgspec.msgpack.Decoder(dict[str, int]).decode
+
+
+def encode_offsets(offsets: dict[str, int]) -> bytes:
+    """The value of the changelog's engine record: input topic -> next offset to consume."""
+    return _encode_offsets(offsets)
+
+
+def decode_offsets(raw: bytes | None) -> dict[str, int]:
+    """``encode_offsets``'s map; {} for none or for a value that is not one (logged: the group's offsets decide)."""
+    if raw is None:
+        return {}
+    try:
+        return _decode_offsets(raw)
+    except msgspec.DecodeError:
+        log.warning("the changelog's input-offsets record is not one (%d bytes): using the group's offsets", len(raw))
+        return {}
 
 
 def transactional_producer(config: Config, partition: int) -> AIOKafkaProducer:
@@ -64,7 +85,9 @@ async def restore(restorer: AIOKafkaConsumer, changelog_topic: str, stores: dict
         batch = await restorer.getmany(*todo, timeout_ms=1000, max_records=20_000)
         for tp, records in batch.items():
             if records:
-                tps[tp].write({r.key: r.value for r in records}, records[-1].offset + 1)
+                values = {r.key: r.value for r in records}
+                offsets = values.pop(OFFSETS_KEY, None)  # the engine's, not the stage's: kept beside the position
+                tps[tp].write(values, records[-1].offset + 1, offsets)
                 n += len(records)
         for tp in list(todo):
             position = await restorer.position(tp)
@@ -78,15 +101,22 @@ async def restore(restorer: AIOKafkaConsumer, changelog_topic: str, stores: dict
     return n
 
 
-async def seek_committed(consumer: AIOKafkaConsumer, topics: tuple[str, ...], partitions: list[int]) -> dict[int, dict[str, int]]:
-    """Seek each input partition to the group's committed offset (its beginning if none); partition -> topic -> offset."""
+async def seek_committed(consumer: AIOKafkaConsumer, topics: tuple[str, ...], partitions: list[int],
+                         stores: dict[int, PartitionStore] | None = None) -> dict[int, dict[str, int]]:
+    """Seek each input partition to where its last committed transaction stopped; partition -> topic -> offset.
+
+    That is the group's committed offset (the beginning if none), or the offsets the changelog's last
+    engine record holds when they are further (``commit_offsets_ms`` > 0 sends the group's offsets
+    only every so often; the changelog has them in every transaction)."""
     tps = [TopicPartition(topic, p) for p in partitions for topic in topics]
     committed = {tp: await consumer.committed(tp) for tp in tps}
     missing = [tp for tp, o in committed.items() if o is None]
     starts = await consumer.beginning_offsets(missing) if missing else {}
+    logged = {p: decode_offsets(stores[p].offsets) if stores else {} for p in partitions}
     offsets: dict[int, dict[str, int]] = {p: {} for p in partitions}
     for tp in tps:
         offset = committed[tp] if committed[tp] is not None else starts[tp]
+        offset = max(offset, logged[tp.partition].get(tp.topic, -1))
         consumer.seek(tp, offset)
         offsets[tp.partition][tp.topic] = offset
     consumer.resume(*tps)

@@ -11,6 +11,10 @@ RocksDB store keeps, in the same atomic write as the states, the changelog offse
 holds everything before, so a restart reads only the tail. A RocksDB position past
 the changelog's end (the topics were deleted and made anew while the volume was
 kept) wipes that partition's local state and restores it from offset 0.
+
+The engine's own changelog record (``OFFSETS_KEY``: the input offsets a transaction consumed up
+to) is not a stage's state: a store keeps its last value as ``offsets``, beside its position,
+and never shows it to the fold.
 """
 
 from __future__ import annotations
@@ -26,14 +30,19 @@ from loopwarden.streams.exceptions import ConfigError
 log = logging.getLogger("loopwarden.store")
 
 _POSITION_KEY = b"\xffloopwarden/changelog-position"
+# The changelog record of the engine's own (not a stage's): the input offsets its transaction consumed up to
+# (loopwarden.streams.checkpoint). A store keeps it beside its position, out of the stage's view.
+OFFSETS_KEY = b"\xffloopwarden/engine/input-offsets"
+_HIDDEN = (_POSITION_KEY, OFFSETS_KEY)
 
 
 class PartitionStore(Mapping[bytes, bytes]):
     """One partition's committed states (key -> encoded state); read-only to the fold."""
 
     position: int = 0  # the changelog offset everything before which this store holds
+    offsets: bytes | None = None  # the last OFFSETS_KEY record's value before ``position`` (None: none seen)
 
-    def write(self, changes: Mapping[bytes, bytes | None], position: int | None) -> None:
+    def write(self, changes: Mapping[bytes, bytes | None], position: int | None, offsets: bytes | None = None) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -49,6 +58,7 @@ class MemoryPartition(PartitionStore):
     def __init__(self) -> None:
         self._data: dict[bytes, bytes] = {}
         self.position = 0
+        self.offsets = None
 
     def __getitem__(self, key: bytes) -> bytes:
         return self._data[key]
@@ -65,7 +75,7 @@ class MemoryPartition(PartitionStore):
     def items(self):
         return self._data.items()
 
-    def write(self, changes: Mapping[bytes, bytes | None], position: int | None) -> None:
+    def write(self, changes: Mapping[bytes, bytes | None], position: int | None, offsets: bytes | None = None) -> None:
         data = self._data
         for key, value in changes.items():
             if value is None:
@@ -74,10 +84,13 @@ class MemoryPartition(PartitionStore):
                 data[key] = value
         if position is not None:
             self.position = position
+        if offsets is not None:
+            self.offsets = offsets
 
     def wipe(self) -> None:
         self._data.clear()
         self.position = 0
+        self.offsets = None
 
 
 class RocksPartition(PartitionStore):
@@ -89,6 +102,7 @@ class RocksPartition(PartitionStore):
         self._db = self._open()
         raw = self._db.get(_POSITION_KEY)
         self.position = int(raw.decode()) if raw is not None else 0
+        self.offsets = self._db.get(OFFSETS_KEY)
 
     def _open(self):
         from rocksdict import Options, Rdict
@@ -97,26 +111,26 @@ class RocksPartition(PartitionStore):
 
     def __getitem__(self, key: bytes) -> bytes:
         value = self._db.get(key)
-        if value is None or key == _POSITION_KEY:
+        if value is None or key in _HIDDEN:
             raise KeyError(key)
         return value
 
     def get(self, key, default=None):
         value = self._db.get(key)
-        return default if value is None or key == _POSITION_KEY else value
+        return default if value is None or key in _HIDDEN else value
 
     def __iter__(self) -> Iterator[bytes]:
         for key in self._db.keys():
-            if key != _POSITION_KEY:
+            if key not in _HIDDEN:
                 yield key
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
     def items(self):
-        return ((k, v) for k, v in self._db.items() if k != _POSITION_KEY)
+        return ((k, v) for k, v in self._db.items() if k not in _HIDDEN)
 
-    def write(self, changes: Mapping[bytes, bytes | None], position: int | None) -> None:
+    def write(self, changes: Mapping[bytes, bytes | None], position: int | None, offsets: bytes | None = None) -> None:
         from rocksdict import WriteBatch
 
         wb = WriteBatch(raw_mode=True)
@@ -128,6 +142,9 @@ class RocksPartition(PartitionStore):
         if position is not None:
             wb.put(_POSITION_KEY, str(position).encode())
             self.position = position
+        if offsets is not None:
+            wb.put(OFFSETS_KEY, offsets)
+            self.offsets = offsets
         self._db.write(wb)
 
     def close(self) -> None:
@@ -138,6 +155,7 @@ class RocksPartition(PartitionStore):
         shutil.rmtree(self.path, ignore_errors=True)
         self._db = self._open()
         self.position = 0
+        self.offsets = None
 
 
 def prepare_data_dir(data_dir: str) -> Path:

@@ -51,3 +51,80 @@ def test_a_stage_needs_to_declare_only_its_topics_and_task() -> None:
     """StageBase's observers do nothing and its summary is empty: a stage overrides what it needs."""
     base = StageBase()
     assert base.summary([]) == "" and base.keyed_like_input == frozenset() and base.punctuate_every_s == 1.0
+
+
+class _Batch:
+    """aiokafka's BatchBuilder (its size limit decides when it is full), with the keys it took."""
+
+    def __init__(self, real) -> None:
+        self.real, self.keys = real, []
+
+    def append(self, *, key, value, timestamp, headers):
+        meta = self.real.append(key=key, value=value, timestamp=timestamp, headers=headers)
+        if meta is not None:
+            self.keys.append(key)
+        return meta
+
+    def record_count(self) -> int:
+        return self.real.record_count()
+
+
+class _Sends:
+    """What a producer was handed, in order: real aiokafka batches (``create_batch``), sends recorded."""
+
+    def __init__(self, max_batch_size: int) -> None:
+        from aiokafka import AIOKafkaProducer
+
+        self._real = AIOKafkaProducer(bootstrap_servers="127.0.0.1:1", max_batch_size=max_batch_size)
+        self.sent: list[tuple[str, int, list[bytes]]] = []  # (topic, partition, keys) per send, in order
+
+    def create_batch(self) -> _Batch:
+        return _Batch(self._real.create_batch())
+
+    async def send_batch(self, batch: _Batch, topic: str, *, partition: int):
+        self.sent.append((topic, partition, batch.keys))
+        return _done(batch.keys)
+
+    async def send(self, topic: str, value, *, key, partition: int, headers):
+        self.sent.append((topic, partition, [key]))
+        return _done([key])
+
+    async def close(self) -> None:
+        await self._real.stop()
+
+
+def _done(value):
+    import asyncio
+
+    future = asyncio.get_running_loop().create_future()
+    future.set_result(value)
+    return future
+
+
+def test_the_outbox_keeps_each_partitions_records_in_order_across_full_batches_and_an_oversize_record() -> None:
+    """Records past a full batch, and one larger than any batch, reach the producer in the order they were added."""
+    import asyncio
+
+    from loopwarden.streams.checkpoint import _Outbox
+
+    async def go() -> list:
+        producer = _Sends(max_batch_size=2048)
+        outbox = _Outbox(producer)  # type: ignore[arg-type]
+        added: dict[tuple[str, int], list[bytes]] = {}
+        for i in range(60):
+            tp = ("changelog", 3) if i % 3 else ("health", 1)
+            key = b"k%03d" % i
+            value = b"v" * (5000 if i == 31 else 100)  # record 31 fits no batch
+            added.setdefault(tp, []).append(key)
+            if not outbox.put(*tp, key, value, (("h", b"1"),) if i == 7 else ()):
+                await outbox.spill(*tp, key, value)
+        await outbox.flush()
+        await producer.close()
+        return [producer.sent, added]
+
+    sent, added = asyncio.run(go())
+    assert len(sent) > 4  # several full batches per partition, and the oversize record on its own
+    got: dict[tuple[str, int], list[bytes]] = {}
+    for topic, partition, keys in sent:
+        got.setdefault((topic, partition), []).extend(keys)
+    assert got == added

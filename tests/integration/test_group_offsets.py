@@ -1,0 +1,64 @@
+"""The group's committed offsets with ``commit_offsets_ms``: behind while the worker runs, exact once it stops or idles."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from loopwarden.simulate import fleet
+from tests.integration.harness import make_worker, publish, run, unique_config, wait_consumed
+
+pytestmark = pytest.mark.timeout(240)
+
+
+async def _committed(config, topic: str) -> int:
+    admin = AIOKafkaAdminClient(bootstrap_servers=config.broker)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(
+            config.app_id, partitions=[TopicPartition(topic, p) for p in range(config.partitions)])
+        return sum(max(0, o.offset) for o in offsets.values())
+    finally:
+        await admin.close()
+
+
+def test_the_groups_offsets_lag_while_busy_and_are_exact_after_a_clean_stop(kafka, tmp_path: Path) -> None:
+    """Once a minute: after a second batch they are behind what was consumed; a SIGTERM commits them to the end."""
+    config = unique_config(kafka.bootstrap)
+    worker = make_worker(config, tmp_path, clock="event", commit_offsets_ms=60_000).start()
+    messages = fleet(200, seed=31, bad_every=0)
+    half = len(messages) // 2
+    steps = sum(1 for m in messages if m.topic == "steps")
+    try:
+        run(publish(worker.config, [(m.topic, m.key, m.value) for m in messages[:half]]))
+        wait_consumed(worker, half)
+        run(publish(worker.config, [(m.topic, m.key, m.value) for m in messages[half:]]))
+        wait_consumed(worker, len(messages))
+        assert run(_committed(worker.config, worker.config.steps_topic)) < steps
+    finally:
+        worker.stop(signal.SIGTERM)
+    assert run(_committed(worker.config, worker.config.steps_topic)) == steps
+
+
+def test_the_groups_offsets_of_an_idle_worker_catch_up_within_the_interval(kafka, tmp_path: Path) -> None:
+    """commit_offsets_ms=1500: a few seconds after the last input the group's offsets are at the end (lag 0)."""
+    config = unique_config(kafka.bootstrap)
+    worker = make_worker(config, tmp_path, clock="event", commit_offsets_ms=1500).start()
+    messages = fleet(150, seed=37, bad_every=0)
+    steps = sum(1 for m in messages if m.topic == "steps")
+    try:
+        for i in range(0, len(messages), 50):
+            run(publish(worker.config, [(m.topic, m.key, m.value) for m in messages[i:i + 50]]))
+            time.sleep(0.3)
+        wait_consumed(worker, len(messages))
+        deadline = time.monotonic() + 30
+        while run(_committed(worker.config, worker.config.steps_topic)) < steps:
+            assert time.monotonic() < deadline, "the group's offsets never caught up with an idle worker"
+            time.sleep(0.5)
+    finally:
+        worker.stop()
