@@ -32,6 +32,7 @@ from loopwarden.streams.manager import RECOVERABLE, PartitionManager, quietly
 from loopwarden.streams.metrics import Metrics
 from loopwarden.streams.partition import AssignedPartition, OwnedPartition
 from loopwarden.streams.security import client_options
+from loopwarden.streams.settle import Horizons
 from loopwarden.streams.stage import FoldResult, Stage
 from loopwarden.streams.topics import Router
 from loopwarden.streams.watch import Watch
@@ -73,6 +74,7 @@ class Engine:
         self._punctuated_at = 0.0
         self.blocked: str | None = None  # why the layout stops processing now (None: it does not)
         self.guard = LayoutGuard(self)  # re-reads the layout, pauses or holds partitions while it is wrong
+        self.horizons: Horizons | None = None  # after an expansion: how far old partitions were forwarded
 
     @property
     def assigned(self) -> dict[int, AssignedPartition]:
@@ -147,6 +149,7 @@ class Engine:
             records, punctuate = part.take()
             if not records and not punctuate and not overdue:  # what the task holds waits for the other input
                 return
+            await self._settle(part)
             caught_up, lagging = await part.alignment.lagging(records)
             if not self.partitions.owns(part):
                 return
@@ -157,6 +160,24 @@ class Engine:
                 await self._commit(part, result)
             else:
                 part.after_commit(result, None)
+
+    async def _settle(self, part: OwnedPartition) -> None:
+        """A task that settles moved runs after an expansion (an optional ``settling`` attribute, see
+        :mod:`loopwarden.streams.settle`) learns how far the old partitions it waits for were forwarded."""
+        settling = getattr(part.task, "settling", None)
+        if settling is None or not settling.needed:
+            return
+        try:
+            if self.horizons is None:
+                probe = AIOKafkaConsumer(**client_options(self.config), group_id=None, enable_auto_commit=False,
+                                         isolation_level="read_committed", auto_offset_reset="earliest")
+                await probe.start()
+                assert self.consumer is not None
+                self.horizons = Horizons(self.consumer, probe, tuple(self.partitions.tracked))
+            await self.horizons.settle(part.number, settling)
+        except RECOVERABLE as exc:  # the records wait for the next fold
+            log.warning("partition %d: reading how far moved runs were forwarded failed (%s: %s)",
+                        part.number, type(exc).__name__, exc)
 
     async def _commit(self, part: OwnedPartition, result: FoldResult) -> None:
         c, stage = self.config, self.stage
@@ -302,3 +323,5 @@ class Engine:
             if client is not None:
                 await quietly(client.stop(), "stopping a consumer", " during shutdown")
         await quietly(self.guard.stop(), "stopping the layout watch", " during shutdown")
+        if self.horizons is not None:
+            await quietly(self.horizons.probe.stop(), "stopping a consumer", " during shutdown")

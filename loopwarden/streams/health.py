@@ -51,7 +51,8 @@ class HealthStage(StageBase):
         c = self.config
         return PartitionTask(partition, store, self.roles, settings=self.settings, clock=c.clock,
                              max_future_ms=int(c.max_future_skew_s * 1000), health_topic=c.health_topic,
-                             verifiers=self.verifiers, partitions=c.partitions)
+                             verifiers=self.verifiers, partitions=c.partitions,
+                             settle=(c.expand_settle_ms, int(c.expand_window_s * 1000)))
 
     def summary(self, parts: list[OwnedPartition]) -> str:
         return f" ({sum(sum(part.task.state_counts.values()) for part in parts)} runs held)"

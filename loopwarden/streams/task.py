@@ -35,6 +35,7 @@ from loopwarden.streams.alignment import StreamTime
 from loopwarden.streams.batch import CLOCK_KEY, Batch, _decode_clock, _encode_clock, is_meta, wall_clock_ms  # noqa: F401
 from loopwarden.streams.inputs import Record, Tick, decode_input, decode_tick, encode_tick, header  # noqa: F401
 from loopwarden.streams.readmodel import RunsIndex
+from loopwarden.streams.settle import SETTLE_KEY, Settling, misplaced, settling_for
 from loopwarden.streams.stage import DeadLetter, Output
 from loopwarden.streams.topology import LAYOUT_KEY, Placement, decode_expansion
 
@@ -56,12 +57,15 @@ class PartitionTask:
         health_topic: str = "agent.health",
         verifiers=None,
         partitions: int | None = None,
+        settle: tuple[int, int] = (1000, 600_000),  # after an expansion: expand_settle_ms, expand_window_s in ms
     ) -> None:
         self.partition = partition
         self.health_topic = health_topic
         # Whether a record of a run this partition does not hold belongs here (None: not checked).
         self.placement = None if partitions is None else Placement(partition, partitions)
         self._forwarded: list[Output] = []  # records forwarded to their partition (loopwarden topics expand)
+        self.settling: Settling | None = None  # after an expansion: moved runs' records wait for their forwarded ones
+        self._settle = settle
         self.store = store  # committed states: run id (UTF-8) -> encode_state bytes
         self.roles = roles  # topic -> "steps" | "outcomes" | "ticks"
         self.settings = settings
@@ -104,6 +108,8 @@ class PartitionTask:
             self.state_counts[state.health] += 1
             self.timers.changed(state, True)
             self.index.add(state)
+        self.settling = settling_for(self.partition, self.placement, self.store.get(SETTLE_KEY), self._settle,
+                                     lambda h: decode_input(h, self.roles[h.topic], 2**63, self.max_future_ms))
         self.index.merge()  # sorted now, during recovery, not by the first read
         return n
 
@@ -169,6 +175,7 @@ class PartitionTask:
                 out.counts["invalid", "steps", "wrong_topic"] += 1
         limits = stream.limits(per_topic, lagging) if lagging else {}
         seen_ts = stream.seen_ts
+        settling, moved = self.settling, []  # moved runs' records (loopwarden.streams.settle)
         for topic, items in per_topic.items():
             role = self.roles[topic]
             limit = limits.get(role)
@@ -181,11 +188,16 @@ class PartitionTask:
                     if limit is not None and ts > limit:  # later than all the lagging topic has shown: wait for it
                         stream.held[topic] = items[i:]
                         break
-                    inputs.setdefault(role, []).append(item)
+                    if settling is not None and settling.old_partition(rec.key) is not None:
+                        moved.append(item)
+                    else:
+                        inputs.setdefault(role, []).append(item)
                     if ts > seen_ts.get(role, -1):
                         seen_ts[role] = ts
                 out.consumed += 1
                 out.offsets[topic] = rec.offset + 1
+        if settling is not None and (moved := settling.release(moved, self.wall_ms(), out.changes)):
+            inputs["moved"] = moved  # in event-time order
         if len(inputs) > 1:
             merged: Iterator = heapq.merge(*inputs.values(), key=_ts)
         else:
@@ -201,7 +213,7 @@ class PartitionTask:
             out.counts["event", role, event.__struct_config__.tag] += 1
             run_id = event.run_id
             state = self.load(run_id)
-            if state is None and self.placement is not None and self._misplaced(rec, role, out):
+            if state is None and self.placement and misplaced(self.placement, rec, role, out, self._forwarded):
                 continue
             ts = event.ts
             if ts > clock:
@@ -246,21 +258,6 @@ class PartitionTask:
             self.fire_due(self.clock if event_mode else self.wall_ms(), out)
         self._finish(out)
         return out
-
-    def _misplaced(self, rec, role: str, out: Batch) -> bool:
-        """Whether a record of a run this partition does not hold belongs elsewhere (handled here if so)."""
-        judged = self.placement.judge(rec.key, rec.topic, rec.offset)  # type: ignore[union-attr]
-        if judged is None:
-            return False
-        how, target = judged
-        if how == "forwarded":
-            self._forwarded.append(Output(rec.topic, rec.key, rec.value, tuple(rec.headers or ()), target))
-        if how == "wrong_partition":
-            out.deadletters.append(DeadLetter(rec, how, self.placement.wrong(rec.key, rec.topic, target)))  # type: ignore[union-attr]
-            out.counts["invalid", role, how] += 1
-        else:
-            out.counts["repartitioned", how] += 1
-        return True
 
     @property
     def holding(self) -> int:
@@ -314,6 +311,8 @@ class PartitionTask:
                     delta[after] += 1
         self.state_counts.update(delta)
         self.index.committed(out.transitions, self._live)
+        if self.settling is not None and self.settling.done:  # the window is over and nothing waits
+            self.settling = None
         self._live.clear()
         self._before.clear()
         self._moved.clear()
@@ -327,6 +326,8 @@ class PartitionTask:
         self._before.clear()
         self._moved.clear()
         self.stream.held.clear()  # consumed again from the committed offsets, which stop before them
+        if self.settling is not None:
+            self.settling.discard()
         self.clock = self._clock_before
 
     # -- read model -------------------------------------------------------------------

@@ -62,6 +62,9 @@ class Expansion(msgspec.Struct, frozen=True):
     # input topic -> the end offset of this partition when the expansion copied its waiting events
     # (only on partitions that existed before)
     boundary: dict[str, int] = {}
+    # when the expansion wrote it (wall clock ms; 0 in records of earlier versions): moved runs' records
+    # settle on their new partition for expand_window_s from then (loopwarden.streams.settle)
+    at_ms: int = 0
 
 
 encode_expansion = msgspec.msgpack.Encoder().encode

@@ -39,7 +39,8 @@ def env_for(config: Config) -> dict[str, str]:
                  "ticks_topic", "partitions", "store", "data_dir", "clock", "tick_interval_s", "web_port",
                  "shutdown_timeout_s", "stall_timeout_s", "session_timeout_s", "max_message_bytes", "batch_max_records",
                  "max_future_skew_s", "seq_memory_s", "retention_s", "malloc_trim_s", "commit_gap_ms", "batch_wait_ms", "align_max_ms",
-                 "otel_topic", "otel_partitions", "topology_check_s"):
+                 "otel_topic", "otel_partitions", "topology_check_s",
+                 "expand_window_s", "expand_settle_ms"):
         env["LOOPWARDEN_" + name.upper()] = str(getattr(config, name))
     for name in ("token", "security_protocol", "sasl_mechanism", "sasl_username", "sasl_password", "ssl_cafile",
                  "ssl_certfile", "ssl_keyfile"):
