@@ -183,3 +183,51 @@ def test_a_worker_stopped_while_its_output_topic_has_the_wrong_count_exits_clean
         assert took < 15, took
     finally:
         worker.stop()
+
+
+def test_topics_repair_recreates_an_empty_wrong_count_output_and_refuses_one_holding_records_until_told(kafka, tmp_path) -> None:
+    """agent.deadletter auto-created empty with 1 partition and agent.health auto-created with 1 partition holding a
+    record, under a running worker: `topics repair --yes` refuses (exit 1, changing nothing) naming the topic, its
+    count, the count expected and the command; `--recreate-outputs --yes` recreates both with 4 and the worker, blocked
+    until then, recovers by itself and folds new runs."""
+    from tests.integration.test_operator_cli import lw
+
+    config = unique_config(kafka.bootstrap, partitions=4)
+    worker = make_worker(config, tmp_path, "w", topology_check_s=1).start()
+    try:
+        t0 = int(time.time() * 1000)
+        run(publish(config, [("steps", b"first", as_json(started(run="first", ts=t0)))]))
+        run(read_topic(config, config.health_topic, lambda recs: len(recs) >= 1))
+
+        async def auto_create_both() -> None:
+            await _admin(config, lambda admin: admin.delete_topics([config.health_topic, config.deadletter_topic]))
+            for topic in (config.health_topic, config.deadletter_topic):
+                await _auto_create(config, topic)
+            async with AIOKafkaProducer(bootstrap_servers=config.broker, acks="all") as producer:
+                await producer.send_and_wait(config.health_topic, b"a transition on the auto-created topic", key=b"x")
+
+        run(auto_create_both())
+        wait_for(lambda: f"{config.health_topic} has 1 partitions".encode() in worker.get("/readyz")[1])
+        res = lw(config, "topics", "repair", "--yes")
+        assert res.returncode == 1, res.stdout
+        assert (f"output {config.health_topic} has 1 partitions, expected 4, and holds records (1 offsets). A worker "
+                "started while it had 4 stays blocked on it.") in res.stderr
+        assert "loopwarden topics repair --partitions 4 --recreate-outputs --yes" in res.stderr.strip().splitlines()[-1]
+        counts = run(_admin(config, lambda a: existing_counts(a, [config.health_topic, config.deadletter_topic])))
+        assert counts == {config.health_topic: 1, config.deadletter_topic: 1}  # refused whole: nothing changed
+        assert worker.get("/readyz")[0] == 503
+
+        res = lw(config, "topics", "repair", "--recreate-outputs", "--yes")
+        assert res.returncode == 0, res.stderr
+        assert f"delete and recreate {config.health_topic} with 4 partitions (it has 1; its 1 offsets of records are deleted)" in res.stdout
+        assert f"delete and recreate {config.deadletter_topic} with 4 partitions (it has 1; it holds no records)" in res.stdout
+        counts = run(_admin(config, lambda a: existing_counts(a, [config.health_topic, config.deadletter_topic])))
+        assert counts == {config.health_topic: 4, config.deadletter_topic: 4}
+        assert wait_for(lambda: worker.get("/readyz")[0] == 200)
+        events = [started(run="after", ts=t0 + 10), step(0, run="after", ts=t0 + 20), ended("natural_finish", 1, run="after", ts=t0 + 30)]
+        run(publish(config, [("steps", b"after", as_json(e)) for e in events]))
+        got = transitions(run(read_topic(config, config.health_topic, lambda recs: any(
+            t["run_id"] == "after" and t["to_state"] == "VERIFYING" for t in transitions(recs)))))
+        assert [t["seq"] for t in got if t["run_id"] == "after"] == [1, 2]
+    finally:
+        worker.stop()
