@@ -31,6 +31,7 @@ window ends; then everything is applied as it comes (docs/operations.md says so)
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
@@ -41,6 +42,7 @@ from loopwarden.streams.assignment import partition_of
 from loopwarden.streams.batch import META_PREFIX
 from loopwarden.streams.stage import DeadLetter, Output, header
 
+log = logging.getLogger("loopwarden.worker")
 FORWARDED = "loopwarden-forwarded"  # header of a record the worker forwarded: its old partition
 SETTLE_KEY = META_PREFIX + b"settling"  # the store's key of the records kept while they settle
 
@@ -83,16 +85,17 @@ class Settling:
     forwarding never waits for another partition's (two partitions waiting for each other
     would wait until the window ends)."""
 
-    __slots__ = ("partition", "partitions", "previous", "until_ms", "settle_ms", "horizon", "pending", "needed",
-                 "stash", "_before", "done")
+    __slots__ = ("partition", "partitions", "previous", "until_ms", "settle_ms", "max_bytes", "horizon", "pending",
+                 "needed", "stash", "_before", "done")
 
     def __init__(self, partition: int, partitions: int, previous: int, at_ms: int, settle_ms: int,
-                 window_ms: int) -> None:
+                 window_ms: int, max_bytes: int = 500_000) -> None:
         self.partition = partition
         self.partitions = partitions  # the count now
         self.previous = previous  # the count before the expansion
         self.until_ms = at_ms + window_ms if at_ms else 0  # 0: a layout record without its time: no settling
         self.settle_ms = settle_ms
+        self.max_bytes = max_bytes  # the stash is one changelog record: past this, records stop waiting
         self.horizon: Horizon | None = None  # the last one whose forwarded records the task holds
         self.pending: Horizon | None = None  # read, waiting for the consumer to reach its ``need``
         self.needed: set[int] = set()  # old partitions the records kept wait for
@@ -144,7 +147,13 @@ class Settling:
             else:
                 ready.append(item)
         if len(keep) != len(self.stash) or any(a is not b for a, b in zip(keep, self.stash)):
-            changes[SETTLE_KEY] = _encode_held([_held(item[2]) for item in keep]) if keep else None
+            raw = _encode_held([_held(item[2]) for item in keep]) if keep else None
+            if raw is not None and len(raw) > self.max_bytes:  # more than one changelog record holds: stop waiting
+                log.warning("partition %d: %d records of moved runs waited for their old partitions' forwarded "
+                            "records (%d bytes); applying them as they came", self.partition, len(keep), len(raw))
+                ready, keep, raw = ready + keep, [], None
+            if raw is not None or self.stash:
+                changes[SETTLE_KEY] = raw
         self.stash = keep
         ready.sort(key=_ts)  # stable: a run's records of one timestamp stay in arrival order
         return ready
@@ -159,7 +168,7 @@ class Settling:
         self.stash = self._before = [decode(h) for h in _decode_held(raw)]
 
 
-def settling_for(partition: int, placement, raw: bytes | None, settle: tuple[int, int], decode) -> Settling | None:
+def settling_for(partition: int, placement, raw: bytes | None, settle: tuple[int, ...], decode) -> Settling | None:
     """A partition's settling after the expansion its placement knows of (None: none), with what it kept."""
     x = placement.expansion if placement is not None else None
     if x is None:

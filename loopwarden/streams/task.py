@@ -57,7 +57,7 @@ class PartitionTask:
         health_topic: str = "agent.health",
         verifiers=None,
         partitions: int | None = None,
-        settle: tuple[int, int] = (1000, 600_000),  # after an expansion: expand_settle_ms, expand_window_s in ms
+        settle: tuple[int, ...] = (1000, 600_000),  # after an expansion: settle ms, window ms, stash bytes at most
     ) -> None:
         self.partition = partition
         self.health_topic = health_topic

@@ -81,3 +81,14 @@ def test_after_the_window_everything_kept_is_applied() -> None:
     changes: dict = {}
     assert len(s.release([], NOW + 600_000, changes)) == 1 and s.stash == [] and s.done
     assert changes == {SETTLE_KEY: None}
+
+
+def test_records_that_would_not_fit_one_changelog_record_stop_waiting() -> None:
+    """Past max_bytes the stash is not kept: its records are applied as they came (and the store's stash dropped)."""
+    s, run = Settling(5, 6, 4, at_ms=NOW, settle_ms=1000, window_ms=600_000, max_bytes=600), _moved_run()
+    changes: dict = {}
+    assert s.release([_item(step(1, run=run, ts=NOW), 0, NOW)], NOW, changes) == [] and changes[SETTLE_KEY]
+    many = [_item(step(i, run=run, ts=NOW + i), i, NOW + i) for i in range(2, 6)]
+    changes = {}
+    released = s.release(many, NOW, changes)
+    assert [e.step for _r, e, _rec in released] == [1, 2, 3, 4, 5] and s.stash == [] and changes == {SETTLE_KEY: None}
