@@ -254,7 +254,7 @@ class Engine:
             if self.on_recovered is not None:
                 self.on_recovered()
             self.ready = True
-            self.guard.soon()  # a rebalance follows a partition-count change of a subscribed topic: look now
+            self.guard.assigned()  # the group's output counts; a rebalance may follow a partition-count change: look now
             owned = self.owned_partitions()
             log.info("partitions %s recovered in %.2fs%s", sorted(owned), time.monotonic() - t0,
                      self.stage.summary(list(owned.values())))

@@ -20,7 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from loopwarden.codecs import decode_input
 from loopwarden.replay import Replay
-from loopwarden.streams.topics import existing_counts, repair
+from loopwarden.streams.topics import existing_counts, records_held, repair
 from tests.builders import ended, started, step
 from tests.integration.harness import (
     as_json,
@@ -231,3 +231,67 @@ def test_topics_repair_recreates_an_empty_wrong_count_output_and_refuses_one_hol
         assert [t["seq"] for t in got if t["run_id"] == "after"] == [1, 2]
     finally:
         worker.stop()
+
+
+def test_a_worker_joining_while_an_output_is_broken_stays_blocked_with_the_first_and_both_recover(kafka, tmp_path) -> None:
+    """agent.health auto-created with 1 partition under worker A; worker B joins (a rebalance): B is held to the
+    group's count (4), so both answer 503 naming it and nothing is folded; once `topics repair` recreates it both
+    own partitions again and every run ends as replay says."""
+    from tests.integration.test_operator_cli import lw
+
+    config = unique_config(kafka.bootstrap, partitions=4)
+    a = make_worker(config, tmp_path, "a", topology_check_s=1).start()
+    b = make_worker(config, tmp_path, "b", topology_check_s=1)
+    t0 = int(time.time() * 1000) - 10_000
+    runs = [f"r-{i}" for i in range(RUNS)]
+    first = [e for r in runs for e in (started(run=r, ts=t0), step(0, ("lookup", "result"), run=r, ts=t0 + 100))]
+    second = [e for r in runs for e in (step(1, run=r, ts=t0 + 200), ended("natural_finish", 2, run=r, ts=t0 + 300))]
+    late = [e for i in range(RUNS) for e in (started(run=f"late-{i}", ts=t0 + 400), step(0, run=f"late-{i}", ts=t0 + 450),
+                                            ended("natural_finish", 1, run=f"late-{i}", ts=t0 + 500))]
+    try:
+        run(publish(config, [("steps", e["run_id"].encode(), as_json(e)) for e in first]))
+        run(read_topic(config, config.health_topic, lambda recs: len({t["run_id"] for t in transitions(recs)}) == RUNS))
+
+        async def break_health() -> None:
+            await _admin(config, lambda admin: admin.delete_topics([config.health_topic]))
+            await _auto_create(config, config.health_topic)
+
+        run(break_health())
+        wait_for(lambda: f"{config.health_topic} has 1 partitions".encode() in a.get("/readyz")[1])
+        b.start(ready=False)  # joins the group: a rebalance while A is blocked
+        status, body = wait_for(lambda: (lambda r: r if b"has 1 partitions" in r[1] else None)(b.get("/readyz")))
+        assert status == 503 and config.health_topic in json.loads(body)["layout"], body
+        run(publish(config, [("steps", e["run_id"].encode(), as_json(e)) for e in second]))
+        time.sleep(4)  # both blocked through the rebalance: nothing folded, nothing produced to the 1-partition topic
+        assert a.get("/readyz")[0] == 503 and b.get("/readyz")[0] == 503
+        assert run(_admin(config, lambda adm: existing_counts(adm, [config.health_topic]))) == {config.health_topic: 1}
+        assert run(records_held(config, config.health_topic, 1)) == 0
+
+        res = lw(config, "topics", "repair", "--yes")  # empty: recreated with 4 without --recreate-outputs
+        assert res.returncode == 0, res.stderr
+        assert wait_for(lambda: a.get("/readyz")[0] == 200 and b.get("/readyz")[0] == 200, timeout_s=60)
+        def owned():
+            mine = [json.loads(w.get("/readyz")[1]).get("partitions") or [] for w in (a, b)]
+            return mine if sorted(mine[0] + mine[1]) == [0, 1, 2, 3] else None
+
+        assert all(wait_for(owned))  # both own their share again
+        run(publish(config, [("steps", e["run_id"].encode(), as_json(e)) for e in late]))
+
+        replay = Replay(keep_final=True)
+        for e in first + second + late:
+            replay.feed(decode_input(as_json(e)))
+        expected = {r: (t.to_state, t.seq) for r, t in replay.final.items()}
+
+        def final(records) -> bool:
+            return {t["run_id"]: (t["to_state"], t["seq"]) for t in transitions(records)} == expected
+
+        got = transitions(run(read_topic(config, config.health_topic, final, timeout_s=60)))
+        seqs: dict[str, list[int]] = {}
+        for t in got:
+            seqs.setdefault(t["run_id"], []).append(t["seq"])
+        for r, (_, last) in expected.items():
+            assert seqs[r] == list(range(seqs[r][0], last + 1)), (r, seqs[r])  # in order, each once, up to replay's
+    finally:
+        b.stop()
+        a.stop()
+

@@ -66,11 +66,12 @@ class Worker:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.config.web_port}"
 
-    def start(self, timeout_s: float = 60) -> "Worker":
+    def start(self, timeout_s: float = 60, ready: bool = True) -> "Worker":
+        """Start it and wait for /readyz 200 (``ready=False``: for any answer, e.g. a worker that joins blocked)."""
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "loopwarden.cli", self.command, *self.args],
                                      env={**env_for(self.config), **self.extra_env}, stdout=log, stderr=subprocess.STDOUT)
-        self.wait_ready(timeout_s)
+        self.wait_ready(timeout_s, statuses=(200,) if ready else (200, 503))
         return self
 
     def get(self, path: str, token: str | None = None) -> tuple[int, bytes]:
@@ -83,7 +84,7 @@ class Worker:
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
 
-    def wait_ready(self, timeout_s: float = 60) -> None:
+    def wait_ready(self, timeout_s: float = 60, statuses: tuple[int, ...] = (200,)) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             assert self.proc is not None
@@ -91,7 +92,7 @@ class Worker:
                 raise RuntimeError(f"{self.command} exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 status, _ = self.get("/readyz", self.config.token)
-                if status == 200:
+                if status in statuses:
                     return
             except OSError:
                 pass
