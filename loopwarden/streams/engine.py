@@ -149,7 +149,7 @@ class Engine:
             records, punctuate = part.take()
             if not records and not punctuate and not overdue:  # what the task holds waits for the other input
                 return
-            await self._settle(part)
+            await self._settle(part, records)
             caught_up, lagging = await part.alignment.lagging(records)
             if not self.partitions.owns(part):
                 return
@@ -161,20 +161,25 @@ class Engine:
             else:
                 part.after_commit(result, None)
 
-    async def _settle(self, part: OwnedPartition) -> None:
+    async def _settle(self, part: OwnedPartition, records: list) -> None:
         """A task that settles moved runs after an expansion (an optional ``settling`` attribute, see
         :mod:`loopwarden.streams.settle`) learns how far the old partitions it waits for were forwarded."""
         settling = getattr(part.task, "settling", None)
         if settling is None or not settling.needed:
             return
         try:
-            if self.horizons is None:
+            if self.horizons is None:  # one, made before any await: pipelines run concurrently
                 probe = AIOKafkaConsumer(**client_options(self.config), group_id=None, enable_auto_commit=False,
                                          isolation_level="read_committed", auto_offset_reset="earliest")
-                await probe.start()
                 assert self.consumer is not None
                 self.horizons = Horizons(self.consumer, probe, tuple(self.partitions.tracked))
-            await self.horizons.settle(part.number, settling)
+            a = self.assigned.get(part.number)
+            in_hand = dict(a.committed) if a is not None and not part.task.holding else None  # earlier folds' are
+            if in_hand is not None:  # committed (a fold waits for its previous commit); this fold's are here
+                for r in records:
+                    if r.offset >= in_hand.get(r.topic, 0):
+                        in_hand[r.topic] = r.offset + 1
+            await self.horizons.settle(part.number, settling, in_hand)
         except RECOVERABLE as exc:  # the records wait for the next fold
             log.warning("partition %d: reading how far moved runs were forwarded failed (%s: %s)",
                         part.number, type(exc).__name__, exc)
@@ -323,5 +328,5 @@ class Engine:
             if client is not None:
                 await quietly(client.stop(), "stopping a consumer", " during shutdown")
         await quietly(self.guard.stop(), "stopping the layout watch", " during shutdown")
-        if self.horizons is not None:
+        if self.horizons is not None and self.horizons.started:
             await quietly(self.horizons.probe.stop(), "stopping a consumer", " during shutdown")

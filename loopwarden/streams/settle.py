@@ -19,8 +19,8 @@ as in :mod:`loopwarden.streams.alignment`:
   under the last :class:`Horizon`, which old partitions it waits for;
 - :class:`Horizons` is the engine's: it reads how far each old partition's records have been
   forwarded (the group's committed offsets there, and the timestamp of the first record
-  not consumed yet) and when the records forwarded up to then are in the task's hands (its
-  consumer's position on *q* reached *q*'s last stable offset read after them).
+  not consumed yet) and when the records forwarded up to then are in the task's hands (the
+  fold about to run has every record of *q* below *q*'s last stable offset read after them).
 
 A record that waits is kept in the partition's store, committed with the batch (so a crash or a
 rebalance loses nothing and the partition's offsets go on). A partition *p* that is not
@@ -211,25 +211,29 @@ class Horizons:
     """The engine's half: reads :class:`Horizon` s with a consumer of its own (no group) and the group's consumer."""
 
     def __init__(self, consumer: AIOKafkaConsumer, probe: AIOKafkaConsumer, topics: tuple[str, ...]) -> None:
-        self.consumer = consumer  # the group's: committed offsets, its own position
+        self.consumer = consumer  # the group's: committed offsets
         self.probe = probe  # read_committed, no group: end offsets, the first record not consumed
         self.topics = topics  # the tracked input topics
         self.lock = asyncio.Lock()  # partitions' pipelines share the probe
+        self.started = False
 
-    async def settle(self, partition: int, s: Settling) -> None:
-        """Before a fold: read a horizon for the old partitions ``s`` waits for; make it the task's once in hand."""
+    async def settle(self, partition: int, s: Settling, in_hand: dict[str, int] | None) -> None:
+        """Before a fold: read a horizon for the old partitions ``s`` waits for; make it the task's once the
+        records forwarded before it are in hand. ``in_hand``: input topic -> the offset up to which the fold
+        has every record (committed, or among its records); None: it may not fold them all (some are held)."""
         if not s.needed:
             return
         if s.pending is None or not s.needed <= s.pending.first.keys():
             s.pending = await self.read(partition, s.needed)
-        for topic, need in s.pending.need.items():
-            if await self.consumer.position(TopicPartition(topic, partition)) < need:
-                return
-        s.horizon, s.pending = s.pending, None
+        if in_hand is not None and all(in_hand.get(t, 0) >= need for t, need in s.pending.need.items()):
+            s.horizon, s.pending = s.pending, None
 
     async def read(self, partition: int, old: set[int]) -> Horizon:
         async with self.lock:
             probe = self.probe
+            if not self.started:  # started by the first reading (under the lock: pipelines run concurrently)
+                await probe.start()
+                self.started = True
             read_ms = int(time.time() * 1000)
             tps = [TopicPartition(t, p) for p in sorted(old) for t in self.topics]
             ends = await probe.end_offsets(tps)
@@ -242,8 +246,27 @@ class Horizons:
                         waiting[tp.partition].append(ts)
             first = {p: (min(ts) if ts else None) for p, ts in waiting.items()}  # -1 (unreadable): never ready
             own = [TopicPartition(t, partition) for t in self.topics]
-            need = {tp.topic: n for tp, n in (await probe.end_offsets(own)).items()}
+            need = {tp.topic: await self._records_end(tp, end) for tp, end in (await probe.end_offsets(own)).items()}
             return Horizon(read_ms, first, need)
+
+    async def _records_end(self, tp: TopicPartition, end: int) -> int:
+        """The offset after the last committed record below ``end`` (the last stable offset): a fold that has
+        it has every record forwarded so far (the transaction markers after it are no records to wait for)."""
+        probe, start = self.probe, max(0, end - 64)  # a forwarding transaction: its records, then one marker
+        if end == 0:
+            return 0
+        probe.assign([tp])
+        try:
+            probe.seek(tp, start)
+            last = None
+            while await probe.position(tp) < end:
+                records = (await probe.getmany(tp, timeout_ms=200, max_records=100)).get(tp) or []
+                if not records and await probe.position(tp) < end:
+                    return end  # could not be read now: wait for all of it
+                last = next((r.offset for r in reversed(records) if r.offset < end), last)
+            return start if last is None else last + 1
+        finally:
+            probe.assign([])
 
     async def _first_ts(self, tp: TopicPartition, offset: int, end: int) -> int | None:
         """The timestamp of the first committed record from ``offset`` to ``end``: None if there is none

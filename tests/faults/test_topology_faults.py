@@ -8,6 +8,7 @@ state than offline replay gives on the same events.
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 import pytest
@@ -133,10 +134,12 @@ def test_a_record_on_a_partition_its_key_does_not_hash_to_is_dead_lettered(kafka
         worker.stop()
 
 
-def test_stale_and_fresh_producers_interleaving_a_runs_events_after_an_expansion_end_as_replay(kafka, tmp_path) -> None:
+@pytest.mark.parametrize("kill", [False, True], ids=["steady", "sigkill-while-settling"])
+def test_stale_and_fresh_producers_interleaving_a_runs_events_after_an_expansion_end_as_replay(kafka, tmp_path,
+                                                                                               kill) -> None:
     """After `topics expand` 4 -> 6, each run's events alternate between a producer still hashing over 4 (forwarded
     by the worker) and one hashing over 6: the forwarded ones arrive after later direct ones, yet every run ends as
-    replay of the events in produce order says, each seq once."""
+    replay of the events in produce order says, each seq once (also with the worker SIGKILLed while records wait)."""
     config = unique_config(kafka.bootstrap, partitions=4)
     worker = make_worker(config, tmp_path, "w", topology_check_s=1).start()
     now = int(time.time() * 1000)
@@ -174,6 +177,10 @@ def test_stale_and_fresh_producers_interleaving_a_runs_events_after_an_expansion
                                                  partition=partition_of(key, 4 if stale else 6))
 
         run(send())
+        if kill:  # records of moved runs wait in the changelog now: a restart must find them there
+            time.sleep(0.5)
+            worker.stop(signal.SIGKILL)
+            worker = make_worker(config, tmp_path, "w3", partitions=6, topology_check_s=1).start()
         replay = Replay(keep_final=True)
         for e in first + [e for _stale, _role, e in sent]:
             replay.feed(decode_input(as_json(e)))
