@@ -67,9 +67,12 @@ class Layout:
             return (f"topic layout: {shown} partitions but partitions={c.partitions}: run with --partitions {n} "
                     f"(LOOPWARDEN_PARTITIONS={n}) to use them as they are")
         counts = ", ".join(f"{t}={self.counts[t]}" for t in co_partitioned(c) if t in self.counts)
+        grown = max(existing)
         return (f"topic layout: {c.steps_topic}, {c.outcomes_topic}, {c.ticks_topic} and {c.changelog_topic} must "
-                f"have the same partition count, got {counts}: run `loopwarden topics repair --partitions N` "
-                f"with the count to keep (`loopwarden topics check` shows the layout)")
+                f"have the same partition count, got {counts}: if a topic was grown, stop every worker and run "
+                f"`loopwarden topics expand --to {grown}` (then start them with --partitions {grown}); else run "
+                f"`loopwarden topics repair --partitions N` with the count to keep (`loopwarden topics check` shows "
+                f"the layout)")
 
 
 def _admin(config: Config, timeout_s: float) -> AIOKafkaAdminClient:

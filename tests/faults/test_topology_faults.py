@@ -81,6 +81,11 @@ def test_partitions_added_out_of_band_stop_folding_and_the_products_expansion_lo
     held = transitions(run(read_topic(config, config.health_topic, lambda recs: len(recs) >= len(before),
                                       timeout_s=10)))
     assert len(held) == len(before), "a transition was folded on the broken layout"
+    joiner = make_worker(config, tmp_path, "joiner", topology_check_s=1)  # a worker joining now refuses to start
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        joiner.start(ready=False)
+    assert f"if a topic was grown, stop every worker and run `loopwarden topics expand --to 6`" in joiner.log_tail()
+    assert worker.get("/readyz")[0] == 503
     worker.stop()
 
     report = run(expand(config, 6))
