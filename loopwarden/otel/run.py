@@ -13,11 +13,11 @@ import threading
 from collections.abc import Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from loopwarden.otel.stage import BridgeStage, bridge_config
 from loopwarden.streams.config import Config
 from loopwarden.streams.engine import Engine
+from loopwarden.streams.http import bearer_ok, metrics_handler
 from loopwarden.streams.httplimits import serve_guarded
 from loopwarden.streams.metrics import Metrics
 from loopwarden.streams.worker import _exit_now
@@ -26,11 +26,11 @@ log = logging.getLogger("loopwarden.bridge")
 
 
 def make_app(engine: Engine, metrics: Metrics, token: str | None) -> web.Application:
-    expected = f"Bearer {token}" if token else None
+    expected = f"Bearer {token}".encode() if token else None
 
     @web.middleware
-    async def auth(request: web.Request, handler):
-        if expected and request.path != "/healthz" and request.headers.get("Authorization") != expected:
+    async def auth(request: web.Request, handler):  # the worker's check, without its peers' signed reads
+        if expected and request.path != "/healthz" and not bearer_ok(request, expected):
             return web.json_response({"error": "unauthorized"}, status=401)
         return await handler(request)
 
@@ -43,14 +43,10 @@ def make_app(engine: Engine, metrics: Metrics, token: str | None) -> web.Applica
             return web.json_response({"status": "not ready", "stalled": stalled}, status=503)
         return web.json_response({"status": "ready", "partitions": sorted(engine.owned_partitions())})
 
-    async def metrics_route(request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(metrics.registry), content_type=CONTENT_TYPE_LATEST.split(";")[0],
-                            charset="utf-8")
-
     app = web.Application(middlewares=[auth])
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics_route)
+    app.router.add_get("/metrics", metrics_handler(metrics))  # the worker's route
     return app
 
 

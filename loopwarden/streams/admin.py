@@ -23,6 +23,9 @@ def _describe(layout, config: Config) -> list[str]:
             note = f"{n} partitions: WRONG, partitions={config.partitions}"
         elif topic in co_partitioned(config):
             note = f"{n} partitions, ok"
+        elif topic in layout.outputs_off:
+            note = (f"{n} partitions, not {config.partitions}: a worker started while it had {config.partitions} "
+                    "stays blocked (`topics repair` recreates it)")
         else:
             note = f"{n} partitions"
         lines.append(f"  {topic:<32} {note}")
@@ -47,7 +50,7 @@ async def _topics(config: Config, args: argparse.Namespace) -> int:
             return 1
         print(layout.problem(), file=sys.stderr)
         return 1
-    layout, empty, full = await repair_plan(config)
+    layout, empty, full, outputs_held = await repair_plan(config)
     _connected()
     print(f"loopwarden topics: broker {config.broker}, partitions={config.partitions}")
     print("\n".join(_describe(layout, config)))
@@ -56,10 +59,24 @@ async def _topics(config: Config, args: argparse.Namespace) -> int:
             "loopwarden topics repair: " + ", ".join(f"{t} ({layout.counts[t]} partitions)" for t in full)
             + " hold records, which repair never deletes: run with --partitions "
             + f"{layout.counts[full[0]]} to keep them, or delete them yourself (their data goes with them)")
+    kept = {t: n for t, n in outputs_held.items() if n and not args.recreate_outputs}
+    if kept:
+        raise SystemExit("loopwarden topics repair: " + "; ".join(
+            f"output {t} has {layout.counts[t]} partitions, expected {config.partitions}, and holds records ({n} offsets)"
+            for t, n in kept.items())
+            + f". A worker started while it had {config.partitions} stays blocked on it. Either keep it as it is: "
+            "restart the workers (each keeps the count an output has when it starts); or recreate it with "
+            f"{config.partitions} partitions, deleting its records (transitions or dead letters not read yet are "
+            "lost: the worker never writes them again): loopwarden topics repair "
+            f"--partitions {config.partitions} --recreate-outputs --yes")
+    outputs = list(outputs_held)  # empty ones, or all of them with --recreate-outputs
+    empty = empty + outputs
     if not empty and not layout.missing:
         print("layout ok: nothing to repair")
         return 0
-    steps = [f"delete and recreate {t} with {config.partitions} partitions (it holds no records)" for t in empty]
+    steps = [f"delete and recreate {t} with {config.partitions} partitions (it has {layout.counts[t]}; "
+             + (f"its {outputs_held[t]} offsets of records are deleted)" if outputs_held.get(t) else "it holds no records)")
+             for t in empty]
     steps += [f"create {t} with {config.partitions} partitions" for t in layout.missing if t not in empty]
     print("repair will:\n" + "\n".join(f"  {step}" for step in steps))
     if not args.yes:

@@ -7,6 +7,12 @@ steps and its receipts live on one partition number), in contiguous ranges over 
 members sorted by id, and hands every member the whole partition -> URL map in the
 assignment's user data, so any worker can forward ``GET /runs/{id}`` to the owner.
 
+Each member also advertises the output partition counts it holds the layout to (what the
+outputs had when it first owned partitions), and the leader hands the group's (the count most
+members hold, the larger on a tie) to every member: a worker that joins while an output was
+deleted and auto-created with another count is held to the group's count, not to the new one,
+and stays blocked with the others until the output is mended (loopwarden.streams.layoutguard).
+
 This uses aiokafka's public assignor interface (``AbstractPartitionAssignor``).
 """
 
@@ -15,10 +21,14 @@ from __future__ import annotations
 import json
 import logging
 import struct
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
-from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
 
 log = logging.getLogger("loopwarden.assignment")
 
@@ -83,9 +93,12 @@ class CoPartitionedAssignor(AbstractPartitionAssignor):
     def __init__(self, url: str) -> None:
         self.url = url
         self.owners: dict[int, str] = {}  # partition -> owner URL, from the last assignment
+        self.outputs: dict[str, int] = {}  # output topic -> the count this member holds it to (advertised)
+        self.group_outputs: dict[str, int] = {}  # ... and the group's, from the last assignment
 
     def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
-        return ConsumerProtocolMemberMetadata(self.version, list(topics), self.url.encode())
+        data = json.dumps({"url": self.url, "outputs": self.outputs}).encode() if self.outputs else self.url.encode()
+        return ConsumerProtocolMemberMetadata(self.version, list(topics), data)
 
     def assign(self, cluster, members: Mapping[str, ConsumerProtocolMemberMetadata]) -> dict:
         topics = sorted({t for m in members.values() for t in m.subscription})
@@ -94,8 +107,14 @@ class CoPartitionedAssignor(AbstractPartitionAssignor):
         if len(set(counts.values())) > 1:
             log.error("topics are not co-partitioned: %s; assigning the first %d partitions of each", counts, n)
         ranges = split(n, list(members)) if members and n else {m: [] for m in members}
-        owners = {p: members[m].user_data.decode("utf-8", "replace") for m, ps in ranges.items() for p in ps}
-        user_data = json.dumps({str(p): url for p, url in owners.items()}).encode()
+        advertised = {m: _member(meta.user_data) for m, meta in members.items()}
+        owners = {p: advertised[m][0] for m, ps in ranges.items() for p in ps}
+        votes: dict[str, Counter] = {}
+        for _url, outputs in advertised.values():
+            for topic, count in outputs.items():
+                votes.setdefault(topic, Counter())[count] += 1
+        group = {t: max(c.items(), key=lambda kv: (kv[1], kv[0]))[0] for t, c in votes.items()}
+        user_data = json.dumps({"owners": {str(p): url for p, url in owners.items()}, "outputs": group}).encode()
         return {
             member: ConsumerProtocolMemberAssignment(
                 self.version, [(t, ranges.get(member, [])) for t in topics], user_data)
@@ -104,7 +123,23 @@ class CoPartitionedAssignor(AbstractPartitionAssignor):
 
     def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
         try:
-            self.owners = {int(p): url for p, url in json.loads(assignment.user_data or b"{}").items()}
-        except (ValueError, AttributeError):
+            data = json.loads(assignment.user_data or b"{}")
+            if "owners" not in data:  # a leader of an earlier version: the owner map alone
+                data = {"owners": data}
+            self.owners = {int(p): url for p, url in data["owners"].items()}
+            self.group_outputs = {str(t): int(n) for t, n in data.get("outputs", {}).items()}
+        except (ValueError, AttributeError, TypeError):
             log.warning("assignment without a readable owner map; reads of other partitions are not routed")
             self.owners = {}
+
+
+def _member(user_data: bytes | None) -> tuple[str, dict[str, int]]:
+    """A member's advertised URL and output counts (a member of an earlier version: its URL alone)."""
+    text = (user_data or b"").decode("utf-8", "replace")
+    if text.startswith("{"):
+        try:
+            data = json.loads(text)
+            return str(data.get("url", "")), {str(t): int(n) for t, n in (data.get("outputs") or {}).items()}
+        except (ValueError, AttributeError, TypeError):
+            pass
+    return text, {}

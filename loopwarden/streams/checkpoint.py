@@ -15,6 +15,7 @@ any other ``KafkaError``: abort, recover, consume the batch again).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
@@ -24,6 +25,8 @@ from loopwarden.streams.stage import FoldResult, Output
 from loopwarden.streams.store import OFFSETS_KEY
 from loopwarden.streams.topics import Router
 
+log = logging.getLogger("loopwarden.worker")
+
 
 @dataclass(frozen=True)
 class Committed:
@@ -32,6 +35,16 @@ class Committed:
     position: int | None  # next changelog offset after this batch's records (None: it wrote none)
     seconds: float  # begin to commit: the broker round trips
     offsets: bytes | None = None  # the engine's offsets record it wrote to the changelog (None: none)
+
+    def record(self, metrics, result: FoldResult) -> None:
+        """The loop's metrics of this commit, and a log line per dead letter it wrote."""
+        metrics.transactions.labels("committed").inc()
+        metrics.transaction_seconds.observe(self.seconds)
+        if result.consumed:
+            metrics.batch_records.observe(result.consumed)
+        for d in result.deadletters:
+            r = d.record
+            log.warning("invalid message on %s[%d]@%d: %s", r.topic, r.partition, r.offset, d.error[:500])
 
 
 class Checkpoint:

@@ -131,6 +131,9 @@ def add_commands(sub) -> None:
     p.add_argument("--app-id", dest="app_id", help="whose changelog topic (LOOPWARDEN_APP_ID; default loopwarden)")
     p.add_argument("--to", dest="expand_to", type=int, metavar="N", help="expand: the new partition count")
     p.add_argument("--yes", action="store_true", help="repair or expand without asking")
+    p.add_argument("--recreate-outputs", action="store_true",
+                   help="repair: also delete and recreate an output topic (agent.health, agent.deadletter) of another "
+                        "partition count that holds records (they are lost); an empty one is recreated without it")
     p.set_defaults(func=cmd_topics)
 
     p = sub.add_parser("config-doc", help="print docs/configuration.md: every setting, generated from Config")

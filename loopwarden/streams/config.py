@@ -109,6 +109,12 @@ class Config:
     # How often the worker reads the topic layout again (and at every rebalance): a co-partitioned topic
     # grown alone, or an output deleted or re-created, stops processing until the layout is right again.
     topology_check_s: float = 10.0
+    # After `loopwarden topics expand`, for this long (s), a moved run's records sent straight to its new
+    # partition wait there until its old partition has forwarded the records producers still hashing over
+    # the old count sent it (so they are applied in the order produced); longer than metadata.max.age.ms.
+    expand_window_s: float = 600.0
+    # The clock skew and time in flight allowed between a producer's records to the old and the new partition (ms).
+    expand_settle_ms: int = 1000
     # A partition with lag whose committed offset has not moved for this long is stalled (/readyz 503).
     stall_timeout_s: float = 60.0
     # Largest message produced (dead letters are truncated to fit); at most the broker's limit.
@@ -203,6 +209,10 @@ class Config:
             raise ConfigError(f"align_max_ms: {self.align_max_ms} must be between 0 and 60000")
         if not 0 <= self.batch_wait_ms <= 10_000:
             raise ConfigError(f"batch_wait_ms: {self.batch_wait_ms} must be between 0 and 10000")
+        if not 0 <= self.expand_window_s <= 86400:
+            raise ConfigError(f"expand_window_s: {self.expand_window_s} must be between 0 and 86400")
+        if not 0 <= self.expand_settle_ms <= 60_000:
+            raise ConfigError(f"expand_settle_ms: {self.expand_settle_ms} must be between 0 and 60000")
         if not 1 <= self.topology_check_s <= 3600:
             raise ConfigError(f"topology_check_s: {self.topology_check_s} must be between 1 and 3600")
         if not 1 <= self.stall_timeout_s <= 86400:

@@ -33,6 +33,7 @@ from loopwarden.streams.metrics import Metrics
 from loopwarden.streams.partition import AssignedPartition, OwnedPartition
 from loopwarden.streams.recovery import encode_offsets
 from loopwarden.streams.security import client_options
+from loopwarden.streams.horizons import Horizons
 from loopwarden.streams.stage import FoldResult, Stage
 from loopwarden.streams.topics import Router
 from loopwarden.streams.watch import Watch
@@ -74,6 +75,7 @@ class Engine:
         self._punctuated_at = 0.0
         self.blocked: str | None = None  # why the layout stops processing now (None: it does not)
         self.guard = LayoutGuard(self)  # re-reads the layout, pauses or holds partitions while it is wrong
+        self.horizons = Horizons(self)  # after an expansion: how far old partitions were forwarded
 
     @property
     def assigned(self) -> dict[int, AssignedPartition]:
@@ -150,6 +152,7 @@ class Engine:
                 if part.group_due(time.monotonic(), self.config.commit_offsets_ms):
                     await self._commit_group_offsets(part)
                 return
+            await self.horizons.before_fold(part, self.assigned.get(part.number), records)
             caught_up, lagging = await part.alignment.lagging(records)
             if not self.partitions.owns(part):
                 return
@@ -189,14 +192,7 @@ class Engine:
             if send_offsets:
                 part.offsets_sent_at = began
         part.after_commit(result, committed)
-        m = self.metrics
-        m.transactions.labels("committed").inc()
-        m.transaction_seconds.observe(committed.seconds)
-        if result.consumed:
-            m.batch_records.observe(result.consumed)
-        for d in result.deadletters:
-            r = d.record
-            log.warning("invalid message on %s[%d]@%d: %s", r.topic, r.partition, r.offset, d.error[:500])
+        committed.record(self.metrics, result)
         a = self.assigned.get(part.number)
         if a is not None:
             a.progressed(result.offsets, self.untracked)
@@ -265,7 +261,7 @@ class Engine:
             if self.on_recovered is not None:
                 self.on_recovered()
             self.ready = True
-            self.guard.soon()  # a rebalance follows a partition-count change of a subscribed topic: look now
+            self.guard.assigned()  # the group's output counts; a rebalance may follow a partition-count change: look now
             owned = self.owned_partitions()
             log.info("partitions %s recovered in %.2fs%s", sorted(owned), time.monotonic() - t0,
                      self.stage.summary(list(owned.values())))
@@ -337,3 +333,4 @@ class Engine:
             if client is not None:
                 await quietly(client.stop(), "stopping a consumer", " during shutdown")
         await quietly(self.guard.stop(), "stopping the layout watch", " during shutdown")
+        await self.horizons.stop()

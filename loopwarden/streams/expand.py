@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 
 import msgspec
@@ -191,9 +192,11 @@ async def _move(c: Config, old: int, new: int, report: Report) -> None:
         for topic, target, r in copies:
             await producer.send(topic, r.value, key=r.key, partition=target, headers=list(r.headers or ()))
             report.events_copied += 1
+        at_ms = int(time.time() * 1000)
         for p in range(new):
             was = layout.boundary if layout is not None and layout.partitions == new and p < old else {}
-            record = Expansion(partitions=new, previous=old, boundary=boundaries.get(p, was) if p < old else {})
+            record = Expansion(partitions=new, previous=old, boundary=boundaries.get(p, was) if p < old else {},
+                               at_ms=at_ms)
             await producer.send(c.changelog_topic, encode_expansion(record), key=LAYOUT_KEY, partition=p)
             if p >= old and clock is not None:
                 await producer.send(c.changelog_topic, clock, key=CLOCK_KEY, partition=p)

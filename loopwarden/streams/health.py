@@ -64,7 +64,8 @@ class HealthStage(StageBase):
         c = self.config
         return PartitionTask(partition, store, self.roles, settings=self.settings, clock=c.clock,
                              max_future_ms=int(c.max_future_skew_s * 1000), health_topic=c.health_topic,
-                             trust=self.trust, partitions=c.partitions)
+                             trust=self.trust, partitions=c.partitions,
+                             settle=(c.expand_settle_ms, int(c.expand_window_s * 1000), c.max_message_bytes // 2))
 
     def summary(self, parts: list[OwnedPartition]) -> str:
         return f" ({sum(sum(part.task.state_counts.values()) for part in parts)} runs held)"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import hmac
 import time
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import msgspec
@@ -114,6 +115,19 @@ def run_document(state: RunState, now_ms: int | None = None) -> dict:
     }
 
 
+def metrics_handler(metrics: Metrics) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """``GET /metrics``: the Prometheus text of ``metrics.registry`` (the worker's and the bridge's route)."""
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(metrics.registry), content_type=CONTENT_TYPE_LATEST.split(";")[0],
+                            charset="utf-8")
+    return handler
+
+
+def bearer_ok(request: web.Request, expected: bytes) -> bool:
+    """Whether the request carries ``Authorization: <expected>`` (compared in constant time)."""
+    return hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected)
+
+
 def make_app(model: ReadModel) -> web.Application:
     token = model.config.token
     expected = f"Bearer {token}".encode() if token else None
@@ -133,8 +147,7 @@ def make_app(model: ReadModel) -> web.Application:
         # Only /healthz (liveness probes) answers without the token; every other path, "/" and
         # unknown ones included, answers 401 first, so nothing about the worker shows unauthenticated.
         if expected is not None and request.path != "/healthz" and not board_page(request.path):
-            given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
+            if not bearer_ok(request, expected):
                 nonce = signed_by_peer(request, key)
                 if nonce is None:
                     return _json({"error": "unauthorized: send Authorization: Bearer <token>"}, status=401)
@@ -151,10 +164,6 @@ def make_app(model: ReadModel) -> web.Application:
             return _json({"status": "not ready", "partitions": model.owned(),
                           "stalled": sorted(model.stalled), "layout": model.blocked}, status=503)
         return _json({"status": "ready", "partitions": model.owned()})
-
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(model.metrics.registry),
-                            content_type=CONTENT_TYPE_LATEST.split(";")[0], charset="utf-8")
 
     async def run(request: web.Request) -> web.Response:
         run_id = request.match_info["run_id"]
@@ -206,7 +215,7 @@ def make_app(model: ReadModel) -> web.Application:
     app = web.Application(middlewares=[auth])
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/metrics", metrics_handler(model.metrics))
     app.router.add_get("/runs/{run_id}", run)
     app.router.add_get("/runs", runs)
     return app

@@ -48,6 +48,12 @@ class LayoutGuard:
         """Read the layout at the next turn (a rebalance may follow a partition-count change)."""
         self.checked_at = 0.0
 
+    def assigned(self) -> None:
+        """At an assignment: hold the outputs to the group's counts, and look at the layout at the next turn."""
+        if self.watch is not None:
+            self.watch.hold_to(self.engine.assignor.group_outputs)  # type: ignore[attr-defined]
+        self.soon()
+
     async def start(self) -> None:
         if self.watch is None:
             return
@@ -72,15 +78,17 @@ class LayoutGuard:
         except RECOVERABLE as exc:
             log.warning("reading the topic layout failed (%s: %s); trying again", type(exc).__name__, exc)
             return
+        e.assignor.outputs = dict(self.watch.expected_outputs)  # type: ignore[attr-defined] # advertised at a rejoin
         blocked = None if verdict.ok else verdict.reason()
+        tps = [TopicPartition(t, p) for p in e.owned_partitions() for t in e.partitions.topics]
+        if blocked is not None:  # at every check: partitions owned after a rebalance are paused too
+            e.consumer.pause(*tps)  # type: ignore[union-attr]
         if blocked != e.blocked:
             e.blocked = blocked
             e.metrics.topology_blocked.set(blocked is not None)
-            tps = [TopicPartition(t, p) for p in e.owned_partitions() for t in e.partitions.topics]
             if blocked is not None:
                 e.metrics.topology_changes.inc()
                 log.error("topic layout: %s; processing stopped until the layout is right again", blocked)
-                e.consumer.pause(*tps)  # type: ignore[union-attr]
             else:
                 log.warning("topic layout is right again: processing resumes")
                 e.consumer.resume(*tps)  # type: ignore[union-attr]

@@ -37,6 +37,7 @@ from loopwarden.streams.batch import CLOCK_KEY, Batch, _decode_clock, _encode_cl
 from loopwarden.streams.inputs import Record, Tick, decode_input, decode_records, decode_tick, encode_tick, header  # noqa: F401
 from loopwarden.streams.hotstates import LIMIT as HOT_RUNS, HotStates
 from loopwarden.streams.readmodel import RunsIndex
+from loopwarden.streams.settle import SETTLE_KEY, Settling, misplaced, settling_for
 from loopwarden.streams.stage import DeadLetter, Output
 from loopwarden.streams.topology import LAYOUT_KEY, Placement, decode_expansion
 
@@ -63,12 +64,15 @@ class PartitionTask:
         trust=None,
         partitions: int | None = None,
         hot_runs: int = HOT_RUNS,
+        settle: tuple[int, ...] = (1000, 600_000),  # after an expansion: settle ms, window ms, stash bytes at most
     ) -> None:
         self.partition = partition
         self.health_topic = health_topic
         # Whether a record of a run this partition does not hold belongs here (None: not checked).
         self.placement = None if partitions is None else Placement(partition, partitions)
         self._forwarded: list[Output] = []  # records forwarded to their partition (loopwarden topics expand)
+        self.settling: Settling | None = None  # after an expansion: moved runs' records wait for their forwarded ones
+        self._settle = settle
         self.store = store  # committed states: run id (UTF-8) -> encode_state bytes
         self.roles = roles  # topic -> "steps" | "outcomes" | "verified_outcomes" | "ticks"
         self.settings = settings
@@ -114,6 +118,8 @@ class PartitionTask:
             self.state_counts[state.health] += 1
             self.timers.changed(state, True, run=key)  # the store's key object: shared
             self.index.add(key, state)
+        self.settling = settling_for(self.partition, self.placement, self.store.get(SETTLE_KEY), self._settle,
+                                     lambda h: decode_input(h, self.roles[h.topic], 2**63, self.max_future_ms))
         self.index.merge()  # sorted now, during recovery, not by the first read
         return n
 
@@ -167,13 +173,17 @@ class PartitionTask:
         ticks = decode_records(records, self.roles, self.wall_ms() + self.max_future_ms, self.max_future_ms,
                                per_topic, out)
         inputs = stream.ready(per_topic, lagging, out)
+        settling = self.settling  # moved runs' records wait for their forwarded ones (loopwarden.streams.settle)
+        released = settling.divert(inputs, self.wall_ms(), out) if settling is not None else None
         counts = out.counts
         for role, applied in inputs.items():  # counted at once: every event taken here is applied below
             for cls, n in Counter(map(type, map(_event_of, applied))).items():
                 counts["event", role, cls.__struct_config__.tag] += n
+        if released:
+            inputs["moved"] = released  # in event-time order
         if len(inputs) == 2:
             merged = merge_by_ts(*inputs.values())
-        elif len(inputs) > 2:  # the verifiers' own receipts topic too (LOOPWARDEN_TRUSTED_OUTCOMES_TOPIC)
+        elif len(inputs) > 2:  # the verifiers' receipts topic (LOOPWARDEN_TRUSTED_OUTCOMES_TOPIC), moved runs
             merged = heapq.merge(*inputs.values(), key=_ts)
         else:
             merged = next(iter(inputs.values()), ())
@@ -192,11 +202,11 @@ class PartitionTask:
             state = live.get(run_id, _ABSENT)
             if state is _ABSENT:
                 state = hot.take(run_id, store)
-                if state is None and placement is not None and self._misplaced(rec, role, out):
+                if state is None and placement is not None and misplaced(placement, rec, role, out, self._forwarded):
                     continue
                 if run_id not in before:  # its committed health (a timer fired below sees the same)
                     before[run_id] = state.health if state is not None else None
-            elif state is None and placement is not None and self._misplaced(rec, role, out):
+            elif state is None and placement is not None and misplaced(placement, rec, role, out, self._forwarded):
                 continue
             ts = event.ts
             if ts > clock:
@@ -252,21 +262,6 @@ class PartitionTask:
         self._finish(out)
         return out
 
-    def _misplaced(self, rec, role: str, out: Batch) -> bool:
-        """Whether a record of a run this partition does not hold belongs elsewhere (handled here if so)."""
-        judged = self.placement.judge(rec.key, rec.topic, rec.offset)  # type: ignore[union-attr]
-        if judged is None:
-            return False
-        how, target = judged
-        if how == "forwarded":
-            self._forwarded.append(Output(rec.topic, rec.key, rec.value, tuple(rec.headers or ()), target))
-        if how == "wrong_partition":
-            out.deadletters.append(DeadLetter(rec, how, self.placement.wrong(rec.key, rec.topic, target)))  # type: ignore[union-attr]
-            out.counts["invalid", role, how] += 1
-        else:
-            out.counts["repartitioned", how] += 1
-        return True
-
     @property
     def holding(self) -> int:
         """Records held back by the last fold, waiting for the other input."""
@@ -320,6 +315,8 @@ class PartitionTask:
         self.state_counts.update(delta)
         self.index.committed(out.changes)
         self.hot.committed(self._live, out.changes)  # the batch's states are the committed ones now
+        if self.settling is not None and self.settling.done:  # the window is over and nothing waits
+            self.settling = None
         self._live.clear()
         self._before.clear()
         self._moved.clear()
@@ -333,6 +330,8 @@ class PartitionTask:
         self._before.clear()
         self._moved.clear()
         self.stream.held.clear()  # consumed again from the committed offsets, which stop before them
+        if self.settling is not None:
+            self.settling.discard()
         self.clock = self._clock_before
 
 

@@ -54,6 +54,9 @@ class Layout:
     counts: dict[str, int]  # existing topic -> partitions
     missing: list[str] = field(default_factory=list)
     wrong: dict[str, int] = field(default_factory=dict)  # co-partitioned topic -> its (wrong) count
+    # output topic -> its count, when not the configured one (allowed: a worker keeps the count an output had at
+    # its start; but one auto-created by the broker while workers ran blocks them: `topics repair` recreates it)
+    outputs_off: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -70,9 +73,11 @@ class Layout:
                     f"(LOOPWARDEN_PARTITIONS={n}) to use them as they are")
         counts = ", ".join(f"{t}={self.counts[t]}" for t in co_partitioned(c) if t in self.counts)
         *rest, last = co_partitioned(c)
+        grown = max(existing)
         return (f"topic layout: {', '.join(rest)} and {last} must have the same partition count, got {counts}: "
-                f"run `loopwarden topics repair --partitions N` with the count to keep "
-                f"(`loopwarden topics check` shows the layout)")
+                f"if a topic was grown, stop every worker and run `loopwarden topics expand --to {grown}` (then "
+                f"start them with --partitions {grown}); else run `loopwarden topics repair --partitions N` with the "
+                f"count to keep (`loopwarden topics check` shows the layout)")
 
 
 def _admin(config: Config, timeout_s: float) -> AIOKafkaAdminClient:
@@ -94,6 +99,7 @@ def plan(config: Config, counts: dict[str, int]) -> Layout:
     layout = Layout(config, counts)
     layout.missing = [t for t in wanted(config) if t not in counts]
     layout.wrong = {t: counts[t] for t in co_partitioned(config) if t in counts and counts[t] != config.partitions}
+    layout.outputs_off = {t: counts[t] for t in outputs(config) if t in counts and counts[t] != config.partitions}
     return layout
 
 
@@ -149,6 +155,11 @@ async def ensure_topics(config: Config, timeout_s: float = 30) -> None:
 
 async def holds_records(config: Config, topic: str, partitions: int) -> bool:
     """Whether any partition of ``topic`` holds a record (end offset past its beginning)."""
+    return await records_held(config, topic, partitions) > 0
+
+
+async def records_held(config: Config, topic: str, partitions: int) -> int:
+    """How many offsets ``topic`` holds (end minus beginning, all partitions; transaction markers count too)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     consumer = AIOKafkaConsumer(**client_options(config), group_id=None, enable_auto_commit=False)
@@ -156,18 +167,20 @@ async def holds_records(config: Config, topic: str, partitions: int) -> bool:
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         begin, end = await consumer.beginning_offsets(tps), await consumer.end_offsets(tps)
-        return any(end[tp] > begin[tp] for tp in tps)
+        return sum(end[tp] - begin[tp] for tp in tps)
     finally:
         await consumer.stop()
 
 
-async def repair_plan(config: Config, timeout_s: float = 30) -> tuple[Layout, list[str], list[str]]:
-    """The layout, the wrong-count topics that are empty (safe to recreate) and those that hold records."""
+async def repair_plan(config: Config, timeout_s: float = 30) -> tuple[Layout, list[str], list[str], dict[str, int]]:
+    """The layout, the wrong-count topics that are empty (safe to recreate), those that hold records, and
+    the outputs of another count than configured -> the records they hold (0: safe to recreate)."""
     layout = await read_layout(config, timeout_s)
     empty, full = [], []
     for topic, n in layout.wrong.items():
         (full if await holds_records(config, topic, n) else empty).append(topic)
-    return layout, empty, full
+    held = {topic: await records_held(config, topic, n) for topic, n in layout.outputs_off.items()}
+    return layout, empty, full, held
 
 
 async def repair(config: Config, recreate: list[str], timeout_s: float = 30) -> None:
@@ -192,6 +205,11 @@ async def repair(config: Config, recreate: list[str], timeout_s: float = 30) -> 
                 await asyncio.sleep(0.2)
         else:
             await _create(admin, config, layout.missing)
+        deadline = time.monotonic() + timeout_s  # the brokers learn of new topics a moment after the controller
+        while set(layout.missing) - set(await admin.list_topics()):
+            if time.monotonic() > deadline:
+                raise TopicLayoutError(f"topics {layout.missing} were created but not listed after {timeout_s:.0f}s")
+            await asyncio.sleep(0.1)
     finally:
         await admin.close()
 

@@ -62,6 +62,9 @@ class Expansion(msgspec.Struct, frozen=True):
     # input topic -> the end offset of this partition when the expansion copied its waiting events
     # (only on partitions that existed before)
     boundary: dict[str, int] = {}
+    # when the expansion wrote it (wall clock ms; 0 in records of earlier versions): moved runs' records
+    # settle on their new partition for expand_window_s from then (loopwarden.streams.settle)
+    at_ms: int = 0
 
 
 encode_expansion = msgspec.msgpack.Encoder().encode
@@ -138,6 +141,7 @@ class TopologyWatch:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.expected_outputs: dict[str, int] = {}
+        self.adopt_outputs = False  # once assigned: a reading fixes the outputs' counts if the group has none
         self.verdict = Verdict(fold=True, produce=True)
         self._admin: AIOKafkaAdminClient | None = None
 
@@ -155,12 +159,19 @@ class TopologyWatch:
         assert self._admin is not None, "TopologyWatch.start() first"
         c = self.config
         counts = await existing_counts(self._admin, [*co_partitioned(c), *outputs(c)])
-        if not self.expected_outputs:  # the first good reading fixes what outputs must keep
+        if not self.expected_outputs and self.adopt_outputs:  # the first reading once assigned fixes them
             self.expected_outputs = {t: counts[t] for t in outputs(c) if t in counts}
         verdict = assess(c, counts, self.expected_outputs)
         changed = verdict != self.verdict
         self.verdict = verdict
         return verdict, changed
+
+    def hold_to(self, group: Mapping[str, int]) -> None:
+        """Partitions were assigned: hold the outputs to the group's counts (loopwarden.streams.assignment),
+        or, in a group that has none yet, to the counts the next reading finds."""
+        if group:
+            self.expected_outputs = dict(group)
+        self.adopt_outputs = True
 
     async def auto_create_enabled(self) -> bool | None:
         """The brokers' ``auto.create.topics.enable`` (None when it cannot be read)."""

@@ -20,7 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from loopwarden.codecs import decode_input
 from loopwarden.replay import Replay
-from loopwarden.streams.topics import existing_counts, repair
+from loopwarden.streams.topics import existing_counts, records_held, repair
 from tests.builders import ended, started, step
 from tests.integration.harness import (
     as_json,
@@ -183,3 +183,115 @@ def test_a_worker_stopped_while_its_output_topic_has_the_wrong_count_exits_clean
         assert took < 15, took
     finally:
         worker.stop()
+
+
+def test_topics_repair_recreates_an_empty_wrong_count_output_and_refuses_one_holding_records_until_told(kafka, tmp_path) -> None:
+    """agent.deadletter auto-created empty with 1 partition and agent.health auto-created with 1 partition holding a
+    record, under a running worker: `topics repair --yes` refuses (exit 1, changing nothing) naming the topic, its
+    count, the count expected and the command; `--recreate-outputs --yes` recreates both with 4 and the worker, blocked
+    until then, recovers by itself and folds new runs."""
+    from tests.integration.test_operator_cli import lw
+
+    config = unique_config(kafka.bootstrap, partitions=4)
+    worker = make_worker(config, tmp_path, "w", topology_check_s=1).start()
+    try:
+        t0 = int(time.time() * 1000)
+        run(publish(config, [("steps", b"first", as_json(started(run="first", ts=t0)))]))
+        run(read_topic(config, config.health_topic, lambda recs: len(recs) >= 1))
+
+        async def auto_create_both() -> None:
+            await _admin(config, lambda admin: admin.delete_topics([config.health_topic, config.deadletter_topic]))
+            for topic in (config.health_topic, config.deadletter_topic):
+                await _auto_create(config, topic)
+            async with AIOKafkaProducer(bootstrap_servers=config.broker, acks="all") as producer:
+                await producer.send_and_wait(config.health_topic, b"a transition on the auto-created topic", key=b"x")
+
+        run(auto_create_both())
+        wait_for(lambda: f"{config.health_topic} has 1 partitions".encode() in worker.get("/readyz")[1])
+        res = lw(config, "topics", "repair", "--yes")
+        assert res.returncode == 1, res.stdout
+        assert (f"output {config.health_topic} has 1 partitions, expected 4, and holds records (1 offsets). A worker "
+                "started while it had 4 stays blocked on it.") in res.stderr
+        assert "loopwarden topics repair --partitions 4 --recreate-outputs --yes" in res.stderr.strip().splitlines()[-1]
+        counts = run(_admin(config, lambda a: existing_counts(a, [config.health_topic, config.deadletter_topic])))
+        assert counts == {config.health_topic: 1, config.deadletter_topic: 1}  # refused whole: nothing changed
+        assert worker.get("/readyz")[0] == 503
+
+        res = lw(config, "topics", "repair", "--recreate-outputs", "--yes")
+        assert res.returncode == 0, res.stderr
+        assert f"delete and recreate {config.health_topic} with 4 partitions (it has 1; its 1 offsets of records are deleted)" in res.stdout
+        assert f"delete and recreate {config.deadletter_topic} with 4 partitions (it has 1; it holds no records)" in res.stdout
+        counts = run(_admin(config, lambda a: existing_counts(a, [config.health_topic, config.deadletter_topic])))
+        assert counts == {config.health_topic: 4, config.deadletter_topic: 4}
+        assert wait_for(lambda: worker.get("/readyz")[0] == 200)
+        events = [started(run="after", ts=t0 + 10), step(0, run="after", ts=t0 + 20), ended("natural_finish", 1, run="after", ts=t0 + 30)]
+        run(publish(config, [("steps", b"after", as_json(e)) for e in events]))
+        got = transitions(run(read_topic(config, config.health_topic, lambda recs: any(
+            t["run_id"] == "after" and t["to_state"] == "VERIFYING" for t in transitions(recs)))))
+        assert [t["seq"] for t in got if t["run_id"] == "after"] == [1, 2]
+    finally:
+        worker.stop()
+
+
+def test_a_worker_joining_while_an_output_is_broken_stays_blocked_with_the_first_and_both_recover(kafka, tmp_path) -> None:
+    """agent.health auto-created with 1 partition under worker A; worker B joins (a rebalance): B is held to the
+    group's count (4), so both answer 503 naming it and nothing is folded; once `topics repair` recreates it both
+    own partitions again and every run ends as replay says."""
+    from tests.integration.test_operator_cli import lw
+
+    config = unique_config(kafka.bootstrap, partitions=4)
+    a = make_worker(config, tmp_path, "a", topology_check_s=1).start()
+    b = make_worker(config, tmp_path, "b", topology_check_s=1)
+    t0 = int(time.time() * 1000) - 10_000
+    runs = [f"r-{i}" for i in range(RUNS)]
+    first = [e for r in runs for e in (started(run=r, ts=t0), step(0, ("lookup", "result"), run=r, ts=t0 + 100))]
+    second = [e for r in runs for e in (step(1, run=r, ts=t0 + 200), ended("natural_finish", 2, run=r, ts=t0 + 300))]
+    late = [e for i in range(RUNS) for e in (started(run=f"late-{i}", ts=t0 + 400), step(0, run=f"late-{i}", ts=t0 + 450),
+                                            ended("natural_finish", 1, run=f"late-{i}", ts=t0 + 500))]
+    try:
+        run(publish(config, [("steps", e["run_id"].encode(), as_json(e)) for e in first]))
+        run(read_topic(config, config.health_topic, lambda recs: len({t["run_id"] for t in transitions(recs)}) == RUNS))
+
+        async def break_health() -> None:
+            await _admin(config, lambda admin: admin.delete_topics([config.health_topic]))
+            await _auto_create(config, config.health_topic)
+
+        run(break_health())
+        wait_for(lambda: f"{config.health_topic} has 1 partitions".encode() in a.get("/readyz")[1])
+        b.start(ready=False)  # joins the group: a rebalance while A is blocked
+        status, body = wait_for(lambda: (lambda r: r if b"has 1 partitions" in r[1] else None)(b.get("/readyz")))
+        assert status == 503 and config.health_topic in json.loads(body)["layout"], body
+        run(publish(config, [("steps", e["run_id"].encode(), as_json(e)) for e in second]))
+        time.sleep(4)  # both blocked through the rebalance: nothing folded, nothing produced to the 1-partition topic
+        assert a.get("/readyz")[0] == 503 and b.get("/readyz")[0] == 503
+        assert run(_admin(config, lambda adm: existing_counts(adm, [config.health_topic]))) == {config.health_topic: 1}
+        assert run(records_held(config, config.health_topic, 1)) == 0
+
+        res = lw(config, "topics", "repair", "--yes")  # empty: recreated with 4 without --recreate-outputs
+        assert res.returncode == 0, res.stderr
+        assert wait_for(lambda: a.get("/readyz")[0] == 200 and b.get("/readyz")[0] == 200, timeout_s=60)
+        def owned():
+            mine = [json.loads(w.get("/readyz")[1]).get("partitions") or [] for w in (a, b)]
+            return mine if sorted(mine[0] + mine[1]) == [0, 1, 2, 3] else None
+
+        assert all(wait_for(owned))  # both own their share again
+        run(publish(config, [("steps", e["run_id"].encode(), as_json(e)) for e in late]))
+
+        replay = Replay(keep_final=True)
+        for e in first + second + late:
+            replay.feed(decode_input(as_json(e)))
+        expected = {r: (t.to_state, t.seq) for r, t in replay.final.items()}
+
+        def final(records) -> bool:
+            return {t["run_id"]: (t["to_state"], t["seq"]) for t in transitions(records)} == expected
+
+        got = transitions(run(read_topic(config, config.health_topic, final, timeout_s=60)))
+        seqs: dict[str, list[int]] = {}
+        for t in got:
+            seqs.setdefault(t["run_id"], []).append(t["seq"])
+        for r, (_, last) in expected.items():
+            assert seqs[r] == list(range(seqs[r][0], last + 1)), (r, seqs[r])  # in order, each once, up to replay's
+    finally:
+        b.stop()
+        a.stop()
+

@@ -8,6 +8,7 @@ state than offline replay gives on the same events.
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 import pytest
@@ -18,7 +19,7 @@ from loopwarden.codecs import decode_input
 from loopwarden.replay import Replay
 from loopwarden.streams.assignment import partition_of
 from loopwarden.streams.expand import expand
-from tests.builders import ended, started, step
+from tests.builders import ended, receipt, started, step
 from tests.faults.test_worker_faults import assert_exactly_once
 from tests.integration.harness import (
     as_json,
@@ -80,6 +81,11 @@ def test_partitions_added_out_of_band_stop_folding_and_the_products_expansion_lo
     held = transitions(run(read_topic(config, config.health_topic, lambda recs: len(recs) >= len(before),
                                       timeout_s=10)))
     assert len(held) == len(before), "a transition was folded on the broken layout"
+    joiner = make_worker(config, tmp_path, "joiner", topology_check_s=1)  # a worker joining now refuses to start
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        joiner.start(ready=False)
+    assert f"if a topic was grown, stop every worker and run `loopwarden topics expand --to 6`" in joiner.log_tail()
+    assert worker.get("/readyz")[0] == 503
     worker.stop()
 
     report = run(expand(config, 6))
@@ -129,5 +135,71 @@ def test_a_record_on_a_partition_its_key_does_not_hash_to_is_dead_lettered(kafka
         health = transitions(run(read_topic(config, config.health_topic, lambda recs: len(recs) >= 1)))
         assert {t["run_id"] for t in health} == {"routed"}
         assert b'loopwarden_invalid_events_total{reason="wrong_partition",topic="steps"} 1.0' in worker.get("/metrics")[1]
+    finally:
+        worker.stop()
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["steady", "sigkill-while-settling"])
+def test_stale_and_fresh_producers_interleaving_a_runs_events_after_an_expansion_end_as_replay(kafka, tmp_path,
+                                                                                               kill) -> None:
+    """After `topics expand` 4 -> 6, each run's events alternate between a producer still hashing over 4 (forwarded
+    by the worker) and one hashing over 6: the forwarded ones arrive after later direct ones, yet every run ends as
+    replay of the events in produce order says, each seq once (also with the worker SIGKILLed while records wait)."""
+    config = unique_config(kafka.bootstrap, partitions=4)
+    worker = make_worker(config, tmp_path, "w", topology_check_s=1).start()
+    now = int(time.time() * 1000)
+    flying = [f"fly-{i}" for i in range(30)]  # started before the expansion
+    fresh_runs = [f"new-{i}" for i in range(30)]  # started after it, by a producer still hashing over 4
+    first = [e for r in flying for e in (started(run=r, ts=now), step(0, ("lookup", "result"), run=r, ts=now + 1))]
+    run(publish(config, [("steps", e["run_id"].encode(), as_json(e)) for e in first]))
+    run(read_topic(config, config.health_topic, lambda recs: len({t["run_id"] for t in transitions(recs)}) == len(flying)))
+    worker.stop()
+    run(expand(config, 6))
+    worker = make_worker(config, tmp_path, "w2", partitions=6, topology_check_s=1).start()
+    try:
+        t0 = int(time.time() * 1000)
+        # (old count's producer?, role, event), in produce order: each run's early events hashed over 4, its later
+        # ones over 6, runs interleaved so the direct records of one run reach its partition before its forwarded ones.
+        sent: list[tuple[bool, str, dict]] = []
+        for i, r in enumerate(flying):
+            sent += [(True, "steps", step(1, ("lookup", "result"), run=r, ts=t0 + i)),
+                     (False, "steps", step(2, run=r, ts=t0 + i + 1)),
+                     (False, "steps", ended("natural_finish", 3, run=r, ts=t0 + i + 2)),
+                     (False, "outcomes", receipt(f"rc-{r}", run=r, ts=t0 + i + 3))]
+        for i, r in enumerate(fresh_runs):
+            sent += [(True, "steps", started(run=r, ts=t0 + i)),
+                     (True, "steps", step(0, ("lookup", "result"), run=r, ts=t0 + i + 1)),
+                     (False, "steps", step(1, run=r, ts=t0 + i + 2)),
+                     (False, "steps", ended("natural_finish", 2, run=r, ts=t0 + i + 3)),
+                     (False, "outcomes", receipt(f"rc-{r}", run=r, ts=t0 + i + 4))]
+
+        async def send() -> None:
+            topics = {"steps": config.steps_topic, "outcomes": config.outcomes_topic}
+            async with AIOKafkaProducer(bootstrap_servers=config.broker, acks="all", linger_ms=0) as producer:
+                for stale, role, e in sent:
+                    key = e["run_id"].encode()
+                    await producer.send_and_wait(topics[role], as_json(e), key=key,
+                                                 partition=partition_of(key, 4 if stale else 6))
+
+        run(send())
+        if kill:  # records of moved runs wait in the changelog now: a restart must find them there
+            time.sleep(0.5)
+            worker.stop(signal.SIGKILL)
+            worker = make_worker(config, tmp_path, "w3", partitions=6, topology_check_s=1).start()
+        replay = Replay(keep_final=True)
+        for e in first + [e for _stale, _role, e in sent]:
+            replay.feed(decode_input(as_json(e)))
+        expected = {r: t.to_state for r, t in replay.final.items()}
+        assert set(expected.values()) == {"VERIFIED_COMPLETE"}
+        moved = [r for r in flying + fresh_runs if partition_of(r.encode(), 4) != partition_of(r.encode(), 6)]
+        assert len(moved) >= 20  # the runs whose records reach their partition both ways
+
+        def final(records) -> bool:  # every run has a verdict (right or wrong: asserted below)
+            last = {t["run_id"]: t["to_state"] for t in transitions(records)}
+            return all(last.get(r) in ("VERIFIED_COMPLETE", "FALSE_COMPLETE", "UNCERTAIN") for r in expected)
+
+        ts = transitions(run(read_topic(config, config.health_topic, final, timeout_s=60)))
+        assert_exactly_once(ts, expected)
+        assert b'loopwarden_repartitioned_events_total{how="forwarded"}' in worker.get("/metrics")[1]
     finally:
         worker.stop()

@@ -39,7 +39,8 @@ def env_for(config: Config) -> dict[str, str]:
                  "ticks_topic", "partitions", "store", "data_dir", "clock", "tick_interval_s", "web_port",
                  "shutdown_timeout_s", "stall_timeout_s", "session_timeout_s", "max_message_bytes", "batch_max_records",
                  "max_future_skew_s", "seq_memory_s", "retention_s", "malloc_trim_s", "commit_gap_ms", "commit_offsets_ms", "batch_wait_ms", "align_max_ms",
-                 "otel_topic", "otel_partitions", "topology_check_s"):
+                 "otel_topic", "otel_partitions", "topology_check_s",
+                 "expand_window_s", "expand_settle_ms"):
         env["LOOPWARDEN_" + name.upper()] = str(getattr(config, name))
     for name in ("token", "security_protocol", "sasl_mechanism", "sasl_username", "sasl_password", "ssl_cafile",
                  "ssl_certfile", "ssl_keyfile"):
@@ -65,11 +66,12 @@ class Worker:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.config.web_port}"
 
-    def start(self, timeout_s: float = 60) -> "Worker":
+    def start(self, timeout_s: float = 60, ready: bool = True) -> "Worker":
+        """Start it and wait for /readyz 200 (``ready=False``: for any answer, e.g. a worker that joins blocked)."""
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "loopwarden.cli", self.command, *self.args],
                                      env={**env_for(self.config), **self.extra_env}, stdout=log, stderr=subprocess.STDOUT)
-        self.wait_ready(timeout_s)
+        self.wait_ready(timeout_s, statuses=(200,) if ready else (200, 503))
         return self
 
     def get(self, path: str, token: str | None = None) -> tuple[int, bytes]:
@@ -82,7 +84,7 @@ class Worker:
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
 
-    def wait_ready(self, timeout_s: float = 60) -> None:
+    def wait_ready(self, timeout_s: float = 60, statuses: tuple[int, ...] = (200,)) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             assert self.proc is not None
@@ -90,7 +92,7 @@ class Worker:
                 raise RuntimeError(f"{self.command} exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 status, _ = self.get("/readyz", self.config.token)
-                if status == 200:
+                if status in statuses:
                     return
             except OSError:
                 pass

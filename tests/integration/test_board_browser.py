@@ -23,6 +23,7 @@ from loopwarden.board.fleet import ATTENTION
 from loopwarden.codecs import decode_input, encode
 from loopwarden.replay import Replay
 from loopwarden.simulate import fleet
+from loopwarden.trust import SigningKey, TrustedVerifiers
 from loopwarden.streams.topics import ensure_topics
 from tests.integration.harness import env_for, unique_config
 
@@ -66,14 +67,46 @@ return out;
 """
 
 
-def transitions_of_a_fleet(start_ms: int) -> list[bytes]:
-    """What workers publish on agent.health for a simulated fleet (the same rules, replayed)."""
-    replay = Replay()
-    out = []
-    for m in fleet(60, seed=8, start_ms=start_ms, bad_every=0):
-        out += replay.feed(decode_input(m.value))
-    out += replay.finish(3600)
-    return [encode(t) for t in out]
+def worker_transitions_of_a_fleet(config, tmp_path: Path, now: int) -> tuple[list[dict], dict[str, str]]:
+    """What a real worker commits to agent.health for a simulated fleet whose receipts a trusted verifier
+    signed (``verifier-1``, in LOOPWARDEN_TRUSTED_VERIFIERS) or a key the worker does not trust signed (every
+    third receipt): the fleet on the event clock, ticked to ``now``. Returns the transitions (read_committed)
+    and run id -> how its receipts were signed ("trusted" | "untrusted")."""
+    from tests.integration.harness import make_worker, publish, read_topic, run, tick, transitions
+
+    trusted, rogue = SigningKey.generate("verifier-1"), SigningKey.generate("rogue-1")
+    messages, signed_by = [], {}
+    for i, m in enumerate(fleet(60, seed=8, start_ms=now - 50 * 60_000, bad_every=0)):
+        value = m.value
+        if m.topic == "outcomes":
+            event = decode_input(value)
+            key = rogue if len(signed_by) % 3 == 2 and event.run_id not in signed_by else trusted
+            key = rogue if signed_by.get(event.run_id) == "untrusted" else key
+            signed_by[event.run_id] = "untrusted" if key is rogue else "trusted"
+            value = encode(key.sign(event))
+        messages.append((m.topic, m.key, value))
+    replay = Replay(keep_final=True, verifiers=TrustedVerifiers.parse(trusted.setting))
+    for _topic, _key, value in messages:
+        replay.feed(decode_input(value))
+    replay.advance_to(now)
+    # Final states, not seqs: the worker meets a receipt that came before its run's end in arrival order (a run
+    # that receipted first may pass through VERIFYING), replay in file order (docs/contract.md section 5).
+    expected = {r: t.to_state for r, t in replay.final.items()}
+    worker = make_worker(config, tmp_path, "fleet-worker", clock="event")
+    worker.extra_env = {"LOOPWARDEN_TRUSTED_VERIFIERS": trusted.setting}
+    worker.start()
+    try:
+        run(publish(worker.config, messages))
+        run(tick(worker.config, now))
+
+        def final(records) -> bool:
+            return {t["run_id"]: t["to_state"] for t in transitions(records)} == expected
+
+        got = transitions(run(read_topic(worker.config, config.health_topic, final, timeout_s=60)))
+    finally:
+        worker.stop()
+    assert final([]) is False and {t["run_id"]: t["to_state"] for t in got} == expected  # replay's final states
+    return got, signed_by
 
 
 def transition(run_id: str, seq: int, ts: int, frm: str | None, to: str, agent: str = "live-agent",
@@ -166,13 +199,10 @@ def test_the_board_in_a_browser(kafka, tmp_path: Path) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     config = unique_config(kafka.bootstrap)
     now = int(time.time() * 1000)
-    publisher = Publisher(config)
-    fleet_raws = transitions_of_a_fleet(now - 50 * 60_000)
-    publisher.send(fleet_raws)
-    final: dict[str, dict] = {}
-    for raw in fleet_raws:
-        t = json.loads(raw)
-        final[t["run_id"]] = t
+    fleet_transitions, signed_by = worker_transitions_of_a_fleet(config, tmp_path, now)
+    publisher = Publisher(config)  # the live transitions below: the board's own latency from agent.health
+    final: dict[str, dict] = {t["run_id"]: t for t in fleet_transitions}
+    assert {"trusted", "untrusted"} <= set(signed_by.values())
     needing = {r: t for r, t in final.items() if t["to_state"] in ATTENTION}
     assert needing and {t["to_state"] for t in needing.values()} >= {"FAILED", "STUCK"}
 
@@ -270,6 +300,33 @@ def test_the_board_in_a_browser(kafka, tmp_path: Path) -> None:
         assert "oncall@example.com" in newest and "deploy" in newest and "WAITING" in newest
         assert driver.find_element(By.ID, "run-doc").get_attribute("href").endswith("#waiting")
         driver.save_screenshot(str(ARTIFACTS / "board-run.png"))
+
+        # Trust as the operator sees it, on runs the worker judged: a receipt the trusted verifier signed makes
+        # the run complete and is listed; one signed by a key the worker does not trust is shown as untrusted.
+        def shown(run_id: str) -> str:
+            driver.get(f"{url}#/run/{run_id}")
+            wait(lambda: driver.find_element(By.ID, "run-id").text == run_id and
+                 driver.find_elements(By.CSS_SELECTOR, "#run-transitions > li"), what=f"the page of {run_id}")
+            t = final[run_id]
+            assert driver.find_element(By.ID, "run-state").text == t["to_state"]
+            assert driver.find_element(By.ID, "run-reason").text == t["reason"]
+            return driver.find_element(By.CSS_SELECTOR, "#run-transitions > li").text
+
+        complete = next(r for r, t in final.items() if signed_by.get(r) == "trusted" and t["to_state"] == "VERIFIED_COMPLETE")
+        text = shown(complete)
+        assert final[complete]["reason"] in ("receipt", "late_receipt") and final[complete]["evidence"]["receipt_ids"]
+        assert f"Receipts\n{', '.join(final[complete]['evidence']['receipt_ids'])}" in text and "Untrusted" not in text
+        distrusted = [r for r, how in signed_by.items() if how == "untrusted"]
+        assert distrusted and all(final[r]["to_state"] != "VERIFIED_COMPLETE" for r in distrusted)
+        shown_untrusted = 0
+        for r in distrusted:
+            ids = final[r]["evidence"].get("untrusted_receipt_ids") or []
+            if ids:
+                text = shown(r)
+                assert f"Untrusted receipts (not counted)\n{', '.join(ids)}" in text, text
+                shown_untrusted += 1
+        assert shown_untrusted, {r: final[r]["to_state"] for r in distrusted}
+        driver.save_screenshot(str(ARTIFACTS / "board-untrusted.png"))
         assert (ARTIFACTS / "board.png").stat().st_size > 10_000 and (ARTIFACTS / "board-run.png").stat().st_size > 10_000
         print(f"board: screenshots {ARTIFACTS / 'board.png'} {ARTIFACTS / 'board-run.png'}")
     finally:

@@ -167,7 +167,7 @@ function fact(dl, name, value) {
 }
 
 const KNOWN = new Set(["reported_cause", "derived_cause", "fired", "disagreements", "receipt_ids", "approval",
-                       "step_count", "segments", "tool_errors", "finish_reason"]);
+                       "step_count", "segments", "tool_errors", "finish_reason", "untrusted_receipt_ids"]);
 
 function list(v) { return v && v.length ? v.join(", ") : "none"; }
 
@@ -194,6 +194,9 @@ function renderRun(run, id) {
     fact(dl, "Fired conditions", list(ev.fired));
     fact(dl, "Disagreements", list(ev.disagreements));
     fact(dl, "Receipts", list(ev.receipt_ids));
+    if (ev.untrusted_receipt_ids && ev.untrusted_receipt_ids.length) {  // docs/receipts.md: kept, never counted
+      fact(dl, "Untrusted receipts (not counted)", list(ev.untrusted_receipt_ids));
+    }
     const ap = ev.approval;
     fact(dl, "Approval", ap ? ("tool " + ap.tool_name + ", owner " + (ap.owner || "none (unrouted)") +
                                ", deadline " + (ap.deadline_ts ? isoTime(ap.deadline_ts) : "none")) : "none");

@@ -1,0 +1,119 @@
+"""After an expansion, the engine's half of settling (:mod:`loopwarden.streams.settle`): how far the old
+partitions a task waits for were forwarded, read with a consumer of its own (no group) and the group's."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from loopwarden.streams.manager import RECOVERABLE, quietly
+from loopwarden.streams.security import client_options
+from loopwarden.streams.settle import Horizon, Settling
+
+log = logging.getLogger("loopwarden.worker")
+
+
+class Horizons:
+    """The engine's half: reads :class:`Horizon` s with a consumer of its own (no group) and the group's consumer."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine  # its config, its group's consumer (committed offsets), its tracked input topics
+        self.probe: AIOKafkaConsumer | None = None  # read_committed, no group: end offsets, the first record not consumed
+        self.lock = asyncio.Lock()  # partitions' pipelines share the probe
+        self.started = False
+
+    async def before_fold(self, part, assigned, records: list) -> None:
+        """A task that settles moved runs after an expansion (an optional ``settling`` attribute, see
+        :mod:`loopwarden.streams.settle`) learns how far the old partitions it waits for were forwarded."""
+        settling = getattr(part.task, "settling", None)
+        if settling is None or not settling.needed:
+            return
+        try:
+            in_hand = dict(assigned.committed) if assigned is not None and not part.task.holding else None
+            if in_hand is not None:  # earlier folds' are committed (a fold waits for its previous commit)
+                for r in records:  # and this fold's are here
+                    if r.offset >= in_hand.get(r.topic, 0):
+                        in_hand[r.topic] = r.offset + 1
+            await self.settle(part.number, settling, in_hand)
+        except RECOVERABLE as exc:  # the records wait for the next fold
+            log.warning("partition %d: reading how far moved runs were forwarded failed (%s: %s)",
+                        part.number, type(exc).__name__, exc)
+
+    async def stop(self) -> None:
+        if self.probe is not None and self.started:
+            await quietly(self.probe.stop(), "stopping a consumer", " during shutdown")
+
+    async def settle(self, partition: int, s: Settling, in_hand: dict[str, int] | None) -> None:
+        """Before a fold: read a horizon for the old partitions ``s`` waits for; make it the task's once the
+        records forwarded before it are in hand. ``in_hand``: input topic -> the offset up to which the fold
+        has every record (committed, or among its records); None: it may not fold them all (some are held)."""
+        if not s.needed:
+            return
+        if s.pending is None or not s.needed <= s.pending.first.keys():
+            s.pending = await self.read(partition, s.needed)
+        if in_hand is not None and all(in_hand.get(t, 0) >= need for t, need in s.pending.need.items()):
+            s.horizon, s.pending = s.pending, None
+
+    async def read(self, partition: int, old: set[int]) -> Horizon:
+        async with self.lock:
+            engine = self.engine
+            if self.probe is None:
+                self.probe = AIOKafkaConsumer(**client_options(engine.config), group_id=None, enable_auto_commit=False,
+                                              isolation_level="read_committed", auto_offset_reset="earliest")
+            probe, topics = self.probe, tuple(engine.partitions.tracked)
+            if not self.started:  # started by the first reading (under the lock: pipelines run concurrently)
+                await probe.start()
+                self.started = True
+            read_ms = int(time.time() * 1000)
+            tps = [TopicPartition(t, p) for p in sorted(old) for t in topics]
+            ends = await probe.end_offsets(tps)
+            waiting: dict[int, list[int]] = {p: [] for p in old}  # old partition -> first timestamps not consumed
+            for tp in tps:
+                committed = await engine.consumer.committed(tp) or 0
+                if committed < ends[tp]:
+                    ts = await self._first_ts(tp, committed, ends[tp])
+                    if ts is not None:
+                        waiting[tp.partition].append(ts)
+            first = {p: (min(ts) if ts else None) for p, ts in waiting.items()}  # -1 (unreadable): never ready
+            own = [TopicPartition(t, partition) for t in topics]
+            need = {tp.topic: await self._records_end(tp, end) for tp, end in (await probe.end_offsets(own)).items()}
+            return Horizon(read_ms, first, need)
+
+    async def _records_end(self, tp: TopicPartition, end: int) -> int:
+        """The offset after the last committed record below ``end`` (the last stable offset): a fold that has
+        it has every record forwarded so far (the transaction markers after it are no records to wait for)."""
+        probe, start = self.probe, max(0, end - 64)  # a forwarding transaction: its records, then one marker
+        if end == 0:
+            return 0
+        probe.assign([tp])
+        try:
+            probe.seek(tp, start)
+            last = None
+            while await probe.position(tp) < end:
+                records = (await probe.getmany(tp, timeout_ms=200, max_records=100)).get(tp) or []
+                if not records and await probe.position(tp) < end:
+                    return end  # could not be read now: wait for all of it
+                last = next((r.offset for r in reversed(records) if r.offset < end), last)
+            return start if last is None else last + 1
+        finally:
+            probe.assign([])
+
+    async def _first_ts(self, tp: TopicPartition, offset: int, end: int) -> int | None:
+        """The timestamp of the first committed record from ``offset`` to ``end``: None if there is none
+        (only transaction markers: the partition was consumed to its end), -1 if it could not be read now."""
+        probe = self.probe
+        probe.assign([tp])
+        try:
+            probe.seek(tp, offset)
+            for _ in range(5):
+                records = (await probe.getmany(tp, timeout_ms=200, max_records=1)).get(tp) or []
+                if records:
+                    return records[0].timestamp if records[0].offset < end else None
+                if await probe.position(tp) >= end:
+                    return None
+            return -1
+        finally:
+            probe.assign([])
