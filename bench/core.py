@@ -205,7 +205,8 @@ def state_size(report: Report, runs: int, heap_runs: int) -> None:
                f"of which encoded-state bytes objects {nbytes(values)}")
     t_enc = timed(lambda: [encode_state(s) for s in states])
     blobs = [encode_state(s) for s in states]
-    t_dec = timed(lambda: [decode_state(b) for b in blobs])
+    rids = [s.run_id for s in states]
+    t_dec = timed(lambda: [decode_state(b, r) for b, r in zip(blobs, rids)])
     report.add(bench, "encode_state / decode_state", f"{duration(t_enc / len(states))} / {duration(t_dec / len(states))}",
                "per state")
 

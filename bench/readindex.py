@@ -37,7 +37,7 @@ def old_scan(store: dict, state: str | None, limit: int) -> list:
     start = bisect.bisect_right(keys, b"")
     found = []
     for key in keys[start:]:
-        s = decode_state(store[key])
+        s = decode_state(store[key], key.decode())
         if state is not None and s.health != state:
             continue
         found.append(s.run_id)

@@ -78,7 +78,7 @@ def _scan(stores: list[MemoryPartition]) -> float:
     for store in stores:
         for key, raw in store.items():
             if not is_meta(key):
-                next_deadline(decode_state(raw), settings)
+                next_deadline(decode_state(raw, key.decode()), settings)
     return time.perf_counter() - t0
 
 

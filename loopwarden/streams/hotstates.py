@@ -41,7 +41,7 @@ class HotStates:
         if raw is None:
             return None
         if hot is None or hot[0] != raw:
-            hot = (raw, decode_state(raw))
+            hot = (raw, decode_state(raw, run_id))
         self.taken[run_id] = hot
         return hot[1]
 

@@ -143,7 +143,7 @@ class RunsIndex:
             if key in since:
                 key = self._unlist(key)  # the key object the lists (and the store) hold
             raw = store.get(key)
-            listed = decode_listing(raw) if raw is not None else None
+            listed = decode_listing(raw, key.decode()) if raw is not None else None
             if listed is None:  # dropped by retention, or a tomb
                 since.pop(key, None)
                 continue
@@ -161,7 +161,7 @@ class RunsIndex:
                 continue
             key = held.get(key, key)
             raw = store.get(key)
-            listed = decode_listing(raw) if raw is not None else None
+            listed = decode_listing(raw, key.decode()) if raw is not None else None
             if listed is None:
                 since.pop(key, None)
                 continue
@@ -193,7 +193,7 @@ class RunsIndex:
 
     # -- reading ----------------------------------------------------------------------
     def _read(self, key: bytes) -> Entry:
-        return tuple.__new__(Entry, decode_listing(self.store[key]))  # type: ignore[arg-type]
+        return tuple.__new__(Entry, decode_listing(self.store[key], key.decode()))  # type: ignore[arg-type]
 
     def get(self, run_id: str) -> Entry | None:
         self.merge()
@@ -242,7 +242,7 @@ class RunsIndex:
 def committed_state(store: Mapping[bytes, bytes], run_id: str) -> RunState | None:
     """A run's committed state in its partition's store (``GET /runs/{id}``), or None."""
     raw = store.get(run_id.encode())
-    return None if raw is None else decode_state(raw)
+    return None if raw is None else decode_state(raw, run_id)
 
 
 def page(indexes: Mapping[int, RunsIndex], *, state: str | None, agent: str | None, order: str,

@@ -113,7 +113,7 @@ class PartitionTask:
                 elif key == LAYOUT_KEY and self.placement is not None:
                     self.placement.expansion = decode_expansion(raw)
                 continue
-            state = decode_state(raw)
+            state = decode_state(raw, key.decode())
             n += 1
             self.state_counts[state.health] += 1
             self.timers.changed(state, True, run=key)  # the store's key object: shared

@@ -50,7 +50,7 @@ def test_every_gap_is_filled_exactly_up_to_the_bound() -> None:
     before = encode_state(state)
     state, notes = _run(evens + odds, state)
     assert notes.count(("ignored", "duplicate_step")) == n
-    assert _facts(decode_state(before)) == _facts(state)
+    assert _facts(decode_state(before, state.run_id)) == _facts(state)
 
 
 def test_past_the_gap_bound_repeats_are_never_counted_again() -> None:
@@ -63,7 +63,7 @@ def test_past_the_gap_bound_repeats_are_never_counted_again() -> None:
     seen = seg.steps_seen
     shuffled = evens + [_ev(step(i, ts=1 + i)) for i in range(1, n, 2)]
     random.Random(3).shuffle(shuffled)
-    state, notes = _run(shuffled, decode_state(encode_state(state)))  # through the store's codec, too
+    state, notes = _run(shuffled, decode_state(encode_state(state), state.run_id))  # through the store's codec, too
     seg = state.open[0]
     tracked_late = sum(1 for i in range(1, n, 2) if i > seg.forgot_hi)
     assert seg.steps_seen == seen + tracked_late  # each late step above the forgotten ones counted once

@@ -162,7 +162,7 @@ def test_with_trusted_verifiers_forged_receipts_change_nothing_and_are_kept_as_u
     assert last[0].evidence.untrusted_receipt_ids == ("exp-1", "exp-2")
     assert last[0].evidence.receipt_ids == ("exp-1",)
     assert last[0].evidence.receipt_trust == {"exp-1": "key:" + key.key_id}
-    assert decode_state(encode_state(state)) == state
+    assert decode_state(encode_state(state), state.run_id) == state
 
 
 def test_without_trusted_verifiers_every_receipt_counts_as_before() -> None:

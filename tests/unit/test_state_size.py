@@ -28,3 +28,13 @@ def test_ten_thousand_steps_do_not_grow_the_state() -> None:
     assert big_state.open[0].tokens == 1_000_000
     assert big <= small + 32, (small, big)  # only a few integers got wider
     assert big < 1024
+
+
+def test_the_stored_form_stays_small_and_exact_too() -> None:
+    """The store's codec (format 2) keeps a 10,000-step run as small as a 10-step one, and exact."""
+    from loopwarden.rules import decode_state, encode_state
+
+    small, big_state = encode_state(_state_after(10)), _state_after(10_000)
+    big = encode_state(big_state)
+    assert big[0] == 2 and len(big) <= len(small) + 16 and len(big) < len(msgspec.msgpack.encode(big_state)) // 2
+    assert decode_state(big, "big") == big_state

@@ -244,7 +244,7 @@ def test_a_dropped_run_leaves_a_tomb_in_the_changelog_and_its_seq_goes_on_after_
         out = task.fold([Rec("loopwarden.ticks", 0, now, None, encode_tick(Tick(now_ms=now)))])
         store.write(out.changes, None)
         task.committed(out)
-    tomb = decode_state(store[b"r"])
+    tomb = decode_state(store[b"r"], "r")
     assert tomb.tomb and tomb.seq == 3  # RUNNING, VERIFYING, FALSE_COMPLETE
     again = PartitionTask(0, store, ROLES, settings=settings, clock="event")  # a restart: state from the store
     again.rebuild()
@@ -292,7 +292,7 @@ def test_runs_index_walks_every_held_run_once_in_run_id_order_and_skips_tombs() 
 
     part = run_all(batch_size=50)[0]
     store = part.store
-    live = [decode_state(store[k]) for k in store if not is_meta(k)]
+    live = [decode_state(store[k], k.decode()) for k in store if not is_meta(k)]
     held = {s.run_id: s.health for s in live if not s.tomb and s.health is not None}
     assert len(held) > 20
     fed = part.task.index
@@ -318,7 +318,7 @@ def test_runs_index_walks_every_held_run_once_in_run_id_order_and_skips_tombs() 
     assert {order: list(index.walk(None, order, None)) for order in ("id", "age")} == fed_entries
     # retention drops a run to a tomb: committed, it leaves the index
     gone = sorted(held)[0]
-    tomb = {gone.encode(): encode_state(decode_state(store[gone.encode()]).__class__(run_id=gone, seq=3, tomb=True))}
+    tomb = {gone.encode(): encode_state(decode_state(store[gone.encode()], gone).__class__(run_id=gone, seq=3, tomb=True))}
     store.write(tomb, None)
     index.committed(tomb)
     assert index.get(gone) is None and len(index) == len(held) - 1
@@ -446,7 +446,7 @@ def test_the_committed_state_counts_follow_the_store_after_timers_fire() -> None
     from loopwarden.rules import decode_state
 
     for part in run_all(batch_size=7):
-        held = Counter(decode_state(v).health for k, v in part.store.items() if not is_meta(k))
+        held = Counter(decode_state(v, k.decode()).health for k, v in part.store.items() if not is_meta(k))
         counted = Counter({k: n for k, n in part.task.state_counts.items() if n})
         assert counted == held
 

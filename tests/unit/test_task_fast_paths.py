@@ -109,13 +109,13 @@ def test_hot_states_fold_as_states_decoded_from_the_store(events, data, hot_runs
             cold.restart()
         elif what == "rewrite" and hot.store:  # the store changed under the task (a restore): the task sees it
             key = data.draw(st.sampled_from(sorted(k for k in hot.store if k[:1] != b"\xff")))
-            state = decode_state(hot.store[key])
+            state = decode_state(hot.store[key], key.decode())
             state.seq += 100  # as another worker's later commits would have left it
             for w in (hot, cold):
                 w.store.write({key: encode_state(state)}, None)
         assert hot.fold(batch, commit=True) == cold.fold(batch, commit=True)
         for run_id, (raw, state) in hot.task.hot.entries.items():  # the invariant under test
-            assert decode_state(raw) == state and state.run_id == run_id  # used only while the store holds raw
+            assert decode_state(raw, run_id) == state and state.run_id == run_id  # used only while the store holds raw
         assert len(hot.task.hot) <= hot_runs
         i += size
     tick = [Rec("loopwarden.ticks", 0, 0, None, encode_tick(Tick(now_ms=2**52)))]

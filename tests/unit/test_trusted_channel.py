@@ -64,8 +64,8 @@ def test_a_receipt_on_the_verified_topic_counts_unsigned_and_its_evidence_names_
     assert evidence.receipt_trust == {"exp-1": "channel:" + VERIFIED}
     assert evidence.untrusted_receipt_ids == ("exp-1",) and evidence.receipt_ids == ("exp-1",)
     assert second.counts["event", "verified_outcomes", "outcome_receipt"] == 1 and second.offsets == {VERIFIED: 1}
-    state = decode_state(second.changes[b"r"])
-    assert state.receipt_trust == {"exp-1": "channel:" + VERIFIED} and decode_state(encode_state(state)) == state
+    state = decode_state(second.changes[b"r"], "r")
+    assert state.receipt_trust == {"exp-1": "channel:" + VERIFIED} and decode_state(encode_state(state), "r") == state
 
 
 def test_a_negative_receipt_on_the_channel_makes_the_run_false_complete() -> None:
