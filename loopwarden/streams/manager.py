@@ -66,7 +66,8 @@ class PartitionManager:
             await self.router.learn(next(iter(producers.values())), (*stage.outputs, stage.deadletter_topic))
             stores = {p: open_partition(c.store, c.data_dir, c.app_id, p, stage.store_name) for p in partitions}
             self.metrics.restored.inc(await restore(self.restorer, stage.changelog_topic, stores))
-            offsets = await seek_committed(self.consumer, self.topics, partitions, stores)
+            behind: set[int] = set()  # the group's offsets behind the changelog's (after a crash): sent once idle
+            offsets = await seek_committed(self.consumer, self.topics, partitions, stores, behind)
         except BaseException:
             for p, producer in producers.items():
                 await quietly(producer.stop(), f"stopping the producer of partition {p}")
@@ -78,6 +79,7 @@ class PartitionManager:
                                   Alignment(self.consumer, p, self.tracked, c.align_max_ms))
             a = self.assigned[p]
             a.committed, a.recover_at, a.owned = offsets[p], None, part
+            part.group_behind = p in behind
             part.after_restore()
 
     async def drop(self, p: int, retry_at: float | None = None) -> None:

@@ -102,12 +102,14 @@ async def restore(restorer: AIOKafkaConsumer, changelog_topic: str, stores: dict
 
 
 async def seek_committed(consumer: AIOKafkaConsumer, topics: tuple[str, ...], partitions: list[int],
-                         stores: dict[int, PartitionStore] | None = None) -> dict[int, dict[str, int]]:
+                         stores: dict[int, PartitionStore] | None = None,
+                         behind: set[int] | None = None) -> dict[int, dict[str, int]]:
     """Seek each input partition to where its last committed transaction stopped; partition -> topic -> offset.
 
     That is the group's committed offset (the beginning if none), or the offsets the changelog's last
     engine record holds when they are further (``commit_offsets_ms`` > 0 sends the group's offsets
-    only every so often; the changelog has them in every transaction)."""
+    only every so often; the changelog has them in every transaction). The partitions where the
+    changelog's are further are added to ``behind``: the group's must catch up even if nothing more comes."""
     tps = [TopicPartition(topic, p) for p in partitions for topic in topics]
     committed = {tp: await consumer.committed(tp) for tp in tps}
     missing = [tp for tp, o in committed.items() if o is None]
@@ -116,7 +118,10 @@ async def seek_committed(consumer: AIOKafkaConsumer, topics: tuple[str, ...], pa
     offsets: dict[int, dict[str, int]] = {p: {} for p in partitions}
     for tp in tps:
         offset = committed[tp] if committed[tp] is not None else starts[tp]
-        offset = max(offset, logged[tp.partition].get(tp.topic, -1))
+        if logged[tp.partition].get(tp.topic, -1) > offset:
+            offset = logged[tp.partition][tp.topic]
+            if behind is not None:
+                behind.add(tp.partition)
         consumer.seek(tp, offset)
         offsets[tp.partition][tp.topic] = offset
     consumer.resume(*tps)

@@ -62,3 +62,27 @@ def test_the_groups_offsets_of_an_idle_worker_catch_up_within_the_interval(kafka
             time.sleep(0.5)
     finally:
         worker.stop()
+
+
+def test_after_a_sigkill_the_groups_offsets_catch_up_from_the_changelog_with_no_new_input(kafka, tmp_path: Path) -> None:
+    """Killed while the group's offsets were behind: the restarted worker seeks to the changelog's and, with
+    nothing more to consume, brings the group's there too (lag 0; settling after an expansion reads them)."""
+    config = unique_config(kafka.bootstrap)
+    worker = make_worker(config, tmp_path, clock="event", commit_offsets_ms=60_000).start()
+    messages = fleet(200, seed=41, bad_every=0)
+    half = len(messages) // 2
+    steps = sum(1 for m in messages if m.topic == "steps")
+    run(publish(worker.config, [(m.topic, m.key, m.value) for m in messages[:half]]))
+    wait_consumed(worker, half)
+    run(publish(worker.config, [(m.topic, m.key, m.value) for m in messages[half:]]))
+    wait_consumed(worker, len(messages))
+    worker.stop(signal.SIGKILL)
+    assert run(_committed(worker.config, worker.config.steps_topic)) < steps  # behind: the changelog has the rest
+    worker = make_worker(config, tmp_path, clock="event", commit_offsets_ms=1000).start()
+    try:
+        deadline = time.monotonic() + 30
+        while run(_committed(worker.config, worker.config.steps_topic)) < steps:
+            assert time.monotonic() < deadline, "the group's offsets stayed behind the changelog's after a restart"
+            time.sleep(0.5)
+    finally:
+        worker.stop()
