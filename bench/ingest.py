@@ -335,7 +335,8 @@ async def _committed(admin: AIOKafkaAdminClient, group: str, backlog: Backlog) -
     return sum(min(max(om.offset, 0), backlog.ends[tp]) for tp, om in offsets.items() if tp in backlog.ends)
 
 
-async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s: float) -> Result:
+async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s: float,
+                  env_extra: dict[str, str] | None = None) -> Result:
     tag = uuid.uuid4().hex[:8]
     group = f"ingest-{app}-{tag}"
     adir = rdir / f"{app}-{tag}"
@@ -355,6 +356,7 @@ async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s
         })
         if app == "worker-alt":
             env.update(ALT_ENV)
+        env.update(env_extra or {})
         argv = [sys.executable, "-m", "loopwarden.cli", "worker"]
     else:
         output = f"{app}-out-{tag}"

@@ -150,6 +150,9 @@ async def run_spans_app(app: str, backlog: Spans, bootstrap: str, rdir: Path, ca
         "LOOPWARDEN_DEADLETTER_TOPIC": f"dead-{tag}", "LOOPWARDEN_TICKS_TOPIC": f"ticks-{tag}",
         "LOOPWARDEN_PARTITIONS": str(PARTITIONS), "LOOPWARDEN_CLOCK": "event", "LOOPWARDEN_WEB_PORT": str(port),
         "LOOPWARDEN_DATA_DIR": str(adir / "data"),
+        # The group's offsets with every transaction: this bench reads progress from them, and its backlogs
+        # last about a second, as long as the default interval (1 s) between the group's commits.
+        "LOOPWARDEN_COMMIT_OFFSETS_MS": "0",
     })
     if app in ("bridge", "bridge-base"):
         await create_topics(bootstrap, [steps, f"dead-{tag}"])  # the bridge wants a worker's topics to exist
@@ -226,7 +229,7 @@ async def _rounds(bootstrap: str, broker_pid: int, workdir: Path, runs: int, rou
         rdir = workdir / f"round-{i}"
         for app in order:
             if app == "worker":
-                res = await run_app("worker", events, rdir, broker_pid, cap_s)
+                res = await run_app("worker", events, rdir, broker_pid, cap_s, {"LOOPWARDEN_COMMIT_OFFSETS_MS": "0"})
             else:
                 # a fresh otlp_spans backlog per run: each app's group starts at 0 on its own topic
                 backlog = await _spans_backlog(bootstrap, records, spans, len(outputs))
