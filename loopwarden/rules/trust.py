@@ -22,11 +22,10 @@ UntrustedWhy = Literal["unsigned", "unknown_key", "bad_signature", "not_canonica
 UNTRUSTED_WHY: tuple[str, ...] = UntrustedWhy.__args__  # type: ignore[attr-defined]
 
 
-class UntrustedReceipt(Struct, frozen=True, gc=False):
-    """A receipt a shell found untrusted: kept in the run's evidence, counted, and changes no state."""
+class _Classified(Struct, frozen=True, gc=False):
+    """A receipt a shell classified before the core applies it; the core reads its run id and ts."""
 
     receipt: OutcomeReceipt
-    why: UntrustedWhy
 
     @property
     def run_id(self) -> str:
@@ -37,17 +36,14 @@ class UntrustedReceipt(Struct, frozen=True, gc=False):
         return self.receipt.ts
 
 
-class TrustedReceipt(Struct, frozen=True, gc=False):
+class UntrustedReceipt(_Classified, frozen=True, gc=False):
+    """A receipt a shell found untrusted: kept in the run's evidence, counted, and changes no state."""
+
+    why: UntrustedWhy
+
+
+class TrustedReceipt(_Classified, frozen=True, gc=False):
     """A receipt a shell trusted, and how (kept in the run's evidence): ``channel:<topic>`` (it came on a
     topic only the verifiers may write) or ``key:<key_id>`` (a trusted key signed it)."""
 
-    receipt: OutcomeReceipt
     by: str
-
-    @property
-    def run_id(self) -> str:
-        return self.receipt.run_id
-
-    @property
-    def ts(self) -> int:
-        return self.receipt.ts
