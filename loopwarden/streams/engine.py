@@ -107,8 +107,8 @@ class Engine:
     def buffer(self, batch: dict) -> None:
         for tp, records in batch.items():
             a = self.assigned.get(tp.partition)
-            if a is not None and a.owned is not None:
-                a.owned.buffered += records
+            if a is not None and a.owned is not None and records:
+                a.owned.accept(tp.topic, records)
 
     def punctuate(self) -> None:
         now = time.monotonic()
@@ -170,9 +170,10 @@ class Engine:
                                   c.max_message_bytes) for d in result.deadletters]
         checkpoint = Checkpoint(part.producer, part.number, c.app_id, stage.changelog_topic, self.router)
         record, send_offsets, began = None, True, time.monotonic()
-        if c.commit_offsets_ms and result.offsets:
-            # The offsets go to the changelog with every transaction (recovery seeks to them); the group's
-            # committed offsets, two more round trips to the coordinators, only every commit_offsets_ms.
+        if result.offsets:
+            # The offsets go to the changelog with every transaction: recovery reads them with the state they
+            # go with (the group's, read just after a commit, may not show it yet: aiokafka has no KIP-447
+            # stable offsets). The group's, two more round trips to the coordinators, every commit_offsets_ms.
             a = self.assigned.get(part.number)
             record = encode_offsets({**(a.committed if a is not None else {}), **result.offsets})
             send_offsets = began - part.offsets_sent_at >= c.commit_offsets_ms / 1000

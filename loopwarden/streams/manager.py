@@ -79,6 +79,7 @@ class PartitionManager:
                                   Alignment(self.consumer, p, self.tracked, c.align_max_ms))
             a = self.assigned[p]
             a.committed, a.recover_at, a.owned = offsets[p], None, part
+            part.next_offsets = dict(offsets[p])
             part.group_behind = p in behind
             part.after_restore()
 

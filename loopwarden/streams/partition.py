@@ -65,6 +65,7 @@ class OwnedPartition:
         self.producer = producer
         self.alignment = alignment
         self.buffered: list = []  # records consumed, not folded yet
+        self.next_offsets: dict[str, int] = {}  # input topic -> the offset its next record must have (from the seek)
         self.punctuate = False  # the next fold fires due timers
         self.committed_at = 0.0  # monotonic time of its last commit
         self.offsets_sent_at = 0.0  # monotonic time of its last transaction that committed the group's offsets
@@ -74,6 +75,17 @@ class OwnedPartition:
     def group_due(self, now: float, interval_ms: int) -> bool:
         """Whether the group's offsets are behind its last commit and ``interval_ms`` has passed since they went."""
         return self.group_behind and now - self.offsets_sent_at >= interval_ms / 1000
+
+    def accept(self, topic: str, records: list) -> None:
+        """Buffer fetched records, less any below the offset this partition resumed at or already took:
+        the consumer may hand them again (its own position reset after a rebalance can land behind the seek
+        to the changelog's offsets), and they are folded already."""
+        expect = self.next_offsets.get(topic)
+        if expect is not None and records[0].offset < expect:
+            records = [r for r in records if r.offset >= expect]
+        if records:
+            self.next_offsets[topic] = records[-1].offset + 1
+            self.buffered += records
 
     def take(self) -> tuple[list, bool]:
         """The records buffered and whether to punctuate, handed to the next fold."""

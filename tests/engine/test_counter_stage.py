@@ -117,7 +117,11 @@ def test_a_counter_stage_on_the_engine_is_exactly_once_under_sigkill(kafka, tmp_
             proc.kill()
     tail = log.read_text(errors="replace")[-3000:]
     sources = [r.value.split(b" ")[1] for r in records]
-    assert len(sources) == len(set(sources)) == 6000, (len(sources), len(set(sources)), tail)
+    seen: dict[bytes, list] = defaultdict(list)
+    for r in records:
+        seen[r.value.split(b" ")[1]].append((r.partition, r.offset, r.value))
+    twice = sorted((v for v in seen.values() if len(v) > 1), key=lambda v: v[0][1])
+    assert len(sources) == len(set(sources)) == 6000, (len(sources), len(set(sources)), twice[:3], twice[-3:], tail)
     counts: dict[bytes, list[int]] = defaultdict(list)
     for r in records:
         assert r.partition == partition_of(r.key, OUT_PARTITIONS), (r.key, r.partition)
