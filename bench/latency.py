@@ -45,6 +45,8 @@ from loopwarden.simulate import fleet
 
 BENCH = "g latency"
 QUIX_MIN_COMMIT_S = 0.1  # below this Quix spends its time committing (see bench/README.md)
+# --alt-env LOOPWARDEN_BENCH_ALT_TREE=DIR: worker-alt runs DIR's loopwarden (before/after in the same rounds)
+ALT_TREE = "LOOPWARDEN_BENCH_ALT_TREE"
 
 
 class _Ts(msgspec.Struct):
@@ -124,7 +126,11 @@ async def one_app(app: str, bootstrap: str, workdir: Path, rate: float, warm_s: 
             "LOOPWARDEN_CLOCK": "event", "LOOPWARDEN_WEB_PORT": str(port), "LOOPWARDEN_DATA_DIR": str(adir / "data"),
         })
         if app == "worker-alt":
-            env.update(ingest_bench.ALT_ENV)
+            alt = dict(ingest_bench.ALT_ENV)
+            tree = alt.pop(ALT_TREE, None)
+            env.update(alt)
+            if tree:  # another checkout's package (a `git archive`) ahead of this one's: no cwd first on sys.path
+                env.update(PYTHONPATH=tree, PYTHONSAFEPATH="1")
         argv = [sys.executable, "-m", "loopwarden.cli", "worker"]
         await create_topics(bootstrap, [steps, outcomes])
         stamp = "value"

@@ -1,9 +1,11 @@
 """One batch's transaction: outputs, dead letters, changelog and consumed offsets, committed together.
 
 The consumed offsets are a changelog record of the engine's (``store.OFFSETS_KEY``) in every
-transaction, and the group's committed offsets (``send_offsets_to_transaction``: AddOffsetsToTxn
-and TxnOffsetCommit, two of the four round trips to the coordinators in sequence) when the
-engine asks (every ``commit_offsets_ms``): a restart resumes from whichever is further.
+transaction: a restart resumes from it or from the group's committed offsets, whichever is
+further. The group's go with the transaction (``send_offsets_to_transaction``: AddOffsetsToTxn
+and TxnOffsetCommit, two more round trips to the coordinators in sequence) only when the engine
+asks (``commit_offsets_ms=0``); otherwise the consumer commits them afterwards
+(:mod:`loopwarden.streams.groupcommit`).
 
 A :class:`Checkpoint` is made fresh for each batch of a partition and committed once
 (Quix Streams' ``Checkpoint.commit``; Kafka Streams' ``RecordCollector`` + EOS commit).
@@ -59,7 +61,7 @@ class Checkpoint:
         self.router = router
 
     async def commit(self, result: FoldResult, deadletters: list[Output], *, offsets_record: bytes | None = None,
-                     send_offsets: bool = True) -> Committed:
+                     send_offsets: bool = False) -> Committed:
         """In order: begin; the outputs, the dead letters, the changelog; the offsets; commit.
 
         ``offsets_record``: the input offsets (``recovery.encode_offsets``), written to the changelog as the
@@ -93,13 +95,6 @@ class Checkpoint:
         await producer.commit_transaction()
         ends = [meta.offset + n for topic, n, meta in metas if topic == changelog]
         return Committed(max(ends) if ends else None, time.monotonic() - began, offsets_record)
-
-    async def commit_offsets(self, offsets: dict[str, int]) -> None:
-        """A transaction of the group's committed offsets only (a quiet partition whose group offsets are behind)."""
-        p, producer = self.partition, self.producer
-        await producer.begin_transaction()
-        await producer.send_offsets_to_transaction({TopicPartition(t, p): o for t, o in offsets.items()}, self.group_id)
-        await producer.commit_transaction()
 
 
 _NO_HEADERS: list = []  # BatchBuilder.append reads the list it is given, never keeps or changes it

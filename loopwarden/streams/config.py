@@ -97,10 +97,11 @@ class Config:
     # the client retries only after a fixed 20 ms).
     commit_gap_ms: int = 6
     # Every transaction writes the input offsets it consumed up to in the changelog (a restart resumes
-    # there); the group's committed offsets (AddOffsetsToTxn + TxnOffsetCommit: two more broker round
-    # trips) go with a partition's transaction at most this often, within this long once it is idle, and
-    # when it is given up (stop, rebalance): lag tools see them this late at most. 0: with every
-    # transaction, and none in the changelog.
+    # there); the group's committed offsets follow, committed by the worker's consumer after the
+    # transactions (one request for all its partitions, in no transaction) at most this often, and when
+    # a partition is given up (stop, rebalance): lag tools see them this late at most. 0: the group's
+    # offsets go inside every transaction (AddOffsetsToTxn + TxnOffsetCommit, two more broker round trips
+    # each), for workers older than the changelog's record sharing the group (docs/operations.md).
     commit_offsets_ms: int = 1000
     # Records of one input stamped later than all the other input has shown, while that one holds
     # more on the broker than has been consumed, wait for it (so steps and receipts meet in event

@@ -6,7 +6,8 @@ punctuate on the stage's interval, watch lag and stalls, retry partitions not ow
 Partitions never wait for each other's transactions; a partition's next fold waits for
 its own previous commit (it needs those states). Everything a partition has is one
 :class:`~loopwarden.streams.partition.OwnedPartition`; owning one is
-:mod:`loopwarden.streams.recovery`; what a stage is, :mod:`loopwarden.streams.stage`.
+:mod:`loopwarden.streams.recovery`; what a stage is, :mod:`loopwarden.streams.stage`; the
+group's committed offsets follow the transactions from :mod:`loopwarden.streams.groupcommit`.
 
 A transaction that fails drops its partition and owns it again from the changelog and
 the committed offsets (its batch is consumed again); one that is fenced drops the
@@ -27,6 +28,7 @@ from loopwarden.streams.assignment import CoPartitionedAssignor
 from loopwarden.streams.checkpoint import Checkpoint
 from loopwarden.streams.config import Config
 from loopwarden.streams.deadletters import deadletter_output
+from loopwarden.streams.groupcommit import GroupCommitter
 from loopwarden.streams.layoutguard import LayoutGuard
 from loopwarden.streams.manager import RECOVERABLE, PartitionManager, quietly
 from loopwarden.streams.metrics import Metrics
@@ -76,6 +78,7 @@ class Engine:
         self.blocked: str | None = None  # why the layout stops processing now (None: it does not)
         self.guard = LayoutGuard(self)  # re-reads the layout, pauses or holds partitions while it is wrong
         self.horizons = Horizons(self)  # after an expansion: how far old partitions were forwarded
+        self.group = GroupCommitter(self)  # the group's offsets, after the transactions (groupcommit.py)
 
     @property
     def assigned(self) -> dict[int, AssignedPartition]:
@@ -100,6 +103,7 @@ class Engine:
                         self.punctuate()
                         await self.process()
                 self.watch.check(self.assigned)
+                self.group.check()
                 await self.retry_owning()
         finally:
             await self.shutdown()
@@ -119,10 +123,10 @@ class Engine:
 
     async def process(self) -> None:
         """Start the pipeline of each partition with work; with ``batch_max_records`` buffered, wait for one."""
-        now, every = time.monotonic(), self.config.commit_offsets_ms
+        now = time.monotonic()
         parts = self.owned_partitions().values()
         for part in parts:
-            if part.buffered or part.punctuate or part.alignment.overdue(now) or part.group_due(now, every):
+            if part.buffered or part.punctuate or part.alignment.overdue(now):
                 running = part.pipeline
                 if running is None or running.done():
                     if running is not None:
@@ -149,8 +153,6 @@ class Engine:
             overdue = part.alignment.overdue()
             records, punctuate = part.take()
             if not records and not punctuate and not overdue:  # what the task holds waits for the other input
-                if part.group_due(time.monotonic(), self.config.commit_offsets_ms):
-                    await self._commit_group_offsets(part)
                 return
             await self.horizons.before_fold(part, self.assigned.get(part.number), records)
             caught_up, lagging = await part.alignment.lagging(records)
@@ -169,74 +171,31 @@ class Engine:
         dead = [deadletter_output(d, stage.deadletter_topic, self.router.counts[stage.deadletter_topic],
                                   c.max_message_bytes) for d in result.deadletters]
         checkpoint = Checkpoint(part.producer, part.number, c.app_id, stage.changelog_topic, self.router)
-        record, send_offsets, began = None, True, time.monotonic()
+        record, send_offsets = None, c.commit_offsets_ms == 0  # 0: the group's in the transaction (groupcommit.py)
         if result.offsets:
             # The offsets go to the changelog with every transaction: recovery reads them with the state they
             # go with (the group's, read just after a commit, may not show it yet: aiokafka has no KIP-447
-            # stable offsets). The group's, two more round trips to the coordinators, every commit_offsets_ms.
+            # stable offsets). The group's follow from the consumer once this commits (GroupCommitter).
             a = self.assigned.get(part.number)
             record = encode_offsets({**(a.committed if a is not None else {}), **result.offsets})
-            send_offsets = began - part.offsets_sent_at >= c.commit_offsets_ms / 1000
         try:
             committed = await checkpoint.commit(result, dead, offsets_record=record, send_offsets=send_offsets)
         except ProducerFenced:
             part.after_abort(result)
-            await self._fenced(part.number)
+            await self.partitions.fenced(part.number)
             return
         except RECOVERABLE as exc:
             part.after_abort(result)
-            await self._failed(part, exc)
+            await self.partitions.failed(part, exc)
             return
         part.committed_at = time.monotonic()
-        if result.offsets:
-            part.group_behind = not send_offsets
-            if send_offsets:
-                part.offsets_sent_at = began
         part.after_commit(result, committed)
         committed.record(self.metrics, result)
         a = self.assigned.get(part.number)
         if a is not None:
             a.progressed(result.offsets, self.untracked)
-
-    async def _commit_group_offsets(self, part: OwnedPartition) -> None:
-        """A partition that went quiet: commit the group's offsets (a transaction of offsets only), so lag reads 0."""
-        a = self.assigned.get(part.number)
-        if a is None or a.owned is not part or not a.committed:
-            return
-        c, began = self.config, time.monotonic()
-        try:
-            await Checkpoint(part.producer, part.number, c.app_id, self.stage.changelog_topic, self.router) \
-                .commit_offsets(a.committed)
-        except ProducerFenced:
-            await self._fenced(part.number)
-            return
-        except RECOVERABLE as exc:
-            await self._failed(part, exc)
-            return
-        part.committed_at = time.monotonic()
-        part.offsets_sent_at, part.group_behind = began, False
-
-    async def _fenced(self, p: int) -> None:
-        """Another worker owns ``p`` now: commit nothing more for it until the group assigns it again."""
-        m = self.metrics
-        m.transactions.labels("fenced").inc()
-        m.produce_failures.inc()
-        log.warning("partition %d: producer fenced (another worker owns it now); dropping it until reassigned", p)
-        # If the group still gives it to this worker after two session timeouts, own it again.
-        await self.partitions.drop(p, retry_at=time.monotonic() + 2 * self.config.session_timeout_s)
-
-    async def _failed(self, part: OwnedPartition, exc: BaseException) -> None:
-        """A transaction failed: abort it, own the partition again, consume its batch again."""
-        m = self.metrics
-        m.transactions.labels("aborted").inc()
-        m.produce_failures.inc()
-        log.error("partition %d: transaction failed (%s: %s); recovering it and consuming its batch again",
-                  part.number, type(exc).__name__, exc)
-        try:
-            await asyncio.wait_for(part.producer.abort_transaction(), timeout=10)
-        except Exception:  # the producer may be unusable now; a new one replaces it
-            log.debug("abort failed", exc_info=True)
-        await self.partitions.drop(part.number, retry_at=time.monotonic())
+        if result.offsets and not send_offsets:
+            self.group.behind(part)  # committed by the consumer within commit_offsets_ms, off this pipeline
 
     async def retry_owning(self) -> None:
         """Own again the assigned partitions whose retry time has come (after a failure or a fence)."""
@@ -284,15 +243,14 @@ class Engine:
 
     async def drain(self) -> None:
         """Wait for every pipeline in flight (each ends once its buffer is empty); then commit the group's offsets
-        where they are behind (for lag tools, and for workers older than the changelog's offsets record)."""
+        where they are behind (for lag tools, settling, and workers older than the changelog's offsets record)."""
         pipelines = []
         for part in self.owned_partitions().values():
             if part.pipeline is not None:
                 pipelines.append(part.pipeline)
                 part.pipeline = None
         await asyncio.gather(*pipelines)
-        behind = [part for part in self.owned_partitions().values() if part.group_behind]
-        await quietly(asyncio.wait_for(asyncio.gather(*map(self._commit_group_offsets, behind)), 10), "committing offsets")
+        await quietly(asyncio.wait_for(self.group.commit(), 10), "committing the group's offsets")
 
     async def start(self) -> None:
         c = self.config
@@ -316,6 +274,7 @@ class Engine:
         self.consumer.subscribe(list(self.partitions.topics), listener=_Rebalance(self))
         await self.consumer.start()
         await self.guard.start()
+        self.group.start()
 
     def stop(self) -> None:
         self.stopping.set()
@@ -324,6 +283,7 @@ class Engine:
         """Finish the transactions in flight, stop the producers, leave the group (its partitions move at once).
 
         With the broker gone any step can fail: each is tried, none stops the others."""
+        await self.group.stop()  # drain commits what is behind, once
         async with self.lock:
             self.ready = False
             self._forget_buffered()

@@ -4,8 +4,9 @@ Owning a partition (:meth:`PartitionManager.own`) fences its earlier producers,
 restores its store and seeks its inputs to the committed offsets
 (:mod:`loopwarden.streams.recovery`); the result is one
 :class:`~loopwarden.streams.partition.OwnedPartition`. A failed transaction or a fence
-drops ownership (:meth:`drop`) and sets when to try again (:meth:`retry`); the group
-revoking a partition forgets its :class:`~loopwarden.streams.partition.AssignedPartition`.
+drops ownership (:meth:`failed`, :meth:`fenced`: :meth:`drop`) and sets when to try again
+(:meth:`retry`); the group revoking a partition forgets its
+:class:`~loopwarden.streams.partition.AssignedPartition`.
 """
 
 from __future__ import annotations
@@ -96,6 +97,28 @@ class PartitionManager:
         if self.consumer is not None:
             self.consumer.pause(*(TopicPartition(topic, p) for topic in self.topics))
         await part.close()
+
+    async def fenced(self, p: int) -> None:
+        """A transaction of ``p`` was fenced: another worker owns it now; commit nothing more for it until the
+        group assigns it again (if the group still gives it to this worker after two session timeouts, own it again)."""
+        m = self.metrics
+        m.transactions.labels("fenced").inc()
+        m.produce_failures.inc()
+        log.warning("partition %d: producer fenced (another worker owns it now); dropping it until reassigned", p)
+        await self.drop(p, retry_at=time.monotonic() + 2 * self.config.session_timeout_s)
+
+    async def failed(self, part: OwnedPartition, exc: BaseException) -> None:
+        """A transaction failed: abort it, own the partition again, consume its batch again."""
+        m = self.metrics
+        m.transactions.labels("aborted").inc()
+        m.produce_failures.inc()
+        log.error("partition %d: transaction failed (%s: %s); recovering it and consuming its batch again",
+                  part.number, type(exc).__name__, exc)
+        try:
+            await asyncio.wait_for(part.producer.abort_transaction(), timeout=10)
+        except Exception:  # the producer may be unusable now; a new one replaces it
+            log.debug("abort failed", exc_info=True)
+        await self.drop(part.number, retry_at=time.monotonic())
 
     async def revoke(self) -> list[int]:
         """The group takes every partition back: drop them all and forget them."""

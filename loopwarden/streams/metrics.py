@@ -131,6 +131,10 @@ class Metrics:
             registry=r)
         self.transactions = Counter("loopwarden_transactions_total", "Batch transactions, by result.",
                                     ["result"], registry=r)
+        self.group_commits = Counter(
+            "loopwarden_group_commits_total",
+            "Commits of the group's offsets by the consumer, after the transactions, by result (committed/failed).",
+            ["result"], registry=r)
         self.batch_records = Histogram(
             "loopwarden_batch_records", "Input records per partition per committed transaction.",
             buckets=(1, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000), registry=r)

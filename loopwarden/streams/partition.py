@@ -68,13 +68,8 @@ class OwnedPartition:
         self.next_offsets: dict[str, int] = {}  # input topic -> the offset its next record must have (from the seek)
         self.punctuate = False  # the next fold fires due timers
         self.committed_at = 0.0  # monotonic time of its last commit
-        self.offsets_sent_at = 0.0  # monotonic time of its last transaction that committed the group's offsets
-        self.group_behind = False  # the group's committed offsets are behind its last commit (commit_offsets_ms)
+        self.group_behind = False  # the group's committed offsets are behind its last commit (groupcommit.py)
         self.pipeline: asyncio.Task | None = None  # fold, then commit, while records wait
-
-    def group_due(self, now: float, interval_ms: int) -> bool:
-        """Whether the group's offsets are behind its last commit and ``interval_ms`` has passed since they went."""
-        return self.group_behind and now - self.offsets_sent_at >= interval_ms / 1000
 
     def accept(self, topic: str, records: list) -> None:
         """Buffer fetched records, less any below the offset this partition resumed at or already took:

@@ -14,7 +14,8 @@ final (they were written in the same transactions): the store reads its changelo
 partition ``read_committed`` from its position to the end, then the inputs seek to the
 group's committed offsets, or further: to the input offsets of the changelog's last
 engine record (``store.OFFSETS_KEY``, written by every transaction), since the group's
-go with a transaction only every ``commit_offsets_ms``. Nothing else.
+only trail it (the consumer commits them after the transactions, every ``commit_offsets_ms``:
+:mod:`loopwarden.streams.groupcommit`). Nothing else.
 """
 
 from __future__ import annotations
@@ -107,8 +108,8 @@ async def seek_committed(consumer: AIOKafkaConsumer, topics: tuple[str, ...], pa
     """Seek each input partition to where its last committed transaction stopped; partition -> topic -> offset.
 
     That is the group's committed offset (the beginning if none), or the offsets the changelog's last
-    engine record holds when they are further (``commit_offsets_ms`` > 0 sends the group's offsets
-    only every so often; the changelog has them in every transaction). The partitions where the
+    engine record holds when they are further (the group's follow the transactions every
+    ``commit_offsets_ms``; the changelog has them in every transaction). The partitions where the
     changelog's are further are added to ``behind``: the group's must catch up even if nothing more comes."""
     tps = [TopicPartition(topic, p) for p in partitions for topic in topics]
     committed = {tp: await consumer.committed(tp) for tp in tps}

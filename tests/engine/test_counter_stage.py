@@ -75,13 +75,14 @@ def _start(env: dict, log: Path) -> subprocess.Popen:
                                 stderr=subprocess.STDOUT)
 
 
-@pytest.mark.parametrize("store,commit_offsets_ms", [("memory", 0), ("rocksdb", 60_000)])
+@pytest.mark.parametrize("store,commit_offsets_ms", [("memory", 0), ("rocksdb", 60_000), ("memory", 50)])
 def test_a_counter_stage_on_the_engine_is_exactly_once_under_sigkill(kafka, tmp_path: Path, store: str,
                                                                      commit_offsets_ms: int) -> None:
     """SIGKILLed every 1.5-3 s (>= 5 kills) while 6000 keyed records arrive: each input once in the output
     (read_committed), each key's counts 1..n, outputs on the default partitioner's partition. Also with the
     group's offsets committed once a minute: a restart resumes from the changelog's offsets record (RocksDB:
-    kept in the local store, only the changelog's tail read), else it would count again what it counted."""
+    kept in the local store, only the changelog's tail read), else it would count again what it counted; and
+    every 50 ms by the consumer, off the pipelines: a kill lands between transactions and the group's commits."""
     tag = uuid.uuid4().hex[:8]
     config = replace(unique_config(kafka.bootstrap, partitions=IN_PARTITIONS), batch_max_records=300,
                      data_dir=str(tmp_path / "data"), store=store, commit_offsets_ms=commit_offsets_ms)

@@ -7,24 +7,51 @@ import time
 from pathlib import Path
 
 import pytest
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from loopwarden.simulate import fleet
+from loopwarden.streams.recovery import decode_offsets
+from loopwarden.streams.store import OFFSETS_KEY
 from tests.integration.harness import make_worker, publish, run, unique_config, wait_consumed
 
 pytestmark = pytest.mark.timeout(240)
 
 
-async def _committed(config, topic: str) -> int:
+async def _group(config, topic: str) -> dict[int, int]:
+    """partition -> the group's committed offset on ``topic`` (0: none)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=config.broker)
     await admin.start()
     try:
         offsets = await admin.list_consumer_group_offsets(
             config.app_id, partitions=[TopicPartition(topic, p) for p in range(config.partitions)])
-        return sum(max(0, o.offset) for o in offsets.values())
+        return {tp.partition: max(0, o.offset) for tp, o in offsets.items()}
     finally:
         await admin.close()
+
+
+async def _committed(config, topic: str) -> int:
+    return sum((await _group(config, topic)).values())
+
+
+async def _changelog(config, topic: str) -> dict[int, int]:
+    """partition -> ``topic``'s offset in the changelog's last committed input-offsets record (0: none)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=config.broker, group_id=None, enable_auto_commit=False,
+                                isolation_level="read_committed", auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        tps = [TopicPartition(config.changelog_topic, p) for p in range(config.partitions)]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        last = {p: 0 for p in range(config.partitions)}
+        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+            for tp, records in (await consumer.getmany(timeout_ms=500)).items():
+                for r in records:
+                    if r.key == OFFSETS_KEY:
+                        last[tp.partition] = decode_offsets(r.value).get(topic, 0)
+        return last
+    finally:
+        await consumer.stop()
 
 
 def test_the_groups_offsets_lag_while_busy_and_are_exact_after_a_clean_stop(kafka, tmp_path: Path) -> None:
@@ -86,3 +113,28 @@ def test_after_a_sigkill_the_groups_offsets_catch_up_from_the_changelog_with_no_
             time.sleep(0.5)
     finally:
         worker.stop()
+
+
+def test_the_groups_offsets_never_pass_the_changelogs_while_the_worker_commits_them(kafka, tmp_path: Path) -> None:
+    """Committed by the consumer every 100 ms while batches go: each partition's group offset, read first, is at
+    most the changelog's record read after it (recovery takes the further one); equal once the worker stops."""
+    config = unique_config(kafka.bootstrap)
+    worker = make_worker(config, tmp_path, clock="event", commit_offsets_ms=100).start()
+    messages = fleet(300, seed=43, bad_every=0)
+    topic = config.steps_topic
+    samples = []
+    try:
+        for i in range(0, len(messages), len(messages) // 8):
+            run(publish(worker.config, [(m.topic, m.key, m.value) for m in messages[i:i + len(messages) // 8]]))
+            time.sleep(0.2)
+            group = run(_group(worker.config, topic))
+            samples.append((group, run(_changelog(worker.config, topic))))
+        wait_consumed(worker, len(messages))
+    finally:
+        worker.stop(signal.SIGTERM)
+    for group, changelog in samples:
+        assert all(group[p] <= changelog[p] for p in group), (group, changelog)
+    assert any(sum(group.values()) for group, _ in samples[:-1])  # the group's offsets moved while it ran
+    final = run(_group(worker.config, topic))
+    assert final == run(_changelog(worker.config, topic))
+    assert sum(final.values()) == sum(1 for m in messages if m.topic == "steps")
