@@ -74,7 +74,6 @@ class Engine:
         self.on_recovered = on_recovered  # the process's hook after partitions are owned (the CLI freezes the GC)
         self.consumer: AIOKafkaConsumer | None = None
         self.watch: Watch | None = None
-        self._punctuated_at = 0.0
         self.blocked: str | None = None  # why the layout stops processing now (None: it does not)
         self.guard = LayoutGuard(self)  # re-reads the layout, pauses or holds partitions while it is wrong
         self.horizons = Horizons(self)  # after an expansion: how far old partitions were forwarded
@@ -115,11 +114,12 @@ class Engine:
                 a.owned.accept(tp.topic, records)
 
     def punctuate(self) -> None:
-        now = time.monotonic()
-        if now - self._punctuated_at >= self.stage.punctuate_every_s:
-            self._punctuated_at = now
-            for part in self.owned_partitions().values():
-                part.punctuate = True
+        """Mark each owned partition due for timers once per ``punctuate_every_s``, each at its own phase of the
+        interval (the i-th of n at i/n of it), so that their timer-firing folds do not all come at once."""
+        now, every = time.monotonic(), self.stage.punctuate_every_s
+        owned = self.owned_partitions()
+        for i, p in enumerate(sorted(owned)):
+            owned[p].punctuate_if_due(now, every, i * every / len(owned))
 
     async def process(self) -> None:
         """Start the pipeline of each partition with work; with ``batch_max_records`` buffered, wait for one."""

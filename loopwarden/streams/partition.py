@@ -67,9 +67,17 @@ class OwnedPartition:
         self.buffered: list = []  # records consumed, not folded yet
         self.next_offsets: dict[str, int] = {}  # input topic -> the offset its next record must have (from the seek)
         self.punctuate = False  # the next fold fires due timers
+        self.punctuate_at = 0.0  # monotonic time from which the engine marks it to punctuate again
         self.committed_at = 0.0  # monotonic time of its last commit
         self.group_behind = False  # the group's committed offsets are behind its last commit (groupcommit.py)
         self.pipeline: asyncio.Task | None = None  # fold, then commit, while records wait
+
+    def punctuate_if_due(self, now: float, every: float, phase: float) -> None:
+        """Mark the next fold to fire due timers once per ``every`` seconds, ``phase`` seconds into the interval
+        (the first time at once); the engine gives each partition its own phase (bench/README.md, "g latency")."""
+        if now >= self.punctuate_at:
+            self.punctuate = True
+            self.punctuate_at = now - (now - phase) % every + every  # the phase's next instant
 
     def accept(self, topic: str, records: list) -> None:
         """Buffer fetched records, less any below the offset this partition resumed at or already took:

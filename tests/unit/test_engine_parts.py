@@ -128,3 +128,25 @@ def test_the_outbox_keeps_each_partitions_records_in_order_across_full_batches_a
     for topic, partition, keys in sent:
         got.setdefault((topic, partition), []).extend(keys)
     assert got == added
+
+
+def test_each_partition_punctuates_once_per_interval_at_its_own_phase() -> None:
+    """At once the first time, then once a second each, the i-th of 8 at i/8 s into the second: spread, not all at once."""
+    from loopwarden.streams.partition import OwnedPartition
+
+    parts = [OwnedPartition(p, None, None, None, None, None) for p in range(8)]  # type: ignore[arg-type]
+    fired: dict[int, list[float]] = {p: [] for p in range(8)}
+    for ms in range(0, 5000, 3):  # the loop's turns, every 3 ms
+        now = 100.0 + ms / 1000
+        for i, part in enumerate(parts):
+            part.punctuate_if_due(now, 1.0, i / 8)
+            if part.punctuate:
+                fired[i].append(now)
+                part.take()
+    for i, times in fired.items():
+        assert times[0] == 100.0 and 5 <= len(times) <= 6
+        gaps = [b - a for a, b in zip(times[1:], times[2:])]
+        assert all(abs(g - 1.0) < 0.004 for g in gaps), (i, gaps)
+        assert abs((times[1] - i / 8) % 1.0) < 0.004 or abs((times[1] - i / 8) % 1.0 - 1.0) < 0.004
+    seconds = sorted(round((times[2] % 1.0) * 8) % 8 for times in fired.values())
+    assert seconds == list(range(8))  # one partition per eighth of the second
