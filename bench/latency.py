@@ -3,8 +3,8 @@
 Per app, fresh topics (8 partitions, as bench e), the app started and then fed one paced
 stream: a simulated fleet published at a fixed rate for ``warm_s + measure_s`` seconds,
 every valid event re-stamped with the wall clock as it is sent. A ``read_committed``
-consumer in this process reads the app's output, as a downstream reader would, and
-takes arrival wall time minus the event's send time:
+consumer in a process of its own (never held by the publisher's busy loop) reads the app's
+output, as a downstream reader would, and takes arrival wall time minus the event's send time:
 
 * **worker** - ``loopwarden worker``; output agent.health, send time = the transition's ``ts``
   (the stamped event's). Only events that change a run's state give a transition.
@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
+import os
 import statistics
 import sys
 import time
@@ -57,7 +59,10 @@ _decode_ts = msgspec.json.Decoder(_Ts).decode
 
 
 class Reader:
-    """A read_committed consumer of one output topic: latency samples of outputs of events sent after ``since_ms``."""
+    """A read_committed consumer of one output topic in the bench's own event loop: latency samples of outputs
+    of events sent after ``since_ms``. Its arrivals wait while the publisher's loop is busy (behind its pace it
+    sends without yielding): kept only to show that (``BENCH_LATENCY_LOOP_READER=1``); the figures are
+    :class:`ProcessReader`'s."""
 
     def __init__(self, bootstrap: str, topic: str, stamp: str) -> None:
         self.bootstrap, self.topic, self.stamp = bootstrap, topic, stamp
@@ -88,6 +93,62 @@ class Reader:
 
     def stop(self) -> None:
         self._stop = True
+
+
+class ProcessReader:
+    """The same reader in a process of its own, so that no arrival waits for the publisher's loop: it keeps
+    (send ms, arrival ms) of every output; ``samples`` are those of events sent after ``since_ms``."""
+
+    def __init__(self, bootstrap: str, topic: str, stamp: str, out: Path) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.since_ms = float("inf")
+        self.samples: list[float] = []
+        self._count, self._last = ctx.Value("q", 0), ctx.Value("d", 0.0)
+        self._stop, self._out = ctx.Event(), out
+        self._proc = ctx.Process(target=_read_in_process, args=(bootstrap, topic, stamp, self._count, self._last,
+                                                                self._stop, str(out)), daemon=True)
+        self._proc.start()
+
+    @property
+    def count(self) -> int:
+        return self._count.value
+
+    @property
+    def last_arrival(self) -> float:
+        return self._last.value  # time.monotonic() of the reader's process: one clock for the machine
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._proc.join(60)
+        if self._proc.is_alive():
+            self._proc.kill()
+        pairs = json.loads(self._out.read_text()) if self._out.exists() else []
+        self.samples = [(arrived - sent) / 1000 for sent, arrived in pairs if sent >= self.since_ms]
+
+
+def _read_in_process(bootstrap: str, topic: str, stamp: str, count, last, stop, out: str) -> None:
+    pairs: list[tuple[float, float]] = []
+
+    async def read() -> None:
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                    enable_auto_commit=False, group_id=None, isolation_level="read_committed",
+                                    fetch_max_wait_ms=10)
+        await consumer.start()
+        try:
+            while not stop.is_set():
+                batch = await consumer.getmany(timeout_ms=50)
+                now_ms = time.time() * 1000
+                for records in batch.values():
+                    for rec in records:
+                        pairs.append((_decode_ts(rec.value).ts if stamp == "value" else rec.timestamp, now_ms))
+                if batch:
+                    count.value = len(pairs)
+                    last.value = time.monotonic()
+        finally:
+            await consumer.stop()
+
+    asyncio.run(read())
+    Path(out).write_text(json.dumps(pairs))
 
 
 def _q(values: list[float], q: float) -> float:
@@ -147,8 +208,9 @@ async def one_app(app: str, bootstrap: str, workdir: Path, rate: float, warm_s: 
         argv = [sys.executable, "-m", "bench.peers.quix_app"]
         stamp = "timestamp"
     proc = spawn(argv, env, adir / "app.log")
-    reader = Reader(bootstrap, output, stamp)
-    task = asyncio.create_task(reader.run())
+    reader = ProcessReader(bootstrap, output, stamp, adir / "arrivals.json")
+    loop_reader = Reader(bootstrap, output, stamp) if os.environ.get("BENCH_LATENCY_LOOP_READER") else None
+    task = asyncio.create_task(loop_reader.run()) if loop_reader is not None else None
     res: dict = {"app": app, "rate": rate}
     try:
         if app.startswith("worker"):
@@ -183,6 +245,8 @@ async def one_app(app: str, bootstrap: str, workdir: Path, rate: float, warm_s: 
                     await asyncio.sleep(delay)
                 if c0 is None and time.monotonic() >= measure_at:
                     reader.since_ms = time.time() * 1000
+                    if loop_reader is not None:
+                        loop_reader.since_ms = reader.since_ms
                     c0, tm0 = cpu_s(proc.pid), time.monotonic()
                     if app.startswith("worker"):
                         before = _metrics(port)
@@ -219,7 +283,10 @@ async def one_app(app: str, bootstrap: str, workdir: Path, rate: float, warm_s: 
                        txn_per_s=txns / measure_s, records_per_txn=(b_sum1 - b_sum0) / max(b_n1 - b_n0, 1))
     finally:
         reader.stop()
-        await task
+        if loop_reader is not None:
+            loop_reader.stop()
+            await task
+            res.update(loop_p50=_q(loop_reader.samples, 0.5), loop_p99=_q(loop_reader.samples, 0.99))
         stop(proc)
     res.update(n=len(reader.samples), p50=_q(reader.samples, 0.5), p99=_q(reader.samples, 0.99),
                mean=statistics.fmean(reader.samples) if reader.samples else float("nan"))
@@ -254,7 +321,9 @@ def latency(report: Report, workdir: Path, rate: float, own_rate: float | None, 
                          f"{res['txn_per_s']:.0f} txn/s, {res['records_per_txn']:.0f} records/txn, "
                          f"txn mean {duration(res['txn_mean'])}")
             progress(f"[g]   {app}: p50 {duration(res['p50'])} p99 {duration(res['p99'])} over {res['n']:,} outputs; "
-                     f"sent {si(res['sent_eps'], 'ev/s')}, CPU share {res['cpu_share']:.0%}")
+                     f"sent {si(res['sent_eps'], 'ev/s')}, CPU share {res['cpu_share']:.0%}"
+                     + (f"; read in the bench's loop: p50 {duration(res['loop_p50'])} p99 {duration(res['loop_p99'])}"
+                        if "loop_p50" in res else ""))
             results.append(res)
     finally:
         stop_all()
