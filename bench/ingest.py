@@ -131,6 +131,8 @@ class Result:
     committed_steady_s: float = float("nan")
     committed_steady_cpu_s: float = float("nan")
     bench_cpu_s: float = float("nan")  # the bench process's own CPU, ready -> done (its readers' cost)
+    steps: int = 0  # moves of the steady reading inside its window (the worker: transactions seen)
+    group_steps: int = 0  # the same for the group's offsets (the worker's old reading)
 
     @property
     def eps(self) -> float:
@@ -203,6 +205,16 @@ def crossing(samples: list[tuple[float, float, float]], target: float) -> tuple[
             return (target, prev[1] + f * (sample[1] - prev[1]), prev[2] + f * (sample[2] - prev[2]))
         prev = sample
     return None
+
+
+def steps_in_window(samples: list[tuple[float, float, float]], total: int) -> int:
+    """How many times a sampled series moves between its 10 % and 90 % crossings: how finely it reads the window."""
+    moves, last = 0, None
+    for n, _t, _c in samples:
+        if last is not None and n != last and total * 0.1 < n <= total * 0.9:
+            moves += 1
+        last = n
+    return moves
 
 
 def steady_marks(samples: list[tuple[float, float, float]], total: int) -> list[tuple[float, float, float]]:
@@ -585,6 +597,8 @@ async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s
                     if app.startswith("worker"):
                         res.set_steady(steady_marks(samples, backlog.n))
                         res.set_group_steady(steady_marks(group_samples, backlog.n))
+                        res.steps = steps_in_window(samples, backlog.n)
+                        res.group_steps = steps_in_window(group_samples, backlog.n)
                     else:
                         res.set_committed_steady(steady_marks(samples, backlog.n))
                 if not app.startswith("worker"):
@@ -596,8 +610,19 @@ async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s
             if now - t_ready > limit:
                 if not app.startswith("worker"):
                     raise TimeoutError(f"{app} committed {done} of {backlog.n} in {limit:.0f}s; {log}")
-                return Result(app, done, now - t_ready, c_now - c_ready, t_ready - t_spawn, b_now - b_ready,
-                              capped=True)
+                stopping.set()
+                if watcher is not None:
+                    await asyncio.gather(watcher, return_exceptions=True)
+                for path, series in ((progress_file, samples), (adir / "progress-group.jsonl", group_samples)):
+                    with open(path, "w") as f:  # what it committed, and where it stopped (a look with --keep)
+                        f.writelines(json.dumps({"n": n, "t": t, "cpu": c}) + "\n" for n, t, c in series)
+                res = Result(app, done, now - t_ready, c_now - c_ready, t_ready - t_spawn, b_now - b_ready,
+                             capped=True)
+                # Stuck short of the end, it may still have crossed 90 %: its steady window stands (the
+                # flag says the rest).
+                res.set_steady(steady_marks(samples, backlog.n))
+                res.set_group_steady(steady_marks(group_samples, backlog.n))
+                return res
             await asyncio.sleep(SAMPLE_S if app.startswith("worker") else POLL_S)
     finally:
         if watcher is not None and not watcher.done():
@@ -650,7 +675,8 @@ async def _rounds(bootstrap: str, broker_pid: int, workdir: Path, events: int, r
             if app.startswith("worker"):
                 progress(f"[e]   {'':<8} steady read from the group's offsets {si(res.group_steady_eps, 'ev/s'):>11} "
                          f"{res.group_steady_cpu_us:6.1f} µs CPU/event {res.group_steady_s:5.1f} s "
-                         f"(changelog / group {res.steady_eps / res.group_steady_eps:.3f}x); "
+                         f"(changelog / group {res.steady_eps / res.group_steady_eps:.3f}x; "
+                         f"steps in the window {res.steps} / {res.group_steps}); "
                          f"bench's CPU {res.bench_cpu_us:.2f} µs/event")
     return backlog, results, errors
 
@@ -680,14 +706,18 @@ def ingest(report: Report, workdir: Path, events: int, rounds: int, worker_cap_s
 def _report(report: Report, backlog: Backlog, results: dict[str, list[Result]], errors: dict[str, str],
             rounds: int, cap_s: float) -> None:
     def med(app: str, attr: str) -> float:
-        return median([getattr(r, attr) for r in results[app]])
+        """The median over the rounds that have the figure (a capped worker has no steady window)."""
+        return median([v for v in (getattr(r, attr) for r in results[app]) if v == v])
 
     def spread(app: str, attr: str) -> str:
-        values = sorted(getattr(r, attr) for r in results[app])
+        values = sorted(v for v in (getattr(r, attr) for r in results[app]) if v == v)
         return f"{si(values[0], '')}-{si(values[-1], 'ev/s')}" if len(values) > 1 else "one round"
 
-    def by_round(app: str) -> str:
-        values = sorted(r.steady_eps / r.group_steady_eps for r in results[app])
+    def by_round(app: str, a: str, b: str) -> str:
+        """a / b round by round, as min-max."""
+        values = sorted(v for v in (getattr(r, a) / getattr(r, b) for r in results[app]) if v == v)
+        if not values:
+            return "n/a"
         return f"{values[0]:.3f}-{values[-1]:.3f}x by round" if len(values) > 1 else f"{values[0]:.3f}x"
 
     report.add(BENCH, "backlog (valid fleet events, pre-loaded)", f"{backlog.n:,}",
@@ -723,15 +753,14 @@ def _report(report: Report, backlog: Backlog, results: dict[str, list[Result]], 
                        si(old, "ev/s") if old == old else "n/a",
                        f"the same rounds; CPU {med(app, 'group_steady_cpu_us'):.3g} µs/event, "
                        f"{duration(med(app, 'group_steady_s'))}, rounds {spread(app, 'group_steady_eps')}; "
-                       f"the changelog's reading / this one: {by_round(app)}; "
+                       f"the changelog's reading / this one: {by_round(app, 'steady_eps', 'group_steady_eps')}; "
                        f"the bench's own CPU {med(app, 'bench_cpu_us'):.2f} µs/event (its readers)")
         if app in ("quix", "quix1s", "kstreams"):
             at_commit = med(app, "committed_steady_eps")
-            values = sorted(r.steady_eps / r.committed_steady_eps for r in results[app])
             report.add(BENCH, label + ", steady state read at its commits", si(at_commit, "ev/s"),
                        f"its outputs (one per input) seen read_committed, as the worker is read; the same rounds; "
                        f"CPU {med(app, 'committed_steady_cpu_us'):.3g} µs/event; counted at handling / at commit: "
-                       f"{values[0]:.3f}-{values[-1]:.3f}x by round")
+                       f"{by_round(app, 'steady_eps', 'committed_steady_eps')}")
         if app in ("quix1s", "worker", "worker-alt"):
             # Last week's method, kept beside the new one: ready -> done, done seen at a 1 s commit.
             report.add(BENCH, LABELS[app] + ", ready -> done at a 1 s commit (old row)", si(med(app, "eps"), "ev/s"),
@@ -776,8 +805,11 @@ def _report(report: Report, backlog: Backlog, results: dict[str, list[Result]], 
         if rate != rate:
             continue  # a reading this run does not have
         cpu = div(med("worker", cpu_of[w_attr]), med(peer, cpu_of[p_attr]))
-        by = sorted(div(getattr(w, w_attr), getattr(q, p_attr)) for w, q in zip(results["worker"], results[peer]))
+        by = sorted(v for v in (div(getattr(w, w_attr), getattr(q, p_attr))
+                                for w, q in zip(results["worker"], results[peer])) if v == v)
         rounds_note = f"{by[0]:.2f}-{by[-1]:.2f}x by round" if len(by) > 1 else "one round"
+        if any(r.capped for r in results["worker"]):
+            rounds_note += "; the worker's capped rounds left out"
         report.add(BENCH, f"ratio worker : {peer} ({what})", x(rate),
                    "; ".join(p for p in (target, rounds_note, f"CPU per event {x(cpu)} {peer}'s") if p))
     # The CPU-bound rate: what one core would give at the CPU per event measured. On a shared machine the

@@ -97,3 +97,11 @@ def test_committed_progress_reads_the_format_with_the_projects_decoder():
     progress = CommittedProgress({TopicPartition("steps", 0): 100})
     progress.add(0, b"\xc1not msgpack")
     assert progress.total == 0
+
+
+def test_steps_in_window_counts_moves_between_the_marks():
+    """Only moves landing inside 10-90 % count: how finely a reading resolves the steady window."""
+    from bench.ingest import steps_in_window
+
+    samples = [(0, 0, 0), (5, 1, 0), (20, 2, 0), (20, 3, 0), (50, 4, 0), (90, 5, 0), (100, 6, 0)]
+    assert steps_in_window(samples, 100) == 3  # 20, 50, 90
