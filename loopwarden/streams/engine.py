@@ -169,16 +169,18 @@ class Engine:
         dead = [deadletter_output(d, stage.deadletter_topic, self.router.counts[stage.deadletter_topic],
                                   c.max_message_bytes) for d in result.deadletters]
         checkpoint = Checkpoint(part.producer, part.number, c.app_id, stage.changelog_topic, self.router)
-        record, send_offsets, began = None, True, time.monotonic()
+        record, offsets, send_offsets, began = None, None, True, time.monotonic()
         if result.offsets:
             # The offsets go to the changelog with every transaction: recovery reads them with the state they
             # go with (the group's, read just after a commit, may not show it yet: aiokafka has no KIP-447
-            # stable offsets). The group's, two more round trips to the coordinators, every commit_offsets_ms.
+            # stable offsets). The group's, two more round trips to the coordinators, every commit_offsets_ms,
+            # of every input (not the batch's only: an input folded while they did not go would stay behind).
             a = self.assigned.get(part.number)
-            record = encode_offsets({**(a.committed if a is not None else {}), **result.offsets})
+            record = encode_offsets(offsets := {**(a.committed if a is not None else {}), **result.offsets})
             send_offsets = began - part.offsets_sent_at >= c.commit_offsets_ms / 1000
         try:
-            committed = await checkpoint.commit(result, dead, offsets_record=record, send_offsets=send_offsets)
+            committed = await checkpoint.commit(result, dead, offsets_record=record, send_offsets=send_offsets,
+                                                group_offsets=offsets)
         except ProducerFenced:
             part.after_abort(result)
             await self._fenced(part.number)
