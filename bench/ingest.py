@@ -588,7 +588,10 @@ async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s
                             and time.monotonic() < t_end:
                         await asyncio.sleep(SAMPLE_S)
                     stopping.set()
-                    await watcher  # raises what the reader met
+                    try:
+                        await watcher
+                    except Exception as exc:  # a Kafka error of the bench's reader: this app's round fails, not the bench
+                        raise RuntimeError(f"{app}: the bench's commit reader failed: {exc!r}") from exc
                     timelines = ((progress_file, samples), (adir / "progress-group.jsonl", group_samples)) \
                         if app.startswith("worker") else ((adir / "progress-committed.jsonl", samples),)
                     for path, series in timelines:
