@@ -23,6 +23,14 @@ worker runtime). Rates and CPU per event count from ready to done; startup (spaw
 ready) is reported apart. CPU is the subprocess's user + system time from /proc. A
 worker still short of the end after ``worker_cap_s`` is stopped and reported as what
 it committed over that time (labelled *capped*).
+
+The headline rates are steady state: 10 % to 90 % of the input. The peers mark it where they
+handle a message. The worker, a black box, is read at its commits: every transaction of a
+partition ends its changelog records with the input offsets it consumed up to
+(``store.OFFSETS_KEY``), and a ``read_committed`` reader in the bench counts them when it sees
+them (:func:`watch_changelog`). The group's committed offsets, which the worker commits only
+every ``LOOPWARDEN_COMMIT_OFFSETS_MS`` per partition, still say *done*, and give the old
+reading of the same window beside the new one.
 """
 
 from __future__ import annotations
@@ -47,6 +55,9 @@ from bench.common import Report, cpu_s, duration, median, progress, si
 from loopwarden.codecs import decode_input
 from dev.localkafka import DEFAULT_JVM_ARGS, LocalKafka, free_port
 from loopwarden.simulate import fleet
+from loopwarden.streams.config import Config
+from loopwarden.streams.recovery import decode_offsets
+from loopwarden.streams.store import OFFSETS_KEY
 
 BENCH = "e ingest"
 PARTITIONS = 8
@@ -110,6 +121,18 @@ class Result:
     steady_events: float = float("nan")
     steady_s: float = float("nan")
     steady_cpu_s: float = float("nan")
+    # The worker only: the same window read the old way, from the group's committed offsets (sampled every
+    # 50 ms, committed every LOOPWARDEN_COMMIT_OFFSETS_MS per partition), beside the changelog's reading.
+    group_steady_events: float = float("nan")
+    group_steady_s: float = float("nan")
+    group_steady_cpu_s: float = float("nan")
+    # The peers only: the same window read at their commits (their outputs, one per input, read_committed).
+    committed_steady_events: float = float("nan")
+    committed_steady_s: float = float("nan")
+    committed_steady_cpu_s: float = float("nan")
+    bench_cpu_s: float = float("nan")  # the bench process's own CPU, ready -> done (its readers' cost)
+    steps: int = 0  # moves of the steady reading inside its window (the worker: transactions seen)
+    group_steps: int = 0  # the same for the group's offsets (the worker's old reading)
 
     @property
     def eps(self) -> float:
@@ -127,11 +150,48 @@ class Result:
     def steady_cpu_us(self) -> float:
         return self.steady_cpu_s / self.steady_events * 1e6 if self.steady_events > 0 else float("nan")
 
+    @property
+    def group_steady_eps(self) -> float:
+        return self.group_steady_events / self.group_steady_s if self.group_steady_s > 0 else float("nan")
+
+    @property
+    def group_steady_cpu_us(self) -> float:
+        if self.group_steady_events > 0:
+            return self.group_steady_cpu_s / self.group_steady_events * 1e6
+        return float("nan")
+
+    @property
+    def committed_steady_eps(self) -> float:
+        return self.committed_steady_events / self.committed_steady_s if self.committed_steady_s > 0 else float("nan")
+
+    @property
+    def committed_steady_cpu_us(self) -> float:
+        if self.committed_steady_events > 0:
+            return self.committed_steady_cpu_s / self.committed_steady_events * 1e6
+        return float("nan")
+
+    @property
+    def bench_cpu_us(self) -> float:
+        return self.bench_cpu_s / self.events * 1e6 if self.events else float("nan")
+
     def set_steady(self, marks: list[tuple[float, float, float]]) -> None:
         """From two (handled, t, cpu) marks: at 10 % and at 90 % of the input."""
         if len(marks) >= 2:
             (n0, t0, c0), (n1, t1, c1) = marks[0], marks[-1]
             self.steady_events, self.steady_s, self.steady_cpu_s = n1 - n0, t1 - t0, c1 - c0
+
+    def set_group_steady(self, marks: list[tuple[float, float, float]]) -> None:
+        """As :meth:`set_steady`, for the window read from the group's committed offsets."""
+        if len(marks) >= 2:
+            (n0, t0, c0), (n1, t1, c1) = marks[0], marks[-1]
+            self.group_steady_events, self.group_steady_s, self.group_steady_cpu_s = n1 - n0, t1 - t0, c1 - c0
+
+    def set_committed_steady(self, marks: list[tuple[float, float, float]]) -> None:
+        """As :meth:`set_steady`, for a peer's window read at its commits."""
+        if len(marks) >= 2:
+            (n0, t0, c0), (n1, t1, c1) = marks[0], marks[-1]
+            self.committed_steady_events, self.committed_steady_s, self.committed_steady_cpu_s = \
+                n1 - n0, t1 - t0, c1 - c0
 
 
 def crossing(samples: list[tuple[float, float, float]], target: float) -> tuple[float, float, float] | None:
@@ -145,6 +205,101 @@ def crossing(samples: list[tuple[float, float, float]], target: float) -> tuple[
             return (target, prev[1] + f * (sample[1] - prev[1]), prev[2] + f * (sample[2] - prev[2]))
         prev = sample
     return None
+
+
+def steps_in_window(samples: list[tuple[float, float, float]], total: int) -> int:
+    """How many times a sampled series moves between its 10 % and 90 % crossings: how finely it reads the window."""
+    moves, last = 0, None
+    for n, _t, _c in samples:
+        if last is not None and n != last and total * 0.1 < n <= total * 0.9:
+            moves += 1
+        last = n
+    return moves
+
+
+def steady_marks(samples: list[tuple[float, float, float]], total: int) -> list[tuple[float, float, float]]:
+    """The 10 % and 90 % crossings of a sampled (handled, t, cpu) series (those it reaches)."""
+    return [m for m in (crossing(samples, total * 0.1), crossing(samples, total * 0.9)) if m]
+
+
+class CommittedProgress:
+    """The worker's committed progress, from the input-offsets records of its changelog.
+
+    Every transaction of input partition *p* ends its changelog records on partition *p* with
+    the engine's record (``store.OFFSETS_KEY``, ``recovery.encode_offsets``: input topic -> next
+    offset), committed with the outputs, the state and the input it consumed. Read
+    ``read_committed``, the last such record of each partition says how far that partition's
+    inputs are committed; summed over the partitions (each capped at the backlog's end offsets),
+    how far the worker is. Records of other topics (its ticks) are left out."""
+
+    def __init__(self, ends: dict[TopicPartition, int]) -> None:
+        self.ends = ends
+        self.by_partition: dict[int, int] = {}
+        self.total = 0
+
+    def add(self, partition: int, value: bytes | None) -> None:
+        """Take the offsets record ``value`` of changelog partition ``partition`` (later than any before)."""
+        ends = self.ends
+        done = 0
+        for topic, offset in decode_offsets(value).items():
+            end = ends.get(TopicPartition(topic, partition))
+            if end is not None:
+                done += min(max(offset, 0), end)
+        self.total += done - self.by_partition.get(partition, 0)
+        self.by_partition[partition] = done
+
+    def take(self, batch: dict[TopicPartition, list]) -> bool:
+        """A ``getmany`` batch of the changelog: its partitions' last offsets records; True if any."""
+        seen = False
+        for tp, records in batch.items():
+            for record in reversed(records):
+                if record.key == OFFSETS_KEY:
+                    self.add(tp.partition, record.value)
+                    seen = True
+                    break
+        return seen
+
+
+async def _watch(bootstrap: str, topic: str, take, pid: int, samples: list[tuple[float, float, float]],
+                 stopping: asyncio.Event) -> None:
+    """Read ``topic`` read_committed from its start; after each fetch that ``take`` (batch -> progress or
+    None) says moved, append (progress, t, CPU of ``pid``): ``t`` is when the bench sees the commit."""
+    partitions = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                isolation_level="read_committed", auto_offset_reset="earliest",
+                                fetch_max_wait_ms=50, max_partition_fetch_bytes=4 * 1024 * 1024)
+    await consumer.start()
+    try:
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        while not stopping.is_set():
+            done = take(await consumer.getmany(timeout_ms=50))
+            if done is not None:
+                samples.append((done, time.monotonic(), cpu_s(pid)))
+    finally:
+        await consumer.stop()
+
+
+async def watch_changelog(bootstrap: str, topic: str, ends: dict[TopicPartition, int], pid: int,
+                          samples: list[tuple[float, float, float]], stopping: asyncio.Event) -> None:
+    """The worker's committed progress (:class:`CommittedProgress`) into ``samples``, as its commits are seen."""
+    committed = CommittedProgress(ends)
+    await _watch(bootstrap, topic, lambda batch: committed.total if committed.take(batch) else None,
+                 pid, samples, stopping)
+
+
+async def watch_outputs(bootstrap: str, topic: str, pid: int, samples: list[tuple[float, float, float]],
+                        stopping: asyncio.Event) -> None:
+    """A peer's committed progress: its output records (one per input) seen read_committed, counted."""
+    seen = 0
+
+    def take(batch: dict) -> int | None:
+        nonlocal seen
+        n = sum(len(records) for records in batch.values())
+        seen += n
+        return seen if n else None
+
+    await _watch(bootstrap, topic, take, pid, samples, stopping)
 
 
 def _events(events: int, seed: int) -> list:
@@ -382,6 +537,8 @@ async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s
     await admin.start()
     t_spawn = time.monotonic()
     proc = spawn(argv, env, log)
+    watcher: asyncio.Task | None = None
+    stopping = asyncio.Event()
     try:
         # Ready: the worker's /readyz, or the peer's file written at its first message.
         while True:
@@ -398,26 +555,56 @@ async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s
             if time.monotonic() - t_spawn > READY_TIMEOUT_S:
                 raise TimeoutError(f"{app} not ready after {READY_TIMEOUT_S:.0f}s; {log}:\n{_tail(log)}")
             await asyncio.sleep(0.1 if app.startswith("worker") else 0.02)
-        b_ready = cpu_s(broker_pid)
+        b_ready, bench_ready = cpu_s(broker_pid), cpu_s(os.getpid())
         limit = cap_s if app.startswith("worker") else DONE_TIMEOUT_S
-        samples: list[tuple[float, float, float]] = []  # the worker's (committed, t, cpu)
+        # The worker's progress, read without touching it (a /metrics scrape costs its event loop ~4 ms):
+        # `samples` from its changelog's offsets records, one per transaction of a partition, seen
+        # read_committed (the steady window); `group_samples` from the group's committed offsets, polled
+        # every 50 ms, which it commits only every LOOPWARDEN_COMMIT_OFFSETS_MS (1 s) per partition: the
+        # old reading, kept beside it (a 200,000-event backlog lasts ~2.5 s: 1 s steps).
+        samples: list[tuple[float, float, float]] = []
+        group_samples: list[tuple[float, float, float]] = []
+        if app.startswith("worker"):
+            watcher = asyncio.create_task(watch_changelog(
+                backlog.bootstrap, Config(app_id=group).changelog_topic, backlog.ends, proc.pid, samples, stopping))
+        elif app != "faust":
+            # The peers mark their window where they handle a message (before their commit); `samples` reads
+            # it as the worker's is read, at their commits: their outputs (one per input) seen read_committed.
+            watcher = asyncio.create_task(watch_outputs(backlog.bootstrap, output, proc.pid, samples, stopping))
         # Done: the group's committed offsets at the end offsets of both input topics.
         while True:
             done = await _committed(admin, group, backlog)
             if app.startswith("worker"):
-                # The worker commits its offsets in every transaction (each partition, every few tens of
-                # ms): the broker's view of them is its progress, read without touching the worker
-                # (a /metrics scrape costs its event loop ~4 ms; 20 a second would be ~8 % of a core).
-                samples.append((done, time.monotonic(), cpu_s(proc.pid)))
+                group_samples.append((done, time.monotonic(), cpu_s(proc.pid)))
             now, c_now, b_now = time.monotonic(), cpu_s(proc.pid), cpu_s(broker_pid)
             if done >= backlog.n:
                 res = Result(app, done, now - t_ready, c_now - c_ready, t_ready - t_spawn, b_now - b_ready)
-                if app.startswith("worker"):
-                    with open(progress_file, "w") as f:  # the whole timeline, for a look with --keep
-                        f.writelines(json.dumps({"n": n, "t": t, "cpu": c}) + "\n" for n, t, c in samples)
-                    marks = [crossing(samples, backlog.n * f) for f in (0.1, 0.9)]
-                    res.set_steady([m for m in marks if m])
-                else:
+                res.bench_cpu_s = cpu_s(os.getpid()) - bench_ready
+                if watcher is not None:
+                    # The changelog's last records are committed before the group's offsets (or with them);
+                    # a peer's last outputs with them.
+                    t_end = time.monotonic() + 10.0
+                    while (not samples or samples[-1][0] < backlog.n) and not watcher.done() \
+                            and time.monotonic() < t_end:
+                        await asyncio.sleep(SAMPLE_S)
+                    stopping.set()
+                    try:
+                        await watcher
+                    except Exception as exc:  # a Kafka error of the bench's reader: this app's round fails, not the bench
+                        raise RuntimeError(f"{app}: the bench's commit reader failed: {exc!r}") from exc
+                    timelines = ((progress_file, samples), (adir / "progress-group.jsonl", group_samples)) \
+                        if app.startswith("worker") else ((adir / "progress-committed.jsonl", samples),)
+                    for path, series in timelines:
+                        with open(path, "w") as f:  # the whole timelines, for a look with --keep
+                            f.writelines(json.dumps({"n": n, "t": t, "cpu": c}) + "\n" for n, t, c in series)
+                    if app.startswith("worker"):
+                        res.set_steady(steady_marks(samples, backlog.n))
+                        res.set_group_steady(steady_marks(group_samples, backlog.n))
+                        res.steps = steps_in_window(samples, backlog.n)
+                        res.group_steps = steps_in_window(group_samples, backlog.n)
+                    else:
+                        res.set_committed_steady(steady_marks(samples, backlog.n))
+                if not app.startswith("worker"):
                     res.set_steady(_marks(progress_file))
                 return res
             if proc.poll() is not None:
@@ -426,10 +613,24 @@ async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s
             if now - t_ready > limit:
                 if not app.startswith("worker"):
                     raise TimeoutError(f"{app} committed {done} of {backlog.n} in {limit:.0f}s; {log}")
-                return Result(app, done, now - t_ready, c_now - c_ready, t_ready - t_spawn, b_now - b_ready,
-                              capped=True)
+                stopping.set()
+                if watcher is not None:
+                    await asyncio.gather(watcher, return_exceptions=True)
+                for path, series in ((progress_file, samples), (adir / "progress-group.jsonl", group_samples)):
+                    with open(path, "w") as f:  # what it committed, and where it stopped (a look with --keep)
+                        f.writelines(json.dumps({"n": n, "t": t, "cpu": c}) + "\n" for n, t, c in series)
+                res = Result(app, done, now - t_ready, c_now - c_ready, t_ready - t_spawn, b_now - b_ready,
+                             capped=True)
+                # Stuck short of the end, it may still have crossed 90 %: its steady window stands (the
+                # flag says the rest).
+                res.set_steady(steady_marks(samples, backlog.n))
+                res.set_group_steady(steady_marks(group_samples, backlog.n))
+                return res
             await asyncio.sleep(SAMPLE_S if app.startswith("worker") else POLL_S)
     finally:
+        if watcher is not None and not watcher.done():
+            stopping.set()
+            await asyncio.gather(watcher, return_exceptions=True)
         await asyncio.shield(admin.close())
         stop(proc)
 
@@ -469,6 +670,17 @@ async def _rounds(bootstrap: str, broker_pid: int, workdir: Path, events: int, r
                      f"{res.wall_s:5.1f} s"
                      + (f"  startup {res.startup_s:4.1f} s" if res.startup_s == res.startup_s else "")
                      + (f"  CAPPED at {res.events:,} of {backlog.n:,}" if res.capped else ""))
+            if app in ("quix", "quix1s", "kstreams"):
+                progress(f"[e]   {'':<8} steady read at its commits (outputs)  {si(res.committed_steady_eps, 'ev/s'):>11} "
+                         f"{res.committed_steady_cpu_us:6.1f} µs CPU/event {res.committed_steady_s:5.1f} s "
+                         f"(at handling / at commit {res.steady_eps / res.committed_steady_eps:.3f}x); "
+                         f"bench's CPU {res.bench_cpu_us:.2f} µs/event")
+            if app.startswith("worker"):
+                progress(f"[e]   {'':<8} steady read from the group's offsets {si(res.group_steady_eps, 'ev/s'):>11} "
+                         f"{res.group_steady_cpu_us:6.1f} µs CPU/event {res.group_steady_s:5.1f} s "
+                         f"(changelog / group {res.steady_eps / res.group_steady_eps:.3f}x; "
+                         f"steps in the window {res.steps} / {res.group_steps}); "
+                         f"bench's CPU {res.bench_cpu_us:.2f} µs/event")
     return backlog, results, errors
 
 
@@ -497,11 +709,19 @@ def ingest(report: Report, workdir: Path, events: int, rounds: int, worker_cap_s
 def _report(report: Report, backlog: Backlog, results: dict[str, list[Result]], errors: dict[str, str],
             rounds: int, cap_s: float) -> None:
     def med(app: str, attr: str) -> float:
-        return median([getattr(r, attr) for r in results[app]])
+        """The median over the rounds that have the figure (a capped worker has no steady window)."""
+        return median([v for v in (getattr(r, attr) for r in results[app]) if v == v])
 
     def spread(app: str, attr: str) -> str:
-        values = sorted(getattr(r, attr) for r in results[app])
+        values = sorted(v for v in (getattr(r, attr) for r in results[app]) if v == v)
         return f"{si(values[0], '')}-{si(values[-1], 'ev/s')}" if len(values) > 1 else "one round"
+
+    def by_round(app: str, a: str, b: str) -> str:
+        """a / b round by round, as min-max."""
+        values = sorted(v for v in (getattr(r, a) / getattr(r, b) for r in results[app]) if v == v)
+        if not values:
+            return "n/a"
+        return f"{values[0]:.3f}-{values[-1]:.3f}x by round" if len(values) > 1 else f"{values[0]:.3f}x"
 
     report.add(BENCH, "backlog (valid fleet events, pre-loaded)", f"{backlog.n:,}",
                f"steps {backlog.counts['steps']:,} / outcomes {backlog.counts['outcomes']:,}, {PARTITIONS} partitions "
@@ -530,6 +750,20 @@ def _report(report: Report, backlog: Backlog, results: dict[str, list[Result]], 
             note += (f"; CAPPED: {int(med(app, 'events')):,} of {backlog.n:,} committed in {med(app, 'wall_s'):.0f} s, "
                      "rate = committed / time")
         report.add(BENCH, label + ", steady state", si(steady, "ev/s") if steady == steady else "n/a", note)
+        if app in ("worker", "worker-alt"):
+            old = med(app, "group_steady_eps")
+            report.add(BENCH, label + ", steady state read from the group's offsets (old reading)",
+                       si(old, "ev/s") if old == old else "n/a",
+                       f"the same rounds; CPU {med(app, 'group_steady_cpu_us'):.3g} µs/event, "
+                       f"{duration(med(app, 'group_steady_s'))}, rounds {spread(app, 'group_steady_eps')}; "
+                       f"the changelog's reading / this one: {by_round(app, 'steady_eps', 'group_steady_eps')}; "
+                       f"the bench's own CPU {med(app, 'bench_cpu_us'):.2f} µs/event (its readers)")
+        if app in ("quix", "quix1s", "kstreams"):
+            at_commit = med(app, "committed_steady_eps")
+            report.add(BENCH, label + ", steady state read at its commits", si(at_commit, "ev/s"),
+                       f"its outputs (one per input) seen read_committed, as the worker is read; the same rounds; "
+                       f"CPU {med(app, 'committed_steady_cpu_us'):.3g} µs/event; counted at handling / at commit: "
+                       f"{by_round(app, 'steady_eps', 'committed_steady_eps')}")
         if app in ("quix1s", "worker", "worker-alt"):
             # Last week's method, kept beside the new one: ready -> done, done seen at a 1 s commit.
             report.add(BENCH, LABELS[app] + ", ready -> done at a 1 s commit (old row)", si(med(app, "eps"), "ev/s"),
@@ -544,30 +778,43 @@ def _report(report: Report, backlog: Backlog, results: dict[str, list[Result]], 
             return float("nan")
         return div(med(a, attr), med(b, attr))
 
-    def ratios(a: str, b: str, attr: str) -> str:
-        """The ratio round by round (same round = same conditions), as min-max."""
-        values = sorted(div(getattr(x, attr), getattr(y, attr)) for x, y in zip(results[a], results[b]))
-        return f"{values[0]:.2f}-{values[-1]:.2f}x by round" if len(values) > 1 else "one round"
-
     def x(value: float) -> str:
         return f"{value:.3g}x" if value == value else "n/a"
 
-    for peer, target, attr, what in (
-            ("quix", "target >= 2.5", "steady_eps", "steady state both, Quix at its defaults"),
-            ("quix1s", "last week's row", "eps", "ready -> done at commit both, Quix committing every 1 s"),
-            ("quix1s", "", "steady_eps", "steady state both, Quix committing every 1 s"),
-            ("kstreams", "target >= 1.5", "steady_eps", "steady state both"),
-            ("bare", "target >= 0.25", "steady_eps", "steady state both"),
-            ("worker-alt", "the same worker, another setting, same rounds", "steady_eps", "steady state both"),
+    cpu_of = {"steady_eps": "steady_cpu_us", "group_steady_eps": "group_steady_cpu_us",
+              "committed_steady_eps": "committed_steady_cpu_us", "eps": "cpu_us"}
+    for peer, target, w_attr, p_attr, what in (
+            ("quix", "target >= 2.5", "steady_eps", "steady_eps", "steady state both, Quix at its defaults"),
+            ("quix", "the old reading of the worker", "group_steady_eps", "steady_eps",
+             "steady state both, the worker read from the group's offsets, Quix at its defaults"),
+            ("quix", "Quix's commits every 5 s: coarse", "steady_eps", "committed_steady_eps",
+             "steady state both read at commit, Quix at its defaults"),
+            ("quix1s", "last week's row", "eps", "eps", "ready -> done at commit both, Quix committing every 1 s"),
+            ("quix1s", "", "steady_eps", "steady_eps", "steady state both, Quix committing every 1 s"),
+            ("quix1s", "", "steady_eps", "committed_steady_eps",
+             "steady state both read at commit, Quix committing every 1 s"),
+            ("kstreams", "target >= 1.5", "steady_eps", "steady_eps", "steady state both"),
+            ("kstreams", "", "steady_eps", "committed_steady_eps", "steady state both read at commit"),
+            ("bare", "target >= 0.25", "steady_eps", "steady_eps", "steady state both"),
+            ("worker-alt", "the same worker, another setting, same rounds", "steady_eps", "steady_eps",
+             "steady state both"),
     ):
         if peer not in errors and not results[peer]:
             continue
         if not results["worker"] or not results[peer]:
             report.add(BENCH, f"ratio worker : {peer} ({what})", "n/a", "a side failed")
             continue
-        cpu = ratio("worker", peer, "steady_cpu_us" if attr == "steady_eps" else "cpu_us")
-        report.add(BENCH, f"ratio worker : {peer} ({what})", x(ratio("worker", peer, attr)),
-                   "; ".join(p for p in (target, ratios("worker", peer, attr), f"CPU per event {x(cpu)} {peer}'s") if p))
+        rate = div(med("worker", w_attr), med(peer, p_attr))
+        if rate != rate:
+            continue  # a reading this run does not have
+        cpu = div(med("worker", cpu_of[w_attr]), med(peer, cpu_of[p_attr]))
+        by = sorted(v for v in (div(getattr(w, w_attr), getattr(q, p_attr))
+                                for w, q in zip(results["worker"], results[peer])) if v == v)
+        rounds_note = f"{by[0]:.2f}-{by[-1]:.2f}x by round" if len(by) > 1 else "one round"
+        if any(r.capped for r in results["worker"]):
+            rounds_note += "; the worker's capped rounds left out"
+        report.add(BENCH, f"ratio worker : {peer} ({what})", x(rate),
+                   "; ".join(p for p in (target, rounds_note, f"CPU per event {x(cpu)} {peer}'s") if p))
     # The CPU-bound rate: what one core would give at the CPU per event measured. On a shared machine the
     # rates above follow the CPU each app gets (the worker's steady rate varied 17-102k ev/s over a day's
     # rounds while its CPU per event stayed within 9.4-12.5 µs); this one does not.

@@ -171,15 +171,17 @@ class Engine:
         dead = [deadletter_output(d, stage.deadletter_topic, self.router.counts[stage.deadletter_topic],
                                   c.max_message_bytes) for d in result.deadletters]
         checkpoint = Checkpoint(part.producer, part.number, c.app_id, stage.changelog_topic, self.router)
-        record, send_offsets = None, c.commit_offsets_ms == 0  # 0: the group's in the transaction (groupcommit.py)
+        record, offsets, send_offsets = None, None, c.commit_offsets_ms == 0  # 0: the group's in the transaction
         if result.offsets:
             # The offsets go to the changelog with every transaction: recovery reads them with the state they
             # go with (the group's, read just after a commit, may not show it yet: aiokafka has no KIP-447
-            # stable offsets). The group's follow from the consumer once this commits (GroupCommitter).
+            # stable offsets). The group's follow from the consumer once this commits (groupcommit.py); with
+            # commit_offsets_ms=0 they go in the transaction, of every input as in the record.
             a = self.assigned.get(part.number)
-            record = encode_offsets({**(a.committed if a is not None else {}), **result.offsets})
+            record = encode_offsets(offsets := {**(a.committed if a is not None else {}), **result.offsets})
         try:
-            committed = await checkpoint.commit(result, dead, offsets_record=record, send_offsets=send_offsets)
+            committed = await checkpoint.commit(result, dead, offsets_record=record, send_offsets=send_offsets,
+                                                group_offsets=offsets)
         except ProducerFenced:
             part.after_abort(result)
             await self.partitions.fenced(part.number)

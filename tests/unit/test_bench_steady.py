@@ -56,3 +56,52 @@ def test_peer_progress_marks_ready_then_ten_and_ninety_percent(tmp_path, monkeyp
         progress.tick()
     assert json.loads((tmp_path / "ready.json").read_text()).keys() == {"t", "cpu"}
     assert [n for n, _t, _c in _marks(tmp_path / "progress.jsonl")] == [20, 180]
+
+
+def _record(key: bytes, value: bytes):
+    from aiokafka.structs import ConsumerRecord
+
+    return ConsumerRecord("c", 0, 0, 0, 0, key, value, None, len(key), len(value), [])
+
+
+def test_committed_progress_sums_each_partitions_last_offsets_record():
+    """The worker's committed progress: per changelog partition its last offsets record, summed, capped at the ends."""
+    from aiokafka import TopicPartition
+
+    from bench.ingest import CommittedProgress
+    from loopwarden.streams.recovery import encode_offsets
+    from loopwarden.streams.store import OFFSETS_KEY
+
+    ends = {TopicPartition(t, p): 100 for t in ("steps", "outcomes") for p in range(2)}
+    progress = CommittedProgress(ends)
+    assert not progress.take({TopicPartition("c", 0): [_record(b"run-1", b"state")]})
+    assert progress.take({TopicPartition("c", 0): [
+        _record(OFFSETS_KEY, encode_offsets({"steps": 10, "outcomes": 5})),
+        _record(b"run-1", b"state"),
+        _record(OFFSETS_KEY, encode_offsets({"steps": 30, "outcomes": 5, "ticks": 7})),  # ticks: not the backlog's
+    ]})
+    assert progress.total == 35
+    progress.take({TopicPartition("c", 1): [_record(OFFSETS_KEY, encode_offsets({"steps": 250}))]})
+    assert progress.total == 135  # capped at the end offset (100)
+    progress.take({TopicPartition("c", 0): [_record(OFFSETS_KEY, encode_offsets({"steps": 40, "outcomes": 20}))]})
+    assert progress.total == 160
+    assert progress.by_partition == {0: 60, 1: 100}
+
+
+def test_committed_progress_reads_the_format_with_the_projects_decoder():
+    """A record that is not an offsets map counts as nothing (recovery's decoder), not as a crash."""
+    from aiokafka import TopicPartition
+
+    from bench.ingest import CommittedProgress
+
+    progress = CommittedProgress({TopicPartition("steps", 0): 100})
+    progress.add(0, b"\xc1not msgpack")
+    assert progress.total == 0
+
+
+def test_steps_in_window_counts_moves_between_the_marks():
+    """Only moves landing inside 10-90 % count: how finely a reading resolves the steady window."""
+    from bench.ingest import steps_in_window
+
+    samples = [(0, 0, 0), (5, 1, 0), (20, 2, 0), (20, 3, 0), (50, 4, 0), (90, 5, 0), (100, 6, 0)]
+    assert steps_in_window(samples, 100) == 3  # 20, 50, 90
