@@ -27,10 +27,9 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from operator import itemgetter
 
-
 from loopwarden.codecs import encode
-from loopwarden.rules import RunState, Settings, apply, decode_state, encode_state
-from loopwarden.rules.machine import DEADLINE_KEEPING
+from loopwarden.rules import RunState, Settings, decode_state, encode_state
+from loopwarden.rules.machine import DEADLINE_KEEPING, Result, apply_into
 from loopwarden.rules.table import RunTable
 from loopwarden.streams.alignment import ALIGNED, StreamTime, merge_by_ts
 from loopwarden.streams.batch import CLOCK_KEY, Batch, _decode_clock, _encode_clock, is_meta, wall_clock_ms  # noqa: F401
@@ -93,6 +92,7 @@ class PartitionTask:
         self._live: dict[str, RunState | None] = {}
         self._before: dict[str, str | None] = {}  # their committed health
         self._moved: set[str] = set()  # runs whose health changed in the batch (a new timer: rescheduled)
+        self._res = Result(None)  # every event's transitions and notes (apply_into), emptied after each
         self.hot = HotStates(hot_runs)  # committed states kept decoded between batches
         self._clock_before = 0
         self.stream = StreamTime(roles, ALIGNED)  # stream times, records held for a lagging input
@@ -193,8 +193,7 @@ class PartitionTask:
         # time timers are queued and fired around each event as in replay; on the wall clock, at punctuation.
         event_mode = self.clock_mode == "event"
         timers = self.timers
-        heap = timers.heap
-        clock = self.clock
+        heap, clock, res = timers.heap, self.clock, self._res
         noted: dict = {}  # notes of the batch, added to counts at the end: a dict write per note, not a Counter's
         for role, event, rec in merged:
             run_id = event.run_id
@@ -221,27 +220,29 @@ class PartitionTask:
             try:
                 if trust is not None and role != "steps":  # trust is decided here, before the core
                     event = trust.classify(event, role == "verified_outcomes")
-                res = apply(state, event, now, clock)
+                new = apply_into(res, state, event, now, clock)
             except Exception as exc:  # a bug of ours must not stop the partition nor lose the message
+                del res.transitions[:], res.notes[:]  # what the failed event left: not the next one's
                 log.exception("internal error on %s[%d]@%d; dead-lettered", rec.topic, rec.partition, rec.offset)
                 out.deadletters.append(DeadLetter(rec, "internal_error", f"{type(exc).__name__}: {exc}"))
                 counts["invalid", role, "internal_error"] += 1
                 hot.taken.pop(run_id, None)  # apply may have changed it half-way: never kept decoded
                 continue
-            # _take, inline
-            if res.notes:
-                for note in res.notes:
+            # _take, inline (the lists are this task's Result's: emptied for the next event)
+            notes, transitions = res.notes, res.transitions
+            if notes:
+                for note in notes:
                     noted[note] = noted.get(note, 0) + 1
-            transitions = res.transitions
-            new = live[run_id] = res.state
+                notes.clear()
+            live[run_id] = new
             if transitions:
                 out.transitions += transitions
                 moved.add(run_id)
-            if event_mode:  # replay's scheduling, event by event (RunTable.changed's first test inline)
-                if transitions or new is not state or event.__class__ not in DEADLINE_KEEPING:
-                    timers.changed(new, bool(transitions))  # type: ignore[arg-type]
-                    if heap and heap[0] <= clock:  # a deadline already past (an approval's): it fires now
-                        self.fire_due(clock, out)
+            if event_mode and (transitions or new is not state or event.__class__ not in DEADLINE_KEEPING):
+                timers.changed(new, bool(transitions))  # replay's scheduling, event by event (its first test inline)
+                if heap and heap[0] <= clock:  # a deadline already past (an approval's): it fires now
+                    self.fire_due(clock, out)
+            transitions.clear()
         if noted:
             counts.update(noted)
         self.clock = clock
