@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from loopwarden.codecs import HealthTransition, InputEvent, InvalidEvent, OutcomeReceipt, decode_input
-from loopwarden.rules import DEFAULT_SETTINGS, RunState, Settings, apply
-from loopwarden.rules.machine import DEADLINE_KEEPING, Result
+from loopwarden.rules import DEFAULT_SETTINGS, RunState, Settings
+from loopwarden.rules.machine import DEADLINE_KEEPING, Result, apply_into
 from loopwarden.rules.table import RunTable
 
 
@@ -61,6 +61,7 @@ class Replay:
         # assignment takes a slower path than dict's, and notes are counted on every run_ended)
         self.clock: int | None = None
         self._timers = RunTable(settings, self.states.get)  # the runs' due timers: one policy with the worker's
+        self._res = Result(None)  # every event's transitions and notes, taken out after it (apply_into)
         self._heap = self._timers.heap  # read only: ``heap and heap[0] <= now`` is ``RunTable.due(now)``, a call saved
 
     def _count(self, notes: list[tuple[str, str]]) -> None:
@@ -130,20 +131,27 @@ class Replay:
         run_id = event.run_id
         states = self.states
         state = states.get(run_id)
-        res = apply(state, event, clock, clock)
+        res = self._res  # this replay's one Result: apply_into leaves the event's transitions and notes in it
+        try:
+            new = apply_into(res, state, event, clock, clock)
+        except BaseException:
+            res.transitions, res.notes = [], []  # nothing of a failed event is left for the next one
+            raise
         # _take, inline: one event, one run
         notes = res.notes
         if notes:
             counted = self.notes
             for note in notes:
                 counted[note] = counted.get(note, 0) + 1
-        kept = res.state is state
+            notes.clear()
+        kept = new is state
         if not kept:  # a new run, or one back from its tomb
             if state is not None:  # back from its tomb: its new life's transitions count, not the last one's
                 self._tombs_final.pop(run_id, None)
-            state = states[run_id] = res.state  # type: ignore[assignment]
+            state = states[run_id] = new
         transitions = res.transitions
         if transitions:  # its health changed: another timer, queued as it is now
+            res.transitions = []  # the list is handed on: the next event gets a new one
             # From here on the run id is the state's own string, the very object the dicts below hold
             # as their key: a lookup compares identities, not the characters of a string decoded anew.
             run_id = state.run_id  # type: ignore[union-attr]

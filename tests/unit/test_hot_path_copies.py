@@ -4,7 +4,8 @@
 (measured: docs/architecture.md, "Hot paths"): the RUNNING inactivity deadline
 (``_run_deadline``) inside ``apply``, ``receipt_verdict``'s rule without required kinds
 inside ``_receipts_verdict``, and ``_activity`` and ``Usage.tokens`` inside the step
-handler. Each is checked here against the original.
+handler; ``table.py`` one, ``next_deadline`` as ``RunTable.deadline``. Each is checked here
+against the original, and ``apply_into`` on a reused ``Result`` against ``apply``.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loopwarden.codecs import RECEIPT_KINDS, STATES, Policy, StepFinished
-from loopwarden.rules import apply, receipt_verdict
+from loopwarden.rules import Settings, apply, fire_next, next_deadline, receipt_verdict
 from loopwarden.rules.conditions import compile_policy, intern_policy
-from loopwarden.rules.machine import Result, RunState, _activity, _receipts_verdict, _run_deadline
+from loopwarden.rules.machine import Result, RunState, _activity, _receipts_verdict, _run_deadline, apply_into
+from loopwarden.rules.table import RunTable
 from tests import strategies as S
 
 kinds = st.lists(st.sampled_from(RECEIPT_KINDS), max_size=4, unique=True)
@@ -83,3 +85,39 @@ def test_the_compiled_policys_evaluate_equals_evaluate(policy, steps, data) -> N
     calls = [ToolCall(id=f"c{i}", name=name, status="result")
              for i, name in enumerate(data.draw(st.lists(st.sampled_from(names), max_size=4)))]
     assert compile_policy(policy).evaluate(steps, tokens, calls) == evaluate(conditions, steps, tokens, [c.name for c in calls])
+
+
+settings_values = st.builds(Settings, retention_s=S.durations, seq_memory_s=S.durations)
+
+
+@settings(max_examples=300, deadline=None)
+@given(S.fleet(), settings_values, st.integers(0, 40 * 86400_000))
+def test_the_run_tables_deadline_copy_equals_next_deadline(events, knobs, later) -> None:
+    """RunTable.deadline (next_deadline in one call) gives next_deadline's deadline for every state a fleet passes through."""
+    table = RunTable(knobs, {}.get)
+    states = {}
+    for ev in events:
+        state = states[ev.run_id] = apply(states.get(ev.run_id), ev, ev.ts, ev.ts).state
+        assert table.deadline(state) == next_deadline(state, knobs)
+    for state in list(states.values()):  # and after their timers fired: retention, tombs
+        while (res := fire_next(state, state.last_seen_ts + later, knobs)).state is not None and res.state is not state:
+            state = res.state
+            assert table.deadline(state) == next_deadline(state, knobs)
+        assert table.deadline(state) == next_deadline(state, knobs)
+
+
+@settings(max_examples=300, deadline=None)
+@given(S.fleet())
+def test_apply_into_one_result_equals_apply(events) -> None:
+    """apply_into on one Result taken out after each event (as the shells do) gives what apply gives on a new one."""
+    res = Result(None)
+    ours: dict = {}
+    ref: dict = {}
+    for ev in events:
+        expected = apply(copy.deepcopy(ref.get(ev.run_id)), ev, ev.ts, ev.ts)
+        ref[ev.run_id] = expected.state
+        ours[ev.run_id] = apply_into(res, ours.get(ev.run_id), ev, ev.ts, ev.ts)
+        transitions, notes = res.transitions, list(res.notes)
+        res.transitions = []
+        res.notes.clear()
+        assert (ours[ev.run_id], transitions, notes) == (expected.state, expected.transitions, expected.notes)

@@ -33,6 +33,11 @@ def test_no_module_of_streams_is_much_over_300_lines() -> None:
     assert max(sizes.values()) <= 340, sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
 
 
+def test_the_partition_tasks_fold_stays_under_300_lines() -> None:
+    """task.py holds the fold only (a batch's end is batchend.py's): at most 300 lines."""
+    assert len((STREAMS / "task.py").read_text().splitlines()) <= 300
+
+
 def test_streams_modules_import_no_cycle() -> None:
     """The run-time imports between loopwarden/streams modules form no cycle."""
     graph = {p.stem: _imports(p) for p in STREAMS.glob("*.py")}
