@@ -30,7 +30,7 @@ def _imports(path: Path) -> set[str]:
 def test_no_module_of_streams_is_much_over_300_lines() -> None:
     """Each module of loopwarden/streams stays small enough to read in one sitting (~300 lines)."""
     sizes = {p.name: len(p.read_text().splitlines()) for p in STREAMS.glob("*.py")}
-    assert max(sizes.values()) <= 340, sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
+    assert max(sizes.values()) <= 300, sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
 
 
 def test_the_partition_tasks_fold_stays_under_300_lines() -> None:
