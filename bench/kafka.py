@@ -498,8 +498,8 @@ def processor_e2e(report: Report, workdir: Path, runs: int, rounds: int, partiti
                f"(RSS after the measured backlog - after the first one) / runs added ({int(r0['runs_warm']):,} -> "
                f"{int(r0['runs_ingest']):,} runs held); rounds {', '.join(nbytes(x) for x in rows)}: pymalloc never "
                f"gives an arena back here (arenas = their high-water mark at every mark in {peak} of {len(results)} "
-               f"rounds; empty pools {min(empty, default=0):.1f}-{max(empty, default=0):.1f} MiB), so it also reads how "
-               f"much higher one backlog's buffered records peaked than the other's, / {runs:,} runs")
+               f"rounds; empty pools {min(empty, default=0):.1f}-{max(empty, default=0):.1f} MiB), so it also reads "
+               f"how much higher one backlog's buffered records peaked than the other's, / {runs:,} runs")
     alloc, arenas = per_run("alloc", "warm", "ingest"), per_run("arenas", "warm", "ingest")
     report.add(bench, "  of which Python objects (pymalloc, allocated blocks)", nbytes(median(alloc)),
                f"same marks; pymalloc arenas grew {nbytes(median(arenas))}/run (1 MiB each, given back only when "
@@ -512,14 +512,16 @@ def processor_e2e(report: Report, workdir: Path, runs: int, rounds: int, partiti
 
 
 def per_run_figures(res: dict) -> dict[str, float]:
-    """One round's memory figures per run held: RSS, live objects and arenas, between the two backlogs and over the first."""
+    """One round's memory figures per run held: RSS, live objects and arenas, between the two backlogs and over the
+    first; 'held', the slope (with further backlogs), CPU per event."""
     out = {}
     for a, b, tag in (("warm", "ingest", ""), ("paced", "warm", "first_")):
         runs = max(res[f"runs_{b}"] - res[f"runs_{a}"], 1)
         ma, mb = res["malloc"].get(a, {}), res["malloc"].get(b, {})
         out[f"{tag}rss"] = (res[f"rss_{b}"] - res[f"rss_{a}"]) / runs
         out[f"{tag}alloc"] = (mb.get("bytes in allocated blocks", 0) - ma.get("bytes in allocated blocks", 0)) / runs
-        out[f"{tag}arenas"] = (mb.get("arenas allocated current", 0) - ma.get("arenas allocated current", 0)) * 2**20 / runs
+        arenas = mb.get("arenas allocated current", 0) - ma.get("arenas allocated current", 0)
+        out[f"{tag}arenas"] = arenas * 2**20 / runs
     # RSS less the arenas' empty pools (kept by pymalloc for reuse: the backlog's peak, not the runs): Python's
     # used pools (16 KiB each) plus everything outside pymalloc, per run added between the two backlogs.
     held = {}
@@ -584,7 +586,8 @@ def ab_main(argv: list[str] | None = None) -> None:
                          load=os.getloadavg()[0])
                 figures[name].append(f)
                 progress(f"[ab] round {i} {name}: RSS {f['rss']:.0f} B/run (objects {f['alloc']:.0f}, arenas "
-                         f"{f['arenas']:.0f}, held {f['held']:.0f}, slope {f.get('slope', float('nan')):.0f}); first backlog {f['first_rss']:.0f} (arenas {f['first_arenas']:.0f}); "
+                         f"{f['arenas']:.0f}, held {f['held']:.0f}, slope {f.get('slope', float('nan')):.0f}); "
+                         f"first backlog {f['first_rss']:.0f} (arenas {f['first_arenas']:.0f}); "
                          f"CPU {f['cpu_us']:.2f} µs/event; mismatched {f['mismatched']}; {f['wall_s']:.0f} s, "
                          f"load {f['load']:.1f}")
                 if args.out:
@@ -596,8 +599,9 @@ def ab_main(argv: list[str] | None = None) -> None:
         if not rows:
             continue
         cols = ("rss", "held", "slope", "alloc", "arenas", "first_rss", "first_arenas", "cpu_us")
-        print(f"{name}: " + ", ".join(f"{c} {median([r[c] for r in rows]):.1f} ({'/'.join(f'{r[c]:.0f}' for r in rows)})"
-                                       for c in cols if all(c in r for r in rows)))
+        each = {c: f"{median([r[c] for r in rows]):.1f} ({'/'.join(f'{r[c]:.0f}' for r in rows)})"
+                for c in cols if all(c in r for r in rows)}
+        print(f"{name}: " + ", ".join(f"{c} {v}" for c, v in each.items()))
 
 
 if __name__ == "__main__":

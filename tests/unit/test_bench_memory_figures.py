@@ -9,7 +9,8 @@ MiB = 2**20
 
 
 def _mark(arenas: int, allocated: int, pools: int) -> dict:
-    return {"arenas allocated current": arenas, "bytes in allocated blocks": allocated, "classes": {"64": [pools, 0, 0]}}
+    return {"arenas allocated current": arenas, "bytes in allocated blocks": allocated,
+            "classes": {"64": [pools, 0, 0]}}
 
 
 def _round(**more) -> dict:
