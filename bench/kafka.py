@@ -444,7 +444,8 @@ def processor_e2e(report: Report, workdir: Path, runs: int, rounds: int, partiti
                f"{med('cpu_ingest_s'):.1f} / {med('cpu_broker_s'):.1f} / {med('cpu_bench_s'):.1f}",
                f"of {med('ingest_s'):.1f} s wall x {os.cpu_count()} cores")
     report.add(bench, "end to end incl. final tick", si(n / med("e2e_s"), "ev/s"),
-               f"{duration(med('e2e_s'))}; every run as replay: {all(r['matched'] for r in results)}")
+               f"{duration(med('e2e_s'))}; every run as replay: {all(r['matched'] for r in results)}; the tick times "
+               f"out all {r0['runs_total']:,} runs held, the {more} backlogs after the measured one included (memory rows)")
     report.add(bench, "replay on the same stamped events", si(replay_eps, "ev/s"),
                f"{valid:,} events in {duration(med('replay_s'))}")
     report.add(bench, "ratio processor:replay (ev/s)", f"1:{replay_eps / ingest_eps:.0f}", "ingest rate vs replay rate")
