@@ -523,6 +523,7 @@ def per_run_figures(res: dict) -> dict[str, float]:
         out[f"{tag}alloc"] = (mb.get("bytes in allocated blocks", 0) - ma.get("bytes in allocated blocks", 0)) / runs
         arenas = mb.get("arenas allocated current", 0) - ma.get("arenas allocated current", 0)
         out[f"{tag}arenas"] = arenas * 2**20 / runs
+        out[f"{tag}malloc"] = (mb.get("malloc in use", 0) - ma.get("malloc in use", 0)) / runs  # glibc's, live
     # RSS less the arenas' empty pools (kept by pymalloc for reuse: the backlog's peak, not the runs): Python's
     # used pools (16 KiB each) plus everything outside pymalloc, per run added between the two backlogs.
     held = {}
@@ -599,7 +600,7 @@ def ab_main(argv: list[str] | None = None) -> None:
     for name, rows in figures.items():
         if not rows:
             continue
-        cols = ("rss", "held", "slope", "alloc", "arenas", "first_rss", "first_arenas", "cpu_us")
+        cols = ("rss", "held", "slope", "alloc", "arenas", "malloc", "first_rss", "first_arenas", "cpu_us")
         each = {c: f"{median([r[c] for r in rows]):.1f} ({'/'.join(f'{r[c]:.0f}' for r in rows)})"
                 for c in cols if all(c in r for r in rows)}
         print(f"{name}: " + ", ".join(f"{c} {v}" for c, v in each.items()))

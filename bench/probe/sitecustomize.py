@@ -42,7 +42,26 @@ if os.environ.get("LOOPWARDEN_BENCH_PROBE"):
                 except ValueError:
                     pass
         out["classes"] = classes
+        out.update(_mallinfo())
         return out
+
+    def _mallinfo() -> dict:
+        """glibc's heap (mallinfo2): bytes in use by malloc'd blocks (dict and set tables, objects over 512 B) and
+        free bytes it keeps; {} elsewhere."""
+        import ctypes
+        import ctypes.util
+
+        class Info(ctypes.Structure):
+            _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                             "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+        try:
+            fn = ctypes.CDLL(ctypes.util.find_library("c")).mallinfo2
+        except (OSError, AttributeError, TypeError):
+            return {}
+        fn.restype = Info
+        info = fn()
+        return {"malloc in use": info.uordblks + info.hblkhd, "malloc free": info.fordblks}
 
     def _dump(signum, frame) -> None:
         where = os.environ["LOOPWARDEN_BENCH_PROBE"]

@@ -10,7 +10,7 @@ MiB = 2**20
 
 def _mark(arenas: int, allocated: int, pools: int) -> dict:
     return {"arenas allocated current": arenas, "bytes in allocated blocks": allocated,
-            "classes": {"64": [pools, 0, 0]}}
+            "classes": {"64": [pools, 0, 0]}, "malloc in use": arenas * 100_000}
 
 
 def _round(**more) -> dict:
@@ -28,6 +28,7 @@ def test_marginals_are_read_between_the_two_backlogs_per_run_added():
     assert f["rss"] == 12 * MiB / 20_000
     assert f["alloc"] == 7 * MiB / 20_000
     assert f["arenas"] == 8 * MiB / 20_000
+    assert f["malloc"] == 8 * 100_000 / 20_000  # glibc's bytes in use, same marks
     assert f["first_rss"] == 20 * MiB / 20_000 and f["first_arenas"] == 16 * MiB / 20_000
     assert f["cpu_us"] == 20.0 and f["ingest_eps"] == 20_000
     assert "slope" not in f  # two marks: no slope to fit
