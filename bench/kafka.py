@@ -80,6 +80,8 @@ class WorkerProc:
     workdir: Path
     web_port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
+    env: dict[str, str] = field(default_factory=dict)  # extra LOOPWARDEN_* settings (the A/B main below)
+    root: Path = ROOT  # the source tree whose loopwarden runs (another worktree: the code before)
 
     @property
     def probe_dir(self) -> Path:
@@ -112,11 +114,12 @@ class WorkerProc:
             "LOOPWARDEN_MALLOC_TRIM_S": "1",
             # bench/probe/sitecustomize.py: pymalloc's figures on SIGUSR1, read at each RSS mark (Round.memory)
             "LOOPWARDEN_BENCH_PROBE": str(self.probe_dir),
-            "PYTHONPATH": os.pathsep.join([str(PROBE), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+            "PYTHONPATH": os.pathsep.join([str(PROBE), str(self.root), *filter(None, [os.environ.get("PYTHONPATH")])]),
         })
+        env.update(self.env)
         self.probe_dir.mkdir(parents=True, exist_ok=True)
         self.log = self.workdir / "worker.log"
-        self.proc = subprocess.Popen([sys.executable, "-m", "loopwarden.cli", "worker"], env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "loopwarden.cli", "worker"], env=env, cwd=self.root,
                                      stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -240,13 +243,14 @@ async def _wait(pred, timeout_s: float, every_s: float = 0.2) -> bool:
 
 
 async def one_round(bootstrap: str, runs: int, paced_runs: int, pace_eps: float, partitions: int, workdir: Path,
-                    seed: int, broker_pid: int) -> dict:
+                    seed: int, broker_pid: int, env: dict[str, str] | None = None, root: Path = ROOT,
+                    more: int = 0) -> dict:
     config = unique_config(bootstrap, partitions)
     await ensure_topics(config)
-    worker = WorkerProc(config, workdir)
+    worker = WorkerProc(config, workdir, env=dict(env or {}), root=root)
     worker.start()
     try:
-        return await Round(config, worker, broker_pid).measure(runs, paced_runs, pace_eps, seed)
+        return await Round(config, worker, broker_pid).measure(runs, paced_runs, pace_eps, seed, more)
     finally:
         worker.stop()
 
@@ -311,7 +315,7 @@ class Round:
             raise TimeoutError(f"worker did not consume {self.published} messages in time; see {self.worker.log}")
         return {k: buckets(self.samples.get(name, []), name) for k, name in HISTOGRAMS.items()}
 
-    async def measure(self, runs: int, paced_runs: int, pace_eps: float, seed: int) -> dict:
+    async def measure(self, runs: int, paced_runs: int, pace_eps: float, seed: int, more: int = 0) -> dict:
         assert self.worker.proc is not None
         pid = self.worker.proc.pid
         res: dict = {"rss_before": self.memory()}
@@ -347,6 +351,14 @@ class Round:
         )
         await asyncio.sleep(TRIM_WAIT_S)
         res.update(rss_ingest=self.memory("ingest"), runs_ingest=self.runs_held())
+        # Further backlogs of the same size: more marks for the RSS slope (memory only; their time is not end to end's).
+        t_more = time.monotonic()
+        for j in range(more):
+            await self.publish(runs, seed + 3000 + j, None)
+            await self.wait_ingested()
+            await asyncio.sleep(TRIM_WAIT_S)
+            res.update({f"rss_more{j}": self.memory(f"more{j}"), f"runs_more{j}": self.runs_held()})
+        t_more = time.monotonic() - t_more
 
         # The same stamped bytes through offline replay: the expected states, and the replay rate.
         replay = Replay(keep_final=True)
@@ -374,7 +386,7 @@ class Round:
             return all(latest.get(r, (0, None))[1] == s for r, s in expected.items())
 
         res["matched"] = await _wait(settled, timeout_s=120, every_s=0.1)
-        res["e2e_s"] = self.collector.last_arrival - t0
+        res["e2e_s"] = self.collector.last_arrival - t0 - t_more
         await asyncio.sleep(1.0)  # let stragglers (if any) arrive before counting
         self.collector.stop()
         await task
@@ -390,8 +402,13 @@ class Round:
         return res
 
 
+# Backlogs after the measured one, each a mark more for the RSS slope: read over 60,000 runs, not 20,000, the
+# difference between two backlogs' peaks (pymalloc keeps its high-water arenas) weighs a third as much.
+MEMORY_MORE = 2
+
+
 def processor_e2e(report: Report, workdir: Path, runs: int, rounds: int, partitions: int,
-                  paced_runs: int, pace_eps: float) -> None:
+                  paced_runs: int, pace_eps: float, more: int = MEMORY_MORE) -> None:
     bench = "c kafka"
     progress("[c] starting a local Kafka broker (KRaft) ...")
     t = time.monotonic()
@@ -404,7 +421,7 @@ def processor_e2e(report: Report, workdir: Path, runs: int, rounds: int, partiti
             rdir = workdir / f"round-{i}"
             rdir.mkdir(parents=True, exist_ok=True)
             res = asyncio.run(one_round(kafka.bootstrap, runs, paced_runs, pace_eps, partitions, rdir,
-                                        seed=7 + i, broker_pid=kafka.pid))
+                                        seed=7 + i, broker_pid=kafka.pid, more=more))
             progress(f"[c]   ingest {res['ingest_s']:.1f}s, end to end {res['e2e_s']:.1f}s, "
                      f"mismatched runs {res['mismatched']}")
             results.append(res)
@@ -427,7 +444,8 @@ def processor_e2e(report: Report, workdir: Path, runs: int, rounds: int, partiti
                f"{med('cpu_ingest_s'):.1f} / {med('cpu_broker_s'):.1f} / {med('cpu_bench_s'):.1f}",
                f"of {med('ingest_s'):.1f} s wall x {os.cpu_count()} cores")
     report.add(bench, "end to end incl. final tick", si(n / med("e2e_s"), "ev/s"),
-               f"{duration(med('e2e_s'))}; every run as replay: {all(r['matched'] for r in results)}")
+               f"{duration(med('e2e_s'))}; every run as replay: {all(r['matched'] for r in results)}; the tick times "
+               f"out all {r0['runs_total']:,} runs held, the {more} backlogs after the measured one included (memory rows)")
     report.add(bench, "replay on the same stamped events", si(replay_eps, "ev/s"),
                f"{valid:,} events in {duration(med('replay_s'))}")
     report.add(bench, "ratio processor:replay (ev/s)", f"1:{replay_eps / ingest_eps:.0f}", "ingest rate vs replay rate")
@@ -465,10 +483,24 @@ def processor_e2e(report: Report, workdir: Path, runs: int, rounds: int, partiti
             r[f"alloc_{mark}"] = m.get("bytes in allocated blocks", 0)
             r[f"arenas_{mark}"] = m.get("arenas allocated current", 0) * 2**20
     rows = per_run("rss", "warm", "ingest")
-    report.add(bench, "worker RSS per run held, marginal", nbytes(median(rows)),
+    figures = [per_run_figures(r) for r in results]
+    peak = sum(all(m.get("arenas allocated current") == m.get("arenas highwater mark") for m in r["malloc"].values())
+               for r in results)
+    empty = [(m.get("arenas allocated current", 0) - sum(v[0] for v in m.get("classes", {}).values()) / 64)
+             for r in results for m in r["malloc"].values()]
+    if all("slope" in f for f in figures):
+        slopes = [f["slope"] for f in figures]
+        last = max(k for k in r0 if k.startswith("runs_more"))
+        report.add(bench, "worker RSS per run held, slope", nbytes(median(slopes)),
+                   f"least squares of RSS over runs held at the {more + 2} marks after the first backlog "
+                   f"({int(r0['runs_warm']):,} -> {int(r0[last]):,} runs), each after a malloc_trim; rounds "
+                   f"{', '.join(nbytes(x) for x in slopes)}; target <= 600 B")
+    report.add(bench, "  between two backlogs (the old reading)", nbytes(median(rows)),
                f"(RSS after the measured backlog - after the first one) / runs added ({int(r0['runs_warm']):,} -> "
-               f"{int(r0['runs_ingest']):,} runs held), each read after a malloc_trim; rounds "
-               f"{', '.join(nbytes(x) for x in rows)}; target <= 600 B")
+               f"{int(r0['runs_ingest']):,} runs held); rounds {', '.join(nbytes(x) for x in rows)}: pymalloc never "
+               f"gives an arena back here (arenas = their high-water mark at every mark in {peak} of {len(results)} "
+               f"rounds; empty pools {min(empty, default=0):.1f}-{max(empty, default=0):.1f} MiB), so it also reads "
+               f"how much higher one backlog's buffered records peaked than the other's, / {runs:,} runs")
     alloc, arenas = per_run("alloc", "warm", "ingest"), per_run("arenas", "warm", "ingest")
     report.add(bench, "  of which Python objects (pymalloc, allocated blocks)", nbytes(median(alloc)),
                f"same marks; pymalloc arenas grew {nbytes(median(arenas))}/run (1 MiB each, given back only when "
@@ -478,3 +510,101 @@ def processor_e2e(report: Report, workdir: Path, runs: int, rounds: int, partiti
                f"(after the first backlog - after the paced phase) / runs added; arenas {nbytes(median(first_arenas))}"
                f"/run, Python objects {nbytes(median(per_run('alloc', 'paced', 'warm')))}/run: the arenas the backlog's "
                f"buffered records filled stay pinned by the runs allocated among them (the old figure: 224-989 B)")
+
+
+def per_run_figures(res: dict) -> dict[str, float]:
+    """One round's memory figures per run held: RSS, live objects and arenas, between the two backlogs and over the
+    first; 'held', the slope (with further backlogs), CPU per event."""
+    out = {}
+    for a, b, tag in (("warm", "ingest", ""), ("paced", "warm", "first_")):
+        runs = max(res[f"runs_{b}"] - res[f"runs_{a}"], 1)
+        ma, mb = res["malloc"].get(a, {}), res["malloc"].get(b, {})
+        out[f"{tag}rss"] = (res[f"rss_{b}"] - res[f"rss_{a}"]) / runs
+        out[f"{tag}alloc"] = (mb.get("bytes in allocated blocks", 0) - ma.get("bytes in allocated blocks", 0)) / runs
+        arenas = mb.get("arenas allocated current", 0) - ma.get("arenas allocated current", 0)
+        out[f"{tag}arenas"] = arenas * 2**20 / runs
+        out[f"{tag}malloc"] = (mb.get("malloc in use", 0) - ma.get("malloc in use", 0)) / runs  # glibc's, live
+    # RSS less the arenas' empty pools (kept by pymalloc for reuse: the backlog's peak, not the runs): Python's
+    # used pools (16 KiB each) plus everything outside pymalloc, per run added between the two backlogs.
+    held = {}
+    for mark in ("warm", "ingest"):
+        m = res["malloc"].get(mark, {})
+        pools = sum(v[0] for v in m.get("classes", {}).values())
+        held[mark] = res[f"rss_{mark}"] - m.get("arenas allocated current", 0) * 2**20 + pools * 2**14
+    out["held"] = (held["ingest"] - held["warm"]) / max(res["runs_ingest"] - res["runs_warm"], 1)
+    marks = ["warm", "ingest", *sorted(k[5:] for k in res if k.startswith("runs_more"))]
+    if len(marks) > 2:  # least-squares slope of RSS over runs held, every mark after the first backlog
+        xs, ys = [res[f"runs_{m}"] for m in marks], [res[f"rss_{m}"] for m in marks]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        out["slope"] = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    out["cpu_us"] = res["cpu_ingest_s"] / res["messages"] * 1e6
+    out["ingest_eps"] = res["messages"] / res["ingest_s"]
+    return out
+
+
+def ab_main(argv: list[str] | None = None) -> None:
+    """Variants of the worker side by side on one broker (A B B A ...), several rounds: bench c's memory figures.
+
+    ``--variant NAME=[PATH:]KEY=VALUE,...``: a worker with these LOOPWARDEN_* settings, running the code of the
+    tree at PATH (default this one)."""
+    import argparse
+    import json
+    import tempfile
+
+    ap = argparse.ArgumentParser(prog="python -m bench.kafka", description=ab_main.__doc__)
+    ap.add_argument("--variant", action="append", required=True)
+    ap.add_argument("--runs", type=int, default=20_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--paced-runs", type=int, default=300)
+    ap.add_argument("--pace-eps", type=float, default=5000.0)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--more", type=int, default=0, help="further backlogs after the measured one (RSS slope)")
+    ap.add_argument("--out", help="append each round's figures to this JSON-lines file")
+    args = ap.parse_args(argv)
+    variants: list[tuple[str, Path, dict[str, str]]] = []
+    for spec in args.variant:
+        name, _, rest = spec.partition("=")
+        root = ROOT
+        if ":" in rest.split("=", 1)[0]:
+            path, _, rest = rest.partition(":")
+            root = Path(path).resolve()
+        env = dict(kv.split("=", 1) for kv in rest.split(",") if kv)
+        variants.append((name, root, env))
+    workdir = Path(tempfile.mkdtemp(prefix="bench-kafka-ab-"))
+    kafka = start_broker(workdir / "kafka")
+    figures: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
+    try:
+        for i in range(args.rounds):
+            order = variants if i % 2 == 0 else variants[::-1]
+            for name, root, env in order:
+                rdir = workdir / f"round-{i}-{name}"
+                rdir.mkdir(parents=True)
+                t0 = time.monotonic()
+                res = asyncio.run(one_round(kafka.bootstrap, args.runs, args.paced_runs, args.pace_eps, args.partitions,
+                                            rdir, seed=7 + i, broker_pid=kafka.pid, env=env, root=root,
+                                            more=args.more))
+                f = per_run_figures(res)
+                f.update(round=i, variant=name, mismatched=res["mismatched"], wall_s=time.monotonic() - t0,
+                         load=os.getloadavg()[0])
+                figures[name].append(f)
+                progress(f"[ab] round {i} {name}: RSS {f['rss']:.0f} B/run (objects {f['alloc']:.0f}, arenas "
+                         f"{f['arenas']:.0f}, held {f['held']:.0f}, slope {f.get('slope', float('nan')):.0f}); "
+                         f"first backlog {f['first_rss']:.0f} (arenas {f['first_arenas']:.0f}); "
+                         f"CPU {f['cpu_us']:.2f} µs/event; mismatched {f['mismatched']}; {f['wall_s']:.0f} s, "
+                         f"load {f['load']:.1f}")
+                if args.out:
+                    with open(args.out, "a") as fh:
+                        fh.write(json.dumps(f) + "\n")
+    finally:
+        kafka.stop()
+    for name, rows in figures.items():
+        if not rows:
+            continue
+        cols = ("rss", "held", "slope", "alloc", "arenas", "malloc", "first_rss", "first_arenas", "cpu_us")
+        each = {c: f"{median([r[c] for r in rows]):.1f} ({'/'.join(f'{r[c]:.0f}' for r in rows)})"
+                for c in cols if all(c in r for r in rows)}
+        print(f"{name}: " + ", ".join(f"{c} {v}" for c, v in each.items()))
+
+
+if __name__ == "__main__":
+    ab_main()

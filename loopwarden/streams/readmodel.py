@@ -14,6 +14,9 @@ one :class:`RunsIndex` over its store:
   sorted on the hot path) and the next read merges them into the ordered lists
   (``O(log n)`` each, reading their committed state from the store), so a worker nobody
   reads pays almost nothing, and a read pays only for what changed since the last one;
+  once the changes outgrow half the listed runs (and ``BULK_MIN``) ``pending`` is dropped
+  and the next read lists the whole store anew, so ``pending`` never holds a slot for
+  every run of a worker nobody reads (a set's table: 27-107 B a run as it grows);
 - **dropped with the partition** (it lives on the task).
 
 **Memory: one small object per run.** The lists hold the memory store's own key objects
@@ -22,8 +25,8 @@ one per-run value is an ``int``, when the run entered its state and which state
 (``since_ts << 4 | state number``, shared by the dict and the age list's sort keys).
 Everything a page shows (state, agent, seq, reason) is read from the committed state in
 the store when the page is made (:func:`~loopwarden.rules.codec.decode_listing`). About
-110 B per run once read, a set slot (~30-50 B) per run changed since the last read
-(bench/README.md, b state). The index it replaced held a tuple, a ``str`` and an
+110 B per run once read, a set slot (~30-50 B) per run changed since the last read, for at
+most half the listed runs (bench/README.md, b state). The index it replaced held a tuple, a ``str`` and an
 ``int`` per run: ~210 B until read, ~185 B once read.
 
 A page walks at most ``scan_max`` index entries (filters that match little cannot hold
@@ -48,6 +51,9 @@ from loopwarden.rules.codec import decode_listing
 ORDERS = ("id", "age")
 SCAN_MAX = 20_000  # index entries one page may walk (each read from the store: ~3-5 µs, decode_listing)
 BULK_MIN = 1000  # changes from which a merge sorts each state's lists anew rather than one by one
+# Pending changes beyond max(BULK_MIN, listed runs // STALE_SHARE) are not kept: the next read lists the store anew
+# (every run decoded: at most STALE_SHARE times the changes a bulk merge would have decoded).
+STALE_SHARE = 2
 # A run's one value in the index: since_ts << 4 | its state's number (15: a state this build does not list
 # in STATES), so that the lists' sort key says which list holds it. Within a state it orders by since_ts.
 _NUMBER = {s: i for i, s in enumerate(STATES)}
@@ -92,6 +98,9 @@ class RunsIndex:
     def __init__(self, store: Mapping[bytes, bytes]) -> None:
         self.store = store  # the partition's committed states: key -> encoded state
         self.pending: set[bytes] = set()  # keys written since the last merge (their state is in the store)
+        # The changes since the last read outgrew half the listed runs (STALE_SHARE): pending is dropped, and the next
+        # read lists the whole store anew. So a worker nobody reads holds no set slot per run.
+        self.stale = False
         self._since: dict[bytes, int] = {}  # key -> since_ts << 4 | state number (_value) of each listed run
         self._by_id: dict[str, SortedList] = {}  # state -> keys
         self._by_age: dict[str, SortedKeyList] = {}  # state -> keys by since_ts (ties: any order, see walk)
@@ -116,11 +125,15 @@ class RunsIndex:
         """A transaction committed and its changes are in the store: the keys it wrote (key -> state, None for
         a run dropped; the store's own keys are skipped when merged). One set update, in C; a run dropped
         that was never listed leaves ``pending`` at once (nobody reading must not mean growing)."""
+        if self.stale:
+            return
         pending, since = self.pending, self._since
         pending.update(changes)
         for key in [k for k, v in changes.items() if v is None]:
             if key not in since:
                 pending.discard(key)
+        if len(pending) > max(BULK_MIN, len(since) // STALE_SHARE):
+            self.stale, self.pending = True, set()
 
     def merge(self) -> None:
         """Bring the ordered lists up to date with what was committed since the last read: one by one
@@ -130,6 +143,10 @@ class RunsIndex:
         for health, keys in restored.items():
             self._list(health).update(keys)
             by_age[health].update(keys)
+        if self.stale:
+            self.stale = False
+            self._rebuild(None)
+            return
         if not self.pending:
             return
         changes, self.pending = self.pending, set()
@@ -151,23 +168,27 @@ class RunsIndex:
             self._list(listed[2]).add(key)
             by_age[listed[2]].add(key)
 
-    def _rebuild(self, changes: set[bytes]) -> None:
-        """Merge many changes at once: read each from the store, then sort every state's lists anew (in C)."""
+    def _rebuild(self, changes: set[bytes] | None) -> None:
+        """Merge many changes at once (None: every run of the store, after more changes than :meth:`committed`
+        keeps): read each from the store, then sort every state's lists anew (in C)."""
         since, store = self._since, self.store
-        groups = {h: [k for k in ids if k not in changes] for h, ids in self._by_id.items()}
-        held = {k: k for ids in self._by_id.values() for k in ids if k in changes}  # the key objects listed
-        for key in changes:
+        if changes is None:
+            since.clear()
+            groups: dict[str, list[bytes]] = {}
+            items = store.items()  # the store's own key objects
+        else:
+            groups = {h: [k for k in ids if k not in changes] for h, ids in self._by_id.items()}
+            held = {k: k for ids in self._by_id.values() for k in ids if k in changes}  # the key objects listed
+            items = ((k, store.get(k)) for k in (held.get(key, key) for key in changes))
+        for key, raw in items:
             if key[:1] == b"\xff":
                 continue
-            key = held.get(key, key)
-            raw = store.get(key)
             listed = decode_listing(raw, key.decode()) if raw is not None else None
-            if listed is None:
+            if listed is None:  # dropped by retention, or a tomb
                 since.pop(key, None)
                 continue
             since[key] = _value(listed[0], listed[2])
             groups.setdefault(listed[2], []).append(key)
-        del held
         self._by_id.clear()
         self._by_age.clear()
         for health, keys in groups.items():

@@ -125,3 +125,34 @@ def test_cursors_round_trip_and_a_cursor_of_the_other_order_is_refused() -> None
     assert decode_cursor(encode_cursor((3, "r1")), "age") is None
     for bad in ("bm9wZQ", "", "!!", encode_cursor((True, "x")), encode_cursor((-1, "x"))):
         assert decode_cursor(bad, "id") is None
+
+
+def test_an_index_nobody_reads_keeps_no_slot_per_changed_run() -> None:
+    """Past max(BULK_MIN, half the listed runs) changes since the last read the index keeps none of them; the next
+    read lists the whole store anew (its own key objects), in the order a full sort gives, and keeps count again."""
+    rnd = random.Random(5)
+    index = RunsIndex({})
+    truth: dict[str, tuple] = {}
+    for start in range(0, 3000, 250):  # 3,000 runs, never read
+        batch = []
+        for i in range(start, start + 250):
+            t = transition(f"run-{i:05d}", rnd.randint(0, 10**6), rnd.choice(STATES), rnd.choice(AGENTS), 1)
+            batch.append(t)
+            truth[t.run_id] = (t.ts, t.run_id, t.to_state)
+        commit(index, batch)
+    assert index.stale and not index.pending
+    by_age = all_pages({0: index}, state=None, agent=None, order="age", limit=500, scan_max=10**6)
+    assert [(r["since_ts"], r["run_id"], r["state"]) for r in by_age] == sorted(truth.values())
+    assert not index.stale and len(index) == 3000
+    store_keys = {id(k) for k in index.store}
+    assert all(id(k) in store_keys for ids in index._by_id.values() for k in ids)
+    # Read once: up to half the listed runs are kept as pending changes, one more and none are.
+    commit(index, [transition(f"run-{i:05d}", 7, "STUCK", None, 2) for i in range(1500)])
+    assert not index.stale and len(index.pending) == 1500
+    commit(index, [transition("run-new", 8, "FAILED", None, 1)])
+    assert index.stale and not index.pending
+    for i in range(1500):
+        truth[f"run-{i:05d}"] = (7, f"run-{i:05d}", "STUCK")
+    stuck = all_pages({0: index}, state="STUCK", agent=None, order="id", limit=1000, scan_max=10**6)
+    assert [r["run_id"] for r in stuck] == sorted(r for r, v in truth.items() if v[2] == "STUCK")
+    assert len(index) == 3001 and index.get("run-new").state == "FAILED"
