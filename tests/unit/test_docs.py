@@ -157,18 +157,15 @@ def test_configuration_doc_is_generated_and_current() -> None:
 
 
 def test_the_readme_is_short_and_its_doc_links_resolve() -> None:
-    """README.md fits in 10,240 bytes, and every relative link in it and in docs/ names a file of the
-    repository (the docs other engineers are adding are listed, and allowed to be missing until merged)."""
+    """README.md fits in 10,240 bytes, and every relative link in it and in docs/ names a file of the repository."""
     readme = (REPO / "README.md").read_bytes()
     assert len(readme) <= 10_240, len(readme)
-    pending = {"docs/architecture.md", "docs/opentelemetry.md", "docs/receipts.md", "docs/producers.md", "docs/board.md"}
     for page in [REPO / "README.md", *DOCS.glob("*.md")]:
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
             if re.match(r"^[a-z]+:", target):
                 continue
             path = (page.parent / target).resolve()
-            if str(path.relative_to(REPO)) not in pending:
-                assert path.exists(), f"{page.name} links to {target}, which does not exist"
+            assert path.exists(), f"{page.name} links to {target}, which does not exist"
 
 
 def test_nothing_needs_a_directory_outside_the_repository() -> None:
