@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Iterator
 from typing import BinaryIO
 
 CHUNK = 64 * 1024
+# How replay names the trusted receipts topic in evidence when nothing names it (docs/receipts.md's example).
+DEFAULT_CHANNEL = "agent.outcomes.verified"
 
 
 def _chunks(f: BinaryIO) -> Iterator[bytes]:
@@ -38,13 +41,25 @@ def _numbered(paths: list[str]) -> Iterator[tuple[str, int, bytes]]:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from loopwarden.codecs import encode
-    from loopwarden.replay import Replay, replay_lines, summary_table
+    from loopwarden.replay import (
+        Replay,
+        replay_lines,
+        replay_with_channel,
+        summary_table,
+    )
     from loopwarden.rules import Settings
 
     if args.advance_s < 0:
         raise SystemExit(f"loopwarden replay: --advance-s must be >= 0, got {args.advance_s}")
     out = sys.stdout.buffer
-    replay = Replay(Settings(retention_s=args.retention_s), verifiers=_verifiers(args.trusted_verifiers))
+    channel = None
+    if args.trusted_receipts:  # read from the verifiers' own topic: docs/receipts.md section 1a
+        channel = args.trusted_outcomes_topic or os.environ.get("LOOPWARDEN_TRUSTED_OUTCOMES_TOPIC") or DEFAULT_CHANNEL
+    elif args.trusted_outcomes_topic:
+        raise SystemExit("loopwarden replay: --trusted-outcomes-topic names the topic the --trusted-receipts files "
+                         "were read from; give those files too")
+    replay = Replay(Settings(retention_s=args.retention_s), verifiers=_verifiers(args.trusted_verifiers),
+                    channel=channel)
 
     def emit(t):
         out.write(encode(t) + b"\n")
@@ -52,7 +67,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
     def bad(b):
         print(str(b), file=sys.stderr)
 
-    invalid = replay_lines(_numbered(args.files), replay, emit, bad)
+    if channel is None:
+        invalid = replay_lines(_numbered(args.files), replay, emit, bad)
+    else:
+        if "-" in args.trusted_receipts:
+            raise SystemExit("loopwarden replay: --trusted-receipts takes files, not '-' (stdin is for the other events)")
+        invalid = replay_with_channel(_numbered(args.files), _numbered(args.trusted_receipts), replay, emit, bad)
     for t in replay.finish(args.advance_s):
         emit(t)
     out.flush()
@@ -66,7 +86,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def _verifiers(text: str | None):
     """The trusted verifiers of a ``--trusted-verifiers`` flag, else of LOOPWARDEN_TRUSTED_VERIFIERS; None when neither."""
-    import os
 
     from loopwarden.trust import ENV, TrustConfigError, TrustedVerifiers
 
@@ -165,6 +184,13 @@ def build_parser(processor: bool | None = None) -> argparse.ArgumentParser:
                    help="drop settled runs and orphan receipts after this long without events (default 7 days)")
     p.add_argument("--trusted-verifiers", metavar="KEY_ID=PUBLIC_KEY[,...]", default=None,
                    help="only receipts signed by these keys count (default: LOOPWARDEN_TRUSTED_VERIFIERS; unset: all)")
+    p.add_argument("--trusted-receipts", action="append", default=[], metavar="FILE",
+                   help="receipts read from the verifiers' own topic (LOOPWARDEN_TRUSTED_OUTCOMES_TOPIC): they count "
+                        "without a signature, merged with the other events by ts; receipts elsewhere then count only "
+                        "when signed by --trusted-verifiers (repeatable)")
+    p.add_argument("--trusted-outcomes-topic", metavar="TOPIC", default=None,
+                   help=f"the topic those files were read from, named in evidence.receipt_trust "
+                        f"(default: LOOPWARDEN_TRUSTED_OUTCOMES_TOPIC, else {DEFAULT_CHANNEL})")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("keys", help="signing keys of verifiers and people (signed receipts)")

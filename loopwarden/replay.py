@@ -8,11 +8,19 @@ advanced further so windows and timeouts run out.
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from loopwarden.codecs import HealthTransition, InputEvent, InvalidEvent, OutcomeReceipt, decode_input
+from loopwarden.codecs import (
+    HealthTransition,
+    InputEvent,
+    InvalidEvent,
+    OutcomeReceipt,
+    decode_input,
+    decode_outcome_event,
+)
 from loopwarden.rules import DEFAULT_SETTINGS, RunState, Settings
 from loopwarden.rules.machine import DEADLINE_KEEPING, Result, apply_into
 from loopwarden.rules.table import RunTable
@@ -208,6 +216,46 @@ def replay_lines(
         for t in replay.feed(event):
             on_transition(t)
     return bad
+
+
+def replay_with_channel(
+    lines: Iterable[tuple[str, int, bytes]],
+    channel: Iterable[tuple[str, int, bytes]],
+    replay: Replay,
+    on_transition: Callable[[HealthTransition], None],
+    on_bad: Callable[[BadLine], None],
+) -> int:
+    """:func:`replay_lines` with a second source: receipts read from the verifiers' trusted topic (``channel``;
+    ``replay`` built with that topic as its ``channel``), merged into ``lines`` by ``ts`` as the worker merges
+    its inputs (each source in its own order, ``lines`` first on a tie). A ``channel`` line that is not an
+    ``outcome_receipt`` is invalid there, as the worker dead-letters it. Returns the count of
+    invalid lines."""
+    bad = 0
+
+    def decoded(source: Iterable[tuple[str, int, bytes]], on_channel: bool, decode) -> Iterator[tuple]:
+        nonlocal bad
+        for name, number, raw in source:
+            if not raw.strip():
+                continue
+            try:
+                event = decode(raw)
+            except InvalidEvent as exc:
+                bad += 1
+                on_bad(BadLine(name, number, exc.reason, str(exc)))
+                continue
+            yield event.ts, event, on_channel
+
+    # heapq.merge is stable: on equal ts the ordinary lines (the first source) come first
+    merged = heapq.merge(decoded(lines, False, decode_input), decoded(channel, True, decode_outcome_event),
+                         key=_ts)
+    for _, event, on_channel in merged:
+        for t in replay.feed(event, on_channel):
+            on_transition(t)
+    return bad
+
+
+def _ts(item: tuple) -> int:
+    return item[0]
 
 
 def summary_table(replay: Replay) -> str:
