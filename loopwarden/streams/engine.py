@@ -94,10 +94,11 @@ class Engine:
         c = self.config
         try:
             while not self.stopping.is_set():
+                seeks = self.partitions.seeks
                 batch = await self.consumer.getmany(timeout_ms=c.batch_wait_ms or 1, max_records=c.batch_max_records)
                 await self.guard.check()
                 async with self.lock:
-                    self.buffer(batch)
+                    self.hand_out(batch, seeks)
                     if self.blocked is None:  # nothing is folded on a layout that broke co-partitioning
                         self.punctuate()
                         await self.process()
@@ -112,6 +113,22 @@ class Engine:
             a = self.assigned.get(tp.partition)
             if a is not None and a.owned is not None and records:
                 a.owned.accept(tp.topic, records)
+
+    def hand_out(self, batch: dict, seeks: int) -> None:
+        """Buffer a batch ``getmany`` returned, unless partitions were owned since it was asked for (``seeks``: the
+        manager's count then; module docs, "A batch across a seek"): then nothing of it is taken, and each owned
+        input in it is sought back to the offset its partition takes next, to come again."""
+        if self.partitions.seeks == seeks:
+            self.buffer(batch)
+            return
+        assert self.consumer is not None
+        for tp, records in batch.items():
+            a = self.assigned.get(tp.partition)
+            if a is not None and a.owned is not None and records:
+                offset = a.owned.next_offsets.get(tp.topic, records[0].offset)
+                self.consumer.seek(tp, offset)
+                log.debug("%s[%d]: a batch got across an owning (%d..%d): fetched again from %d", tp.topic,
+                          tp.partition, records[0].offset, records[-1].offset, offset)
 
     def punctuate(self) -> None:
         """Mark each owned partition due for timers once per ``punctuate_every_s``, each at its own phase of the

@@ -44,6 +44,7 @@ class PartitionManager:
         self.assigned: dict[int, AssignedPartition] = {}
         self.consumer: AIOKafkaConsumer | None = None
         self.restorer: AIOKafkaConsumer | None = None
+        self.seeks = 0  # times :meth:`own` sought inputs: a batch the loop got across one may predate the seek
 
     def owned(self) -> dict[int, OwnedPartition]:
         return {p: a.owned for p, a in self.assigned.items() if a.owned is not None}
@@ -83,6 +84,7 @@ class PartitionManager:
             part.next_offsets = dict(offsets[p])
             part.group_behind = p in behind
             part.after_restore()
+        self.seeks += 1
 
     async def drop(self, p: int, retry_at: float | None = None) -> None:
         """Stop owning ``p`` (its inputs pause while it stays assigned); own it again at ``retry_at``, if given."""
