@@ -12,6 +12,16 @@ group's committed offsets follow the transactions from :mod:`loopwarden.streams.
 A transaction that fails drops its partition and owns it again from the changelog and
 the committed offsets (its batch is consumed again); one that is fenced drops the
 partition until the group assigns it again or two session timeouts pass.
+
+**A batch across a seek.** aiokafka installs an assignment before it calls ``on_partitions_assigned``:
+while :meth:`assign` owns the partitions under the lock (fencing, restore), the fetcher resets each to
+the group's committed offset (or the beginning) and fetches, and the loop's ``getmany`` may return
+those records; it then waited for the lock and buffered them after the seek to the changelog's
+offsets: records below the seek were folded again (the restored state had them), and the seek had
+rewound the consumer over those at or past it, which came twice. aiokafka drops what it prefetched or
+has in flight at a seek, not what it returned. So the loop takes no batch returned across an owning
+(:meth:`hand_out`: its owned inputs are sought back); ``OwnedPartition.accept`` drops, logged, anything
+below the offset its partition takes next. Evidence: docs/decisions.md ("A batch across a seek").
 """
 
 from __future__ import annotations
