@@ -70,6 +70,7 @@ class PartitionManager:
             self.metrics.restored.inc(await restore(self.restorer, stage.changelog_topic, stores))
             behind: set[int] = set()  # the group's offsets behind the changelog's (after a crash): sent once idle
             offsets = await seek_committed(self.consumer, self.topics, partitions, stores, behind)
+            self.seeks += 1  # counted as soon as they are sought (all or none: no await among the seeks)
         except BaseException:
             for p, producer in producers.items():
                 await quietly(producer.stop(), f"stopping the producer of partition {p}")
@@ -84,7 +85,6 @@ class PartitionManager:
             part.next_offsets = dict(offsets[p])
             part.group_behind = p in behind
             part.after_restore()
-        self.seeks += 1
 
     async def drop(self, p: int, retry_at: float | None = None) -> None:
         """Stop owning ``p`` (its inputs pause while it stays assigned); own it again at ``retry_at``, if given."""
