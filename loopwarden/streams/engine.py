@@ -12,6 +12,16 @@ group's committed offsets follow the transactions from :mod:`loopwarden.streams.
 A transaction that fails drops its partition and owns it again from the changelog and
 the committed offsets (its batch is consumed again); one that is fenced drops the
 partition until the group assigns it again or two session timeouts pass.
+
+**A batch across a seek.** aiokafka installs an assignment before it calls ``on_partitions_assigned``:
+while :meth:`assign` owns the partitions under the lock (fencing, restore), the fetcher resets each to
+the group's committed offset (or the beginning) and fetches, and the loop's ``getmany`` may return
+those records; it then waited for the lock and buffered them after the seek to the changelog's
+offsets: records below the seek were folded again (the restored state had them), and the seek had
+rewound the consumer over those at or past it, which came twice. aiokafka drops what it prefetched or
+has in flight at a seek, not what it returned. So the loop takes no batch returned across an owning
+(:meth:`hand_out`: its owned inputs are sought back); ``OwnedPartition.accept`` drops, logged, anything
+below the offset its partition takes next. Evidence: docs/decisions.md ("A batch across a seek").
 """
 
 from __future__ import annotations
@@ -94,10 +104,11 @@ class Engine:
         c = self.config
         try:
             while not self.stopping.is_set():
+                seeks = self.partitions.seeks
                 batch = await self.consumer.getmany(timeout_ms=c.batch_wait_ms or 1, max_records=c.batch_max_records)
                 await self.guard.check()
                 async with self.lock:
-                    self.buffer(batch)
+                    self.hand_out(batch, seeks)
                     if self.blocked is None:  # nothing is folded on a layout that broke co-partitioning
                         self.punctuate()
                         await self.process()
@@ -112,6 +123,22 @@ class Engine:
             a = self.assigned.get(tp.partition)
             if a is not None and a.owned is not None and records:
                 a.owned.accept(tp.topic, records)
+
+    def hand_out(self, batch: dict, seeks: int) -> None:
+        """Buffer a batch ``getmany`` returned, unless partitions were owned since it was asked for (``seeks``: the
+        manager's count then; module docs, "A batch across a seek"): then nothing of it is taken, and each owned
+        input in it is sought back to the offset its partition takes next, to come again."""
+        if self.partitions.seeks == seeks:
+            self.buffer(batch)
+            return
+        assert self.consumer is not None
+        for tp, records in batch.items():
+            a = self.assigned.get(tp.partition)
+            if a is not None and a.owned is not None and records:
+                offset = a.owned.next_offsets.get(tp.topic, records[0].offset)
+                self.consumer.seek(tp, offset)
+                log.debug("%s[%d]: a batch got across an owning (%d..%d): fetched again from %d", tp.topic,
+                          tp.partition, records[0].offset, records[-1].offset, offset)
 
     def punctuate(self) -> None:
         """Mark each owned partition due for timers once per ``punctuate_every_s``, each at its own phase of the

@@ -44,6 +44,7 @@ class PartitionManager:
         self.assigned: dict[int, AssignedPartition] = {}
         self.consumer: AIOKafkaConsumer | None = None
         self.restorer: AIOKafkaConsumer | None = None
+        self.seeks = 0  # times :meth:`own` sought inputs: a batch the loop got across one may predate the seek
 
     def owned(self) -> dict[int, OwnedPartition]:
         return {p: a.owned for p, a in self.assigned.items() if a.owned is not None}
@@ -69,6 +70,7 @@ class PartitionManager:
             self.metrics.restored.inc(await restore(self.restorer, stage.changelog_topic, stores))
             behind: set[int] = set()  # the group's offsets behind the changelog's (after a crash): sent once idle
             offsets = await seek_committed(self.consumer, self.topics, partitions, stores, behind)
+            self.seeks += 1  # counted as soon as they are sought (all or none: no await among the seeks)
         except BaseException:
             for p, producer in producers.items():
                 await quietly(producer.stop(), f"stopping the producer of partition {p}")

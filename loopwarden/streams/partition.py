@@ -80,11 +80,13 @@ class OwnedPartition:
             self.punctuate_at = now - (now - phase) % every + every  # the phase's next instant
 
     def accept(self, topic: str, records: list) -> None:
-        """Buffer fetched records, less any below the offset this partition resumed at or already took:
-        the consumer may hand them again (its own position reset after a rebalance can land behind the seek
-        to the changelog's offsets), and they are folded already."""
+        """Buffer fetched records, less any below the offset this partition resumed at or already took (folded
+        already, or sought past): a second guard behind the engine's, which never hands it a batch got across
+        its seek (engine module docs, "A batch across a seek"); dropping any is logged."""
         expect = self.next_offsets.get(topic)
         if expect is not None and records[0].offset < expect:
+            log.warning("%s[%d]: records %d..%d handed again (this partition takes from %d on): not taken", topic,
+                        self.number, records[0].offset, records[-1].offset, expect)
             records = [r for r in records if r.offset >= expect]
         if records:
             self.next_offsets[topic] = records[-1].offset + 1

@@ -123,6 +123,8 @@ async def seek_committed(consumer: AIOKafkaConsumer, topics: tuple[str, ...], pa
             offset = logged[tp.partition][tp.topic]
             if behind is not None:
                 behind.add(tp.partition)
+        log.debug("%s[%d]: resuming at %d (the group's committed offset %s, the changelog's record %s)", tp.topic,
+                  tp.partition, offset, committed[tp], logged[tp.partition].get(tp.topic))
         consumer.seek(tp, offset)
         offsets[tp.partition][tp.topic] = offset
     consumer.resume(*tps)

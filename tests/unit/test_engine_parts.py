@@ -150,3 +150,54 @@ def test_each_partition_punctuates_once_per_interval_at_its_own_phase() -> None:
         assert abs((times[1] - i / 8) % 1.0) < 0.004 or abs((times[1] - i / 8) % 1.0 - 1.0) < 0.004
     seconds = sorted(round((times[2] % 1.0) * 8) % 8 for times in fired.values())
     assert seconds == list(range(8))  # one partition per eighth of the second
+
+
+@dataclass
+class _Record:
+    topic: str
+    offset: int
+
+
+def test_an_owned_partition_takes_each_offset_once_from_where_it_resumed() -> None:
+    """Records below the offset it resumed at, or handed a second time, are not buffered; later ones are, in order."""
+    from loopwarden.streams.partition import OwnedPartition
+
+    part = OwnedPartition(0, None, None, None, None, None)  # type: ignore[arg-type]
+    part.next_offsets = {"in": 350}
+    part.accept("in", [_Record("in", o) for o in range(235, 400)])  # fetched from the group's offset, behind
+    part.accept("in", [_Record("in", o) for o in range(350, 420)])  # the same again after a rewind, and more
+    part.accept("in", [_Record("in", o) for o in (425, 426)])  # a gap (transaction markers take offsets)
+    assert [r.offset for r in part.take()[0]] == [*range(350, 420), 425, 426]
+    assert part.next_offsets == {"in": 427}
+
+
+def test_a_batch_got_across_an_owning_is_not_taken_and_its_inputs_are_fetched_again() -> None:
+    """A batch ``getmany`` returned while partitions were owned (sought) anew goes to no partition: each owned
+    input in it is sought back to the offset its partition takes next (unowned ones are left); a later one is taken."""
+    from aiokafka import TopicPartition
+
+    from loopwarden.streams.config import Config
+    from loopwarden.streams.engine import Engine
+    from loopwarden.streams.partition import AssignedPartition, OwnedPartition
+    from tests.engine.counter_stage import CounterStage
+
+    class Consumer:
+        def __init__(self) -> None:
+            self.sought: list[tuple[TopicPartition, int]] = []
+
+        def seek(self, tp: TopicPartition, offset: int) -> None:
+            self.sought.append((tp, offset))
+
+    engine = Engine(Config(partitions=2), CounterStage("in", "out", "app"))
+    engine.consumer = consumer = Consumer()  # type: ignore[assignment]
+    owned = OwnedPartition(0, engine.stage, None, None, None, None)  # type: ignore[arg-type]
+    owned.next_offsets = {"in": 350}
+    engine.assigned[0], engine.assigned[1] = AssignedPartition(0), AssignedPartition(1)
+    engine.assigned[0].owned = owned
+    batch = {TopicPartition("in", 0): [_Record("in", o) for o in range(235, 535)],
+             TopicPartition("in", 1): [_Record("in", o) for o in range(10, 20)]}
+    engine.hand_out(batch, engine.partitions.seeks - 1)  # asked for before the last owning
+    assert consumer.sought == [(TopicPartition("in", 0), 350)]
+    assert owned.buffered == []
+    engine.hand_out({TopicPartition("in", 0): [_Record("in", o) for o in range(350, 650)]}, engine.partitions.seeks)
+    assert [r.offset for r in owned.buffered] == list(range(350, 650))
