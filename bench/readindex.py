@@ -18,7 +18,8 @@ import tracemalloc
 from loopwarden import gctune
 from loopwarden.codecs import STATES
 from loopwarden.rules import RunState, decode_state, encode_state
-from loopwarden.streams.readmodel import RunsIndex, page
+from loopwarden.streams.pages import page
+from loopwarden.streams.readmodel import RunsIndex
 
 
 def states(n: int, rnd: random.Random) -> list[RunState]:

@@ -13,15 +13,9 @@ A transaction that fails drops its partition and owns it again from the changelo
 the committed offsets (its batch is consumed again); one that is fenced drops the
 partition until the group assigns it again or two session timeouts pass.
 
-**A batch across a seek.** aiokafka installs an assignment before it calls ``on_partitions_assigned``:
-while :meth:`assign` owns the partitions under the lock (fencing, restore), the fetcher resets each to
-the group's committed offset (or the beginning) and fetches, and the loop's ``getmany`` may return
-those records; it then waited for the lock and buffered them after the seek to the changelog's
-offsets: records below the seek were folded again (the restored state had them), and the seek had
-rewound the consumer over those at or past it, which came twice. aiokafka drops what it prefetched or
-has in flight at a seek, not what it returned. So the loop takes no batch returned across an owning
-(:meth:`hand_out`: its owned inputs are sought back); ``OwnedPartition.accept`` drops, logged, anything
-below the offset its partition takes next. Evidence: docs/decisions.md ("A batch across a seek").
+**A batch across a seek** (docs/decisions.md): aiokafka fetches for a new assignment while
+:meth:`assign` owns it, so ``getmany`` can return records from before the seek to the changelog's
+offsets; the loop takes no batch returned across an owning (``PartitionManager.hand_out``).
 """
 
 from __future__ import annotations
@@ -108,7 +102,7 @@ class Engine:
                 batch = await self.consumer.getmany(timeout_ms=c.batch_wait_ms or 1, max_records=c.batch_max_records)
                 await self.guard.check()
                 async with self.lock:
-                    self.hand_out(batch, seeks)
+                    self.partitions.hand_out(batch, seeks)
                     if self.blocked is None:  # nothing is folded on a layout that broke co-partitioning
                         self.punctuate()
                         await self.process()
@@ -117,28 +111,6 @@ class Engine:
                 await self.retry_owning()
         finally:
             await self.shutdown()
-
-    def buffer(self, batch: dict) -> None:
-        for tp, records in batch.items():
-            a = self.assigned.get(tp.partition)
-            if a is not None and a.owned is not None and records:
-                a.owned.accept(tp.topic, records)
-
-    def hand_out(self, batch: dict, seeks: int) -> None:
-        """Buffer a batch ``getmany`` returned, unless partitions were owned since it was asked for (``seeks``: the
-        manager's count then; module docs, "A batch across a seek"): then nothing of it is taken, and each owned
-        input in it is sought back to the offset its partition takes next, to come again."""
-        if self.partitions.seeks == seeks:
-            self.buffer(batch)
-            return
-        assert self.consumer is not None
-        for tp, records in batch.items():
-            a = self.assigned.get(tp.partition)
-            if a is not None and a.owned is not None and records:
-                offset = a.owned.next_offsets.get(tp.topic, records[0].offset)
-                self.consumer.seek(tp, offset)
-                log.debug("%s[%d]: a batch got across an owning (%d..%d): fetched again from %d", tp.topic,
-                          tp.partition, records[0].offset, records[-1].offset, offset)
 
     def punctuate(self) -> None:
         """Mark each owned partition due for timers once per ``punctuate_every_s``, each at its own phase of the

@@ -100,6 +100,30 @@ class PartitionManager:
             self.consumer.pause(*(TopicPartition(topic, p) for topic in self.topics))
         await part.close()
 
+    def hand_out(self, batch: dict, seeks: int) -> None:
+        """Buffer a batch ``getmany`` returned with each owned partition, unless partitions were owned since it was
+        asked for (``seeks``: :attr:`seeks` then). aiokafka installs an assignment before it calls
+        ``on_partitions_assigned``: while they are owned (fencing, restore), its fetcher resets them to the group's
+        offsets and fetches, and ``getmany`` may return those records; seeking to the changelog's offsets drops
+        what it prefetched or has in flight, not what it returned. Taken after the seek, records below it would be
+        folded again and those at or past it would come twice (docs/decisions.md, "A batch across a seek"). So
+        none of such a batch is taken: each owned input in it is sought back to the offset its partition takes
+        next, to come again in order."""
+        if self.seeks == seeks:
+            for tp, records in batch.items():
+                a = self.assigned.get(tp.partition)
+                if a is not None and a.owned is not None and records:
+                    a.owned.accept(tp.topic, records)
+            return
+        assert self.consumer is not None
+        for tp, records in batch.items():
+            a = self.assigned.get(tp.partition)
+            if a is not None and a.owned is not None and records:
+                offset = a.owned.next_offsets.get(tp.topic, records[0].offset)
+                self.consumer.seek(tp, offset)
+                log.debug("%s[%d]: a batch got across an owning (%d..%d): fetched again from %d", tp.topic,
+                          tp.partition, records[0].offset, records[-1].offset, offset)
+
     async def fenced(self, p: int) -> None:
         """A transaction of ``p`` was fenced: another worker owns it now; commit nothing more for it until the
         group assigns it again (if the group still gives it to this worker after two session timeouts, own it again)."""

@@ -45,11 +45,10 @@ from typing import NamedTuple
 from sortedcontainers import SortedKeyList, SortedList
 
 from loopwarden.codecs import STATES
-from loopwarden.rules import RunState, decode_state
+from loopwarden.rules import RunState
 from loopwarden.rules.codec import decode_listing
 
 ORDERS = ("id", "age")
-SCAN_MAX = 20_000  # index entries one page may walk (each read from the store: ~3-5 µs, decode_listing)
 BULK_MIN = 1000  # changes from which a merge sorts each state's lists anew rather than one by one
 # Pending changes beyond max(BULK_MIN, listed runs // STALE_SHARE) are not kept: the next read lists the store anew
 # (every run decoded: at most STALE_SHARE times the changes a bulk merge would have decoded).
@@ -258,54 +257,3 @@ class RunsIndex:
         for key in keys:
             if start is None or (ts, key) > start:
                 yield self._read(key)
-
-
-def committed_state(store: Mapping[bytes, bytes], run_id: str) -> RunState | None:
-    """A run's committed state in its partition's store (``GET /runs/{id}``), or None."""
-    raw = store.get(run_id.encode())
-    return None if raw is None else decode_state(raw, run_id)
-
-
-def page(indexes: Mapping[int, RunsIndex], *, state: str | None, agent: str | None, order: str,
-         cursor: tuple | None, limit: int, now_ms: int, scan_max: int = SCAN_MAX) -> tuple[list[dict], tuple | None]:
-    """A page of the runs of these partitions after ``cursor``, and the cursor of the next page (None: the end).
-
-    Order ``id``: by (partition, run id), cursor ``(partition, run_id)``. Order ``age``: oldest in
-    state first across all partitions, cursor ``("age", since_ts, run_id)``. At most ``scan_max``
-    entries are walked: a page can be short (even empty) and still have a next cursor."""
-    found: list[dict] = []
-    scanned = 0
-    if order == "age":
-        after = (cursor[1], cursor[2]) if cursor else None
-        walks = [_tagged(indexes[p].walk(state, "age", after), p) for p in sorted(indexes)]
-        last = None
-        for e, p in heapq.merge(*walks):
-            scanned += 1
-            last = e
-            if agent is None or e.agent == agent:
-                found.append({**entry_document(e, now_ms), "partition": p})
-                if len(found) >= limit:
-                    break
-            if scanned >= scan_max:
-                break
-        else:
-            return found, None
-        return found, ("age", last.since_ts, last.run_id)
-    for p in sorted(indexes):
-        if cursor is not None and p < cursor[0]:
-            continue
-        after = (cursor[1],) if cursor is not None and p == cursor[0] else None
-        for e in indexes[p].walk(state, "id", after):
-            scanned += 1
-            if agent is None or e.agent == agent:
-                found.append({**entry_document(e, now_ms), "partition": p})
-                if len(found) >= limit:
-                    return found, (p, e.run_id)
-            if scanned >= scan_max:
-                return found, (p, e.run_id)
-    return found, None
-
-
-def _tagged(entries: Iterator[Entry], partition: int) -> Iterator[tuple[Entry, int]]:
-    for e in entries:
-        yield e, partition

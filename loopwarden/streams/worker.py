@@ -13,7 +13,7 @@ import signal
 import threading
 from collections.abc import Callable
 
-from loopwarden.streams import readmodel
+from loopwarden.streams import pages
 from loopwarden.streams.assignment import partition_of
 from loopwarden.streams.config import Config
 from loopwarden.streams.engine import Engine
@@ -57,7 +57,7 @@ class Worker(Engine):
     def run_state(self, run_id: str):
         """The run's committed state, if this worker owns its partition and holds it."""
         task = self.tasks.get(self.partition_of(run_id))
-        state = None if task is None else readmodel.committed_state(task.store, run_id)
+        state = None if task is None else pages.committed_state(task.store, run_id)
         return None if state is None or state.tomb else state  # a tomb is a dropped run: not held
 
     def is_ready(self) -> bool:
@@ -65,8 +65,8 @@ class Worker(Engine):
         return self.ready and not self.stalled and self.blocked is None
 
     def runs_page(self, **query) -> tuple[list[dict], tuple | None]:
-        """A page of the runs this worker holds (see :func:`loopwarden.streams.readmodel.page`)."""
-        return readmodel.page({p: task.index for p, task in self.tasks.items()}, **query)
+        """A page of the runs this worker holds (see :func:`loopwarden.streams.pages.page`)."""
+        return pages.page({p: task.index for p, task in self.tasks.items()}, **query)
 
 
 def run_worker(config: Config, on_recovered: Callable[[], None] | None = None, verifiers=None,

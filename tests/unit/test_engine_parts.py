@@ -189,15 +189,15 @@ def test_a_batch_got_across_an_owning_is_not_taken_and_its_inputs_are_fetched_ag
             self.sought.append((tp, offset))
 
     engine = Engine(Config(partitions=2), CounterStage("in", "out", "app"))
-    engine.consumer = consumer = Consumer()  # type: ignore[assignment]
+    engine.consumer = engine.partitions.consumer = consumer = Consumer()  # type: ignore[assignment]
     owned = OwnedPartition(0, engine.stage, None, None, None, None)  # type: ignore[arg-type]
     owned.next_offsets = {"in": 350}
     engine.assigned[0], engine.assigned[1] = AssignedPartition(0), AssignedPartition(1)
     engine.assigned[0].owned = owned
     batch = {TopicPartition("in", 0): [_Record("in", o) for o in range(235, 535)],
              TopicPartition("in", 1): [_Record("in", o) for o in range(10, 20)]}
-    engine.hand_out(batch, engine.partitions.seeks - 1)  # asked for before the last owning
+    engine.partitions.hand_out(batch, engine.partitions.seeks - 1)  # asked for before the last owning
     assert consumer.sought == [(TopicPartition("in", 0), 350)]
     assert owned.buffered == []
-    engine.hand_out({TopicPartition("in", 0): [_Record("in", o) for o in range(350, 650)]}, engine.partitions.seeks)
+    engine.partitions.hand_out({TopicPartition("in", 0): [_Record("in", o) for o in range(350, 650)]}, engine.partitions.seeks)
     assert [r.offset for r in owned.buffered] == list(range(350, 650))

@@ -12,7 +12,8 @@ from loopwarden.codecs import STATES
 from loopwarden.rules import RunState, encode_state
 from loopwarden.streams.http import decode_cursor, encode_cursor
 from loopwarden.streams import readmodel
-from loopwarden.streams.readmodel import RunsIndex, iso, page
+from loopwarden.streams.pages import page
+from loopwarden.streams.readmodel import RunsIndex, iso
 
 AGENTS = ("planner", "coder", None)
 

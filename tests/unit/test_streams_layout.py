@@ -76,3 +76,13 @@ def test_process_set_up_happens_only_in_the_cli() -> None:
                 if name in set_up:
                     found.append(f"{path.relative_to(STREAMS.parent.parent)}:{node.lineno} {name}")
     assert not found, found
+
+
+def test_every_module_of_streams_has_its_role_in_the_architecture_doc() -> None:
+    """Each module of loopwarden/streams has a docstring and a row in docs/architecture.md saying its one role."""
+    doc = (STREAMS.parents[1] / "docs" / "architecture.md").read_text()
+    for path in STREAMS.glob("*.py"):
+        if path.name == "__init__.py":
+            continue
+        assert ast.get_docstring(ast.parse(path.read_text())), f"{path.name} has no docstring"
+        assert f"`{path.name}`" in doc, f"docs/architecture.md does not name {path.name}"

@@ -288,7 +288,7 @@ def test_runs_index_walks_every_held_run_once_in_run_id_order_and_skips_tombs() 
     each held run once (what the store holds), a state filter keeps only that state, a run dropped
     to a tomb leaves it, and an index rebuilt from the store equals the one fed batch by batch."""
     from loopwarden.rules import decode_state, encode_state
-    from loopwarden.streams import readmodel
+    from loopwarden.streams import pages
 
     part = run_all(batch_size=50)[0]
     store = part.store
@@ -299,7 +299,7 @@ def test_runs_index_walks_every_held_run_once_in_run_id_order_and_skips_tombs() 
     for size in (1, 7, 1000):
         seen, cursor = [], None
         while True:
-            page, cursor = readmodel.page({0: fed}, state=None, agent=None, order="id", cursor=cursor,
+            page, cursor = pages.page({0: fed}, state=None, agent=None, order="id", cursor=cursor,
                                           limit=size, now_ms=LAST_TS)
             assert len(page) <= size
             seen += page
@@ -308,7 +308,7 @@ def test_runs_index_walks_every_held_run_once_in_run_id_order_and_skips_tombs() 
         assert [r["run_id"] for r in seen] == sorted(held)
         assert {r["run_id"]: r["state"] for r in seen} == held
     state = next(iter(held.values()))
-    page, _ = readmodel.page({0: fed}, state=state, agent=None, order="id", cursor=None, limit=1000, now_ms=LAST_TS)
+    page, _ = pages.page({0: fed}, state=state, agent=None, order="id", cursor=None, limit=1000, now_ms=LAST_TS)
     assert [r["run_id"] for r in page] == sorted(r for r, s in held.items() if s == state)
     assert len(fed) == len(held)
     fed_entries = {order: list(fed.walk(None, order, None)) for order in ("id", "age")}
