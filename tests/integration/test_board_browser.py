@@ -173,9 +173,16 @@ def get(url: str, token: str | None = None) -> tuple[int, bytes]:
 
 
 def wait(predicate, timeout_s: float = 10, what: str = "condition"):
+    """``predicate``'s first truthy value within ``timeout_s``. A row the page re-rendered while the predicate read
+    it (StaleElementReferenceException: the live list redraws on every update) counts as not yet."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        value = predicate()
+        try:
+            value = predicate()
+        except StaleElementReferenceException:
+            value = None
         if value:
             return value
         time.sleep(0.02)
