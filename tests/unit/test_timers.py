@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from loopwarden.codecs import RunStarted, StepFinished, ToolCall
 from loopwarden.codecs.events import Policy
 from loopwarden.replay import Replay
@@ -57,3 +61,54 @@ def test_a_run_keeps_one_key_object_whatever_moves_its_deadline() -> None:
     assert list(q.pop_due(1999)) == []  # the old deadlines pop empty or superseded: nothing to load
     [(deadline, key)] = list(q.pop_due(2000))
     assert deadline == 2000 and key is first and q.held("run-7") is None and len(q) == 0
+
+
+class _TightQueue(TimerQueue):
+    """A queue rebuilt as soon as its stale entries outnumber its runs (no slack): the rebuild exercised."""
+
+    __slots__ = ()
+    stale_slack = 0
+
+
+_OPS = st.lists(st.tuples(st.sampled_from(("schedule", "reschedule", "pop")), st.sampled_from("abcde"),
+                          st.one_of(st.none(), st.integers(0, 60))), max_size=80)
+
+
+@pytest.mark.parametrize("queue", [TimerQueue, _TightQueue])
+@given(ops=_OPS)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_the_queue_agrees_with_a_plain_map_of_deadlines(queue, ops) -> None:
+    """Any mix of earlier, later and dropped deadlines fires each run once at its last deadline, in (deadline, run)
+    order, names it by the key object it was first queued under, and keeps stale entries bounded."""
+    q, model, first, now, dropped = queue(), {}, {}, 0, 0
+    for op, run, deadline in ops:
+        key = "".join([run])  # a new object each time, equal to the run id
+        if op == "pop":
+            now = deadline if deadline is not None else now
+            due = sorted((d, r) for r, d in model.items() if d <= now)
+            got = list(q.pop_due(now))
+            assert got == due
+            for d, r in got:
+                assert r is first[r]
+                del model[r]
+            continue
+        if op == "schedule" and deadline is not None and (run not in model or deadline < model[run]):
+            q.schedule(key, deadline)
+        elif op == "reschedule":
+            q.reschedule(key, deadline)
+        elif op == "schedule":
+            q.schedule(key, deadline)  # no change: later than the one queued (looked at when that comes due)
+            continue
+        if deadline is None:
+            dropped += model.pop(run, None) is not None  # its entry stays until due, as a stale one
+            continue
+        if run not in model:
+            first[run] = key
+        model[run] = deadline
+        assert q.held(run) is first[run]
+    assert q.queued == model
+    assert len(q.moved) <= len(model) and len(q) >= len(model)
+    if queue is _TightQueue:
+        assert len(q) <= 2 * len(model) + 1 + dropped  # stale entries of earlier deadlines: at most one per run
+    assert list(q.pop_due(10**9)) == sorted((d, r) for r, d in model.items())
+    assert len(q) == 0 and not q.heap and not q.buckets and not q.moved
