@@ -24,9 +24,9 @@ class TimerQueue:
     itself pushes it again at the run's queued deadline, without handing it out. Only a
     new run, or a deadline earlier than the run's entry, pushes (the entry it leaves
     becomes stale, dropped when it comes due, as is the entry of a run unscheduled). Stale
-    entries of earlier deadlines are bounded: when they outnumber the runs queued by
-    ``stale_slack``, the heap and buckets are rebuilt from ``queued`` (O(runs), after at
-    least as many pushes). ``moved``'s table is copied smaller when a tick leaves it mostly
+    entries are bounded: when, right after one of those two changes, they outnumber the
+    runs queued by ``stale_slack``, the heap and buckets are rebuilt from ``queued``
+    (O(runs), after at least as many such changes). ``moved``'s table is copied smaller when a tick leaves it mostly
     empty (a dict keeps its peak size). Per change O(log n) at most; per tick O(due entries).
 
     A run is named by whatever key its shell gives (replay: the run id; the worker: the
@@ -94,6 +94,7 @@ class TimerQueue:
         if deadline is None:
             if queued.pop(run_id, None) is not None:
                 self.moved.pop(run_id, None)  # the entry, stale now, is dropped when it comes due
+                self._bound()
             return
         was = queued.get(run_id)
         if was is None:
@@ -120,7 +121,13 @@ class TimerQueue:
         run_id = self._held_at(run_id, entry, run_id)  # the key object already held: no second one
         self.queued[run_id] = deadline
         self._push(run_id, deadline)  # the entry left behind is stale: dropped when it comes due
-        if self._entries > 2 * len(self.queued) + self.stale_slack:  # the only push that leaves a stale entry
+        self._bound()
+
+    def _bound(self) -> None:
+        """After a change that left a stale entry: rebuild if stale entries outnumber the runs queued by
+        ``stale_slack``. Nothing else adds a stale entry, so they never exceed the most runs queued at once plus
+        ``stale_slack``."""
+        if self._entries > 2 * len(self.queued) + self.stale_slack:
             self._rebuild()
 
     def _push(self, run_id: str, deadline: int) -> None:

@@ -10,6 +10,8 @@ from loopwarden.codecs import RunStarted, StepFinished, ToolCall
 from loopwarden.codecs.events import Policy
 from loopwarden.replay import Replay
 from loopwarden.rules.timers import TimerQueue
+from tests import strategies as S
+from tests.unit.test_core_fast_paths import _both
 
 
 def test_entries_follow_runs_not_events() -> None:
@@ -80,7 +82,7 @@ _OPS = st.lists(st.tuples(st.sampled_from(("schedule", "reschedule", "pop")), st
 def test_the_queue_agrees_with_a_plain_map_of_deadlines(queue, ops) -> None:
     """Any mix of earlier, later and dropped deadlines fires each run once at its last deadline, in (deadline, run)
     order, names it by the key object it was first queued under, and keeps stale entries bounded."""
-    q, model, first, now, dropped = queue(), {}, {}, 0, 0
+    q, model, first, now, peak = queue(), {}, {}, 0, 0
     for op, run, deadline in ops:
         key = "".join([run])  # a new object each time, equal to the run id
         if op == "pop":
@@ -100,15 +102,27 @@ def test_the_queue_agrees_with_a_plain_map_of_deadlines(queue, ops) -> None:
             q.schedule(key, deadline)  # no change: later than the one queued (looked at when that comes due)
             continue
         if deadline is None:
-            dropped += model.pop(run, None) is not None  # its entry stays until due, as a stale one
+            model.pop(run, None)  # its entry stays until due, as a stale one
             continue
         if run not in model:
             first[run] = key
         model[run] = deadline
         assert q.held(run) is first[run]
+        peak = max(peak, len(model))
+        if queue is _TightQueue:  # stale entries rebuilt away once they outnumber the runs: never above the most runs
+            assert len(q) <= 2 * peak
     assert q.queued == model
     assert len(q.moved) <= len(model) and len(q) >= len(model)
-    if queue is _TightQueue:
-        assert len(q) <= 2 * len(model) + 1 + dropped  # stale entries of earlier deadlines: at most one per run
     assert list(q.pop_due(10**9)) == sorted((d, r) for r, d in model.items())
     assert len(q) == 0 and not q.heap and not q.buckets and not q.moved
+
+
+
+@given(events=S.fleet(), advance_s=st.sampled_from([0.0, 400.0, 8 * 86400.0]))
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+def test_replay_is_unchanged_when_the_queue_rebuilds_at_every_stale_push(monkeypatch, events, advance_s) -> None:
+    """Rebuilds after every push that leaves a stale entry (some while fire_due pops) change no transition."""
+    monkeypatch.setattr(TimerQueue, "stale_slack", -(10**9))
+    fast, ref = _both(events, advance_s)
+    assert fast == ref
