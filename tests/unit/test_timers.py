@@ -49,7 +49,7 @@ def test_a_long_run_keeps_one_timer_entry_in_replay() -> None:
 
 def test_a_run_keeps_one_key_object_whatever_moves_its_deadline() -> None:
     """Every entry of a run holds the key object it was first queued under (held() returns it), however its
-    deadline moves: earlier, later (the entry moves to the later bucket, the old deadline pops empty), again."""
+    deadline moves: earlier, later (the entry stays, pushed again at the later deadline when it comes due), again."""
     q = TimerQueue()
     first = "run-" + str(7)  # built at run time: not the same object as an equal literal
     q.reschedule(first, 100)
