@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from loopwarden.codecs import RunStarted, StepFinished, ToolCall
 from loopwarden.codecs.events import Policy
 from loopwarden.replay import Replay
 from loopwarden.rules.timers import TimerQueue
+from tests import strategies as S
+from tests.unit.test_core_fast_paths import _both
 
 
 def test_entries_follow_runs_not_events() -> None:
@@ -43,7 +49,7 @@ def test_a_long_run_keeps_one_timer_entry_in_replay() -> None:
 
 def test_a_run_keeps_one_key_object_whatever_moves_its_deadline() -> None:
     """Every entry of a run holds the key object it was first queued under (held() returns it), however its
-    deadline moves: earlier, later (the entry moves to the later bucket, the old deadline pops empty), again."""
+    deadline moves: earlier, later (the entry stays, pushed again at the later deadline when it comes due), again."""
     q = TimerQueue()
     first = "run-" + str(7)  # built at run time: not the same object as an equal literal
     q.reschedule(first, 100)
@@ -57,3 +63,66 @@ def test_a_run_keeps_one_key_object_whatever_moves_its_deadline() -> None:
     assert list(q.pop_due(1999)) == []  # the old deadlines pop empty or superseded: nothing to load
     [(deadline, key)] = list(q.pop_due(2000))
     assert deadline == 2000 and key is first and q.held("run-7") is None and len(q) == 0
+
+
+class _TightQueue(TimerQueue):
+    """A queue rebuilt as soon as its stale entries outnumber its runs (no slack): the rebuild exercised."""
+
+    __slots__ = ()
+    stale_slack = 0
+
+
+_OPS = st.lists(st.tuples(st.sampled_from(("schedule", "reschedule", "pop")), st.sampled_from("abcde"),
+                          st.one_of(st.none(), st.integers(0, 60))), max_size=80)
+
+
+@pytest.mark.parametrize("queue", [TimerQueue, _TightQueue])
+@given(ops=_OPS)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_the_queue_agrees_with_a_plain_map_of_deadlines(queue, ops) -> None:
+    """Any mix of earlier, later and dropped deadlines fires each run once at its last deadline, in (deadline, run)
+    order, names it by the key object it was first queued under, and keeps stale entries bounded."""
+    q, model, first, now, peak = queue(), {}, {}, 0, 0
+    for op, run, deadline in ops:
+        key = "".join([run])  # a new object each time, equal to the run id
+        if op == "pop":
+            now = deadline if deadline is not None else now
+            due = sorted((d, r) for r, d in model.items() if d <= now)
+            got = list(q.pop_due(now))
+            assert got == due
+            for d, r in got:
+                assert r is first[r]
+                del model[r]
+            continue
+        if op == "schedule" and deadline is not None and (run not in model or deadline < model[run]):
+            q.schedule(key, deadline)
+        elif op == "reschedule":
+            q.reschedule(key, deadline)
+        elif op == "schedule":
+            q.schedule(key, deadline)  # no change: later than the one queued (looked at when that comes due)
+            continue
+        if deadline is None:
+            model.pop(run, None)  # its entry stays until due, as a stale one
+            continue
+        if run not in model:
+            first[run] = key
+        model[run] = deadline
+        assert q.held(run) is first[run]
+        peak = max(peak, len(model))
+        if queue is _TightQueue:  # stale entries rebuilt away once they outnumber the runs: never above the most runs
+            assert len(q) <= 2 * peak
+    assert q.queued == model
+    assert len(q.moved) <= len(model) and len(q) >= len(model)
+    assert list(q.pop_due(10**9)) == sorted((d, r) for r, d in model.items())
+    assert len(q) == 0 and not q.heap and not q.buckets and not q.moved
+
+
+
+@given(events=S.fleet(), advance_s=st.sampled_from([0.0, 400.0, 8 * 86400.0]))
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+def test_replay_is_unchanged_when_the_queue_rebuilds_at_every_stale_push(monkeypatch, events, advance_s) -> None:
+    """Rebuilds after every push that leaves a stale entry (some while fire_due pops) change no transition."""
+    monkeypatch.setattr(TimerQueue, "stale_slack", -(10**9))
+    fast, ref = _both(events, advance_s)
+    assert fast == ref
