@@ -108,6 +108,14 @@ class Backlog:
         return [TopicPartition(t, p) for t in (self.steps, self.outcomes) for p in range(PARTITIONS)]
 
 
+def _per_s(events: float, seconds: float) -> float:
+    return events / seconds if seconds > 0 else float("nan")
+
+
+def _us_per(cpu_s: float, events: float) -> float:
+    return cpu_s / events * 1e6 if events > 0 else float("nan")
+
+
 @dataclass
 class Result:
     app: str
@@ -136,43 +144,39 @@ class Result:
 
     @property
     def eps(self) -> float:
-        return self.events / self.wall_s if self.wall_s > 0 else float("nan")
+        return _per_s(self.events, self.wall_s)
 
     @property
     def cpu_us(self) -> float:
-        return self.cpu_s / self.events * 1e6 if self.events else float("nan")
+        return _us_per(self.cpu_s, self.events)
 
     @property
     def steady_eps(self) -> float:
-        return self.steady_events / self.steady_s if self.steady_s > 0 else float("nan")
+        return _per_s(self.steady_events, self.steady_s)
 
     @property
     def steady_cpu_us(self) -> float:
-        return self.steady_cpu_s / self.steady_events * 1e6 if self.steady_events > 0 else float("nan")
+        return _us_per(self.steady_cpu_s, self.steady_events)
 
     @property
     def group_steady_eps(self) -> float:
-        return self.group_steady_events / self.group_steady_s if self.group_steady_s > 0 else float("nan")
+        return _per_s(self.group_steady_events, self.group_steady_s)
 
     @property
     def group_steady_cpu_us(self) -> float:
-        if self.group_steady_events > 0:
-            return self.group_steady_cpu_s / self.group_steady_events * 1e6
-        return float("nan")
+        return _us_per(self.group_steady_cpu_s, self.group_steady_events)
 
     @property
     def committed_steady_eps(self) -> float:
-        return self.committed_steady_events / self.committed_steady_s if self.committed_steady_s > 0 else float("nan")
+        return _per_s(self.committed_steady_events, self.committed_steady_s)
 
     @property
     def committed_steady_cpu_us(self) -> float:
-        if self.committed_steady_events > 0:
-            return self.committed_steady_cpu_s / self.committed_steady_events * 1e6
-        return float("nan")
+        return _us_per(self.committed_steady_cpu_s, self.committed_steady_events)
 
     @property
     def bench_cpu_us(self) -> float:
-        return self.bench_cpu_s / self.events * 1e6 if self.events else float("nan")
+        return _us_per(self.bench_cpu_s, self.events)
 
     def set_steady(self, marks: list[tuple[float, float, float]]) -> None:
         """From two (handled, t, cpu) marks: at 10 % and at 90 % of the input."""

@@ -196,6 +196,26 @@ def iter_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
         yield buf
 
 
+class _Decoded:
+    """Numbered lines decoded into events; an invalid one is handed to ``on_bad`` and counted in ``bad``."""
+
+    def __init__(self, on_bad: Callable[[BadLine], None]) -> None:
+        self.on_bad = on_bad
+        self.bad = 0
+
+    def events(self, lines: Iterable[tuple[str, int, bytes]], decode=decode_input) -> Iterator[InputEvent]:
+        for source, number, raw in lines:
+            if not raw.strip():
+                continue
+            try:
+                event = decode(raw)
+            except InvalidEvent as exc:
+                self.bad += 1
+                self.on_bad(BadLine(source, number, exc.reason, str(exc)))
+                continue
+            yield event
+
+
 def replay_lines(
     lines: Iterable[tuple[str, int, bytes]],
     replay: Replay,
@@ -203,19 +223,11 @@ def replay_lines(
     on_bad: Callable[[BadLine], None],
 ) -> int:
     """Run numbered lines through ``replay``; returns the count of invalid lines."""
-    bad = 0
-    for source, number, raw in lines:
-        if not raw.strip():
-            continue
-        try:
-            event = decode_input(raw)
-        except InvalidEvent as exc:
-            bad += 1
-            on_bad(BadLine(source, number, exc.reason, str(exc)))
-            continue
+    decoded = _Decoded(on_bad)
+    for event in decoded.events(lines):
         for t in replay.feed(event):
             on_transition(t)
-    return bad
+    return decoded.bad
 
 
 def replay_with_channel(
@@ -228,30 +240,15 @@ def replay_with_channel(
     """:func:`replay_lines` with a second source: receipts read from the verifiers' trusted topic (``channel``;
     ``replay`` built with that topic as its ``channel``), merged into ``lines`` by ``ts`` as the worker merges
     its inputs (each source in its own order, ``lines`` first on a tie). A ``channel`` line that is not an
-    ``outcome_receipt`` is invalid there, as the worker dead-letters it. Returns the count of
-    invalid lines."""
-    bad = 0
-
-    def decoded(source: Iterable[tuple[str, int, bytes]], on_channel: bool, decode) -> Iterator[tuple]:
-        nonlocal bad
-        for name, number, raw in source:
-            if not raw.strip():
-                continue
-            try:
-                event = decode(raw)
-            except InvalidEvent as exc:
-                bad += 1
-                on_bad(BadLine(name, number, exc.reason, str(exc)))
-                continue
-            yield event.ts, event, on_channel
-
+    ``outcome_receipt`` is invalid there, as the worker dead-letters it. Returns the count of invalid lines."""
+    decoded = _Decoded(on_bad)
+    ordinary = ((e.ts, e, False) for e in decoded.events(lines))
+    trusted = ((e.ts, e, True) for e in decoded.events(channel, decode_outcome_event))
     # heapq.merge is stable: on equal ts the ordinary lines (the first source) come first
-    merged = heapq.merge(decoded(lines, False, decode_input), decoded(channel, True, decode_outcome_event),
-                         key=_ts)
-    for _, event, on_channel in merged:
+    for _, event, on_channel in heapq.merge(ordinary, trusted, key=_ts):
         for t in replay.feed(event, on_channel):
             on_transition(t)
-    return bad
+    return decoded.bad
 
 
 def _ts(item: tuple) -> int:
