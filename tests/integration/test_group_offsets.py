@@ -54,6 +54,21 @@ async def _changelog(config, topic: str) -> dict[int, int]:
         await consumer.stop()
 
 
+def _send(worker, messages: list) -> None:
+    run(publish(worker.config, [(m.topic, m.key, m.value) for m in messages]))
+
+
+def _wait_caught_up(worker, counts: dict[str, int], timeout_s: float, what: str) -> None:
+    """Until the group's committed offsets on each topic of ``counts`` sum to its count; ``what`` names a timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        committed = {topic: run(_committed(worker.config, topic)) for topic in counts}
+        if all(committed[t] >= n for t, n in counts.items()):
+            return
+        assert time.monotonic() < deadline, f"{what}: {committed} of {counts}"
+        time.sleep(0.5)
+
+
 def test_the_groups_offsets_lag_while_busy_and_are_exact_after_a_clean_stop(kafka, tmp_path: Path) -> None:
     """Once a minute: after a second batch they are behind what was consumed; a SIGTERM commits them to the end."""
     config = unique_config(kafka.bootstrap)
@@ -62,9 +77,9 @@ def test_the_groups_offsets_lag_while_busy_and_are_exact_after_a_clean_stop(kafk
     half = len(messages) // 2
     steps = sum(1 for m in messages if m.topic == "steps")
     try:
-        run(publish(worker.config, [(m.topic, m.key, m.value) for m in messages[:half]]))
+        _send(worker, messages[:half])
         wait_consumed(worker, half)
-        run(publish(worker.config, [(m.topic, m.key, m.value) for m in messages[half:]]))
+        _send(worker, messages[half:])
         wait_consumed(worker, len(messages))
         assert run(_committed(worker.config, worker.config.steps_topic)) < steps
     finally:
@@ -80,13 +95,11 @@ def test_the_groups_offsets_of_an_idle_worker_catch_up_within_the_interval(kafka
     steps = sum(1 for m in messages if m.topic == "steps")
     try:
         for i in range(0, len(messages), 50):
-            run(publish(worker.config, [(m.topic, m.key, m.value) for m in messages[i:i + 50]]))
+            _send(worker, messages[i:i + 50])
             time.sleep(0.3)
         wait_consumed(worker, len(messages))
-        deadline = time.monotonic() + 30
-        while run(_committed(worker.config, worker.config.steps_topic)) < steps:
-            assert time.monotonic() < deadline, "the group's offsets never caught up with an idle worker"
-            time.sleep(0.5)
+        _wait_caught_up(worker, {worker.config.steps_topic: steps}, 30,
+                        "the group's offsets never caught up with an idle worker")
     finally:
         worker.stop()
 
@@ -99,18 +112,16 @@ def test_after_a_sigkill_the_groups_offsets_catch_up_from_the_changelog_with_no_
     messages = fleet(200, seed=41, bad_every=0)
     half = len(messages) // 2
     steps = sum(1 for m in messages if m.topic == "steps")
-    run(publish(worker.config, [(m.topic, m.key, m.value) for m in messages[:half]]))
+    _send(worker, messages[:half])
     wait_consumed(worker, half)
-    run(publish(worker.config, [(m.topic, m.key, m.value) for m in messages[half:]]))
+    _send(worker, messages[half:])
     wait_consumed(worker, len(messages))
     worker.stop(signal.SIGKILL)
     assert run(_committed(worker.config, worker.config.steps_topic)) < steps  # behind: the changelog has the rest
     worker = make_worker(config, tmp_path, clock="event", commit_offsets_ms=1000).start()
     try:
-        deadline = time.monotonic() + 30
-        while run(_committed(worker.config, worker.config.steps_topic)) < steps:
-            assert time.monotonic() < deadline, "the group's offsets stayed behind the changelog's after a restart"
-            time.sleep(0.5)
+        _wait_caught_up(worker, {worker.config.steps_topic: steps}, 30,
+                        "the group's offsets stayed behind the changelog's after a restart")
     finally:
         worker.stop()
 
@@ -125,7 +136,7 @@ def test_the_groups_offsets_never_pass_the_changelogs_while_the_worker_commits_t
     samples = []
     try:
         for i in range(0, len(messages), len(messages) // 8):
-            run(publish(worker.config, [(m.topic, m.key, m.value) for m in messages[i:i + len(messages) // 8]]))
+            _send(worker, messages[i:i + len(messages) // 8])
             time.sleep(0.2)
             group = run(_group(worker.config, topic))
             samples.append((group, run(_changelog(worker.config, topic))))
@@ -145,7 +156,7 @@ def test_an_idle_workers_group_offsets_catch_up_on_both_inputs(kafka, tmp_path: 
     inputs still reach the end (bench e waited 40 s on a worker 1,500-4,700 receipts short of the end in 4 of 10
     rounds when the group's offsets went inside transactions, of the batch's topics only)."""
     config = unique_config(kafka.bootstrap)
-    # Transactions of a partition >= 1 s apart; the group's offsets with one of them every 1.5 s.
+    # Transactions of a partition >= 1 s apart; the group's offsets committed every 1.5 s at most.
     worker = make_worker(config, tmp_path, clock="event", commit_offsets_ms=1500, commit_gap_ms=1000).start()
     messages = fleet(200, seed=43, bad_every=0)
     half = len(messages) // 2
@@ -155,26 +166,17 @@ def test_an_idle_workers_group_offsets_catch_up_on_both_inputs(kafka, tmp_path: 
     n_outcomes = sum(1 for m in messages if m.topic == "outcomes")
     n_steps = len(messages) - n_outcomes
 
-    def send(batch: list) -> None:
-        run(publish(worker.config, [(m.topic, m.key, m.value) for m in batch]))
-
     try:
-        send(first)
+        _send(worker, first)
         wait_consumed(worker, len(first))
         time.sleep(3)  # idle: the group's offsets caught up
-        send(steps[:60])  # T1, at once: with the group's offsets
+        _send(worker, steps[:60])  # then steps only
         wait_consumed(worker, len(first) + 60)
-        send(receipts)  # T2, 1 s after T1's commit: changelog only
+        _send(worker, receipts)  # receipts only, >= 1 s later (commit_gap_ms): a transaction of their own
         wait_consumed(worker, len(first) + 60 + len(receipts))
-        send(steps[60:])  # T3, 1 s after T2's: the group's offsets again, of steps only; then nothing more
+        _send(worker, steps[60:])  # steps only again, then nothing more
         wait_consumed(worker, len(messages))
-        deadline = time.monotonic() + 15
-        while (run(_committed(worker.config, worker.config.steps_topic)) < n_steps
-               or run(_committed(worker.config, worker.config.outcomes_topic)) < n_outcomes):
-            assert time.monotonic() < deadline, (
-                f"the group's offsets of an idle worker stayed behind: outcomes "
-                f"{run(_committed(worker.config, worker.config.outcomes_topic))} of {n_outcomes}, "
-                f"steps {run(_committed(worker.config, worker.config.steps_topic))} of {n_steps}")
-            time.sleep(0.5)
+        _wait_caught_up(worker, {worker.config.steps_topic: n_steps, worker.config.outcomes_topic: n_outcomes}, 15,
+                        "the group's offsets of an idle worker stayed behind")
     finally:
         worker.stop()
