@@ -13,6 +13,7 @@ b. bytes of a run's state as ``encode_state`` makes them (what the stream proces
 from __future__ import annotations
 
 import gc
+import importlib
 import sys
 import time
 import tracemalloc
@@ -23,13 +24,8 @@ from bench.common import Report, duration, median, nbytes, progress, si, timed
 from loopwarden import gctune
 from loopwarden.codecs import InputEvent, Policy, RunStarted, StepFinished, ToolCall, Usage, decode_input
 from loopwarden.replay import Replay
-from loopwarden.rules import Settings, apply, decode_state, encode_state
+from loopwarden.rules import apply, decode_state, encode_state
 from loopwarden.simulate import fleet
-from loopwarden.streams.config import Config
-from loopwarden.streams.health import HealthStage
-from loopwarden.streams.metrics import Metrics
-from loopwarden.streams.store import MemoryPartition
-from loopwarden.streams.task import PartitionTask
 
 
 def valid_messages(runs: int, seed: int = 7) -> list:
@@ -44,70 +40,85 @@ class _Rec:
             topic, partition, offset, key, value, ()
 
 
+def by_partition(messages: list, partitions: int = 8) -> dict[int, list]:
+    """The fleet's records of ``partitions`` partitions, offsets numbered per topic partition, as a consumer hands them."""
+    next_offset: dict = {}
+    out: dict[int, list] = {}
+    for m in messages:
+        partition = hash(m.key) % partitions
+        offset = next_offset.get((m.topic, partition), 0)
+        next_offset[m.topic, partition] = offset + 1
+        out.setdefault(partition, []).append(_Rec(m.topic, partition, offset, m.key, m.value))
+    return out
+
+
+def variants(pkg: str, values: list, records: dict[int, list]) -> dict:
+    """The core's variants, each a no-argument call, over ``pkg`` (``loopwarden``, or another revision of it
+    imported under another name: bench/core_ab.py): ``decode_input`` alone, ``Replay.feed`` on decoded events,
+    both (= offline replay), and the worker's path without Kafka: records of each partition in batches, folded by
+    the partition's task, changes written to its store as after a commit, and the metrics the health stage
+    records from each commit (``HealthStage.committed``, as the engine calls it), or not."""
+    mod = lambda name: importlib.import_module(f"{pkg}.{name}")  # noqa: E731
+    decode_input, Replay = mod("codecs").decode_input, mod("replay").Replay
+    Settings, Metrics, MemoryPartition = mod("rules").Settings, mod("streams.metrics").Metrics, mod("streams.store").MemoryPartition
+    PartitionTask, HealthStage, Config = mod("streams.task").PartitionTask, mod("streams.health").HealthStage, mod("streams.config").Config
+    decoded = [decode_input(v) for v in values]
+
+    def decode() -> None:
+        for v in values:
+            decode_input(v)
+
+    def feed() -> None:
+        r = Replay()
+        for ev in decoded:
+            r.feed(ev)
+
+    def replay() -> None:
+        r = Replay()
+        for v in values:
+            r.feed(decode_input(v))
+
+    def fold(batch: int, metrics: bool = True):
+        def go() -> None:
+            stage = HealthStage(Config(), Metrics())
+            roles = {"steps": "steps", "outcomes": "outcomes", "ticks": "ticks"}
+            for p, part in records.items():
+                task = PartitionTask(p, MemoryPartition(), roles, settings=Settings(), clock="event")
+                for i in range(0, len(part), batch):
+                    out = task.fold(part[i:i + batch], punctuate=True)
+                    task.store.write(out.changes, None)
+                    summary = task.committed(out)
+                    if metrics:
+                        stage.committed(None, out, summary)
+        return go
+
+    return {"decode": decode, "feed": feed, "replay": replay, "fold2500": fold(2500),
+            "fold2500_nometrics": fold(2500, False), "fold300": fold(300), "fold50": fold(50)}
+
+
 def throughput(report: Report, runs: int, repeats: int) -> dict:
     progress(f"[a] core throughput: simulating {runs:,} runs ...")
     messages = valid_messages(runs)
     values = [m.value for m in messages]
     n = len(values)
-    decoded = [decode_input(v) for v in values]
-    partitions = 8
-
-    def decode_only() -> None:
-        for v in values:
-            decode_input(v)
-
+    every = variants("loopwarden", values, by_partition(messages))
     bare = msgspec.json.Decoder(InputEvent).decode  # msgspec alone: no content-type, size or bytes checks
 
     def bare_decode() -> None:
         for v in values:
             bare(v)
 
-    def feed_only() -> None:
-        r = Replay()
-        for ev in decoded:
-            r.feed(ev)
-
-    def replay_total() -> None:
-        r = Replay()
-        for v in values:
-            r.feed(decode_input(v))
-
-    # The worker's path without Kafka: records of 8 partitions in batches, folded by the
-    # partition's task, changes written to its store as after a commit, and the metrics the
-    # health stage records from each commit (HealthStage.committed, as the engine calls it).
-    next_offset: dict = {}
-    by_partition: dict[int, list] = {}
-    for m in messages:
-        partition = hash(m.key) % partitions
-        offset = next_offset.get((m.topic, partition), 0)
-        next_offset[m.topic, partition] = offset + 1
-        by_partition.setdefault(partition, []).append(_Rec(m.topic, partition, offset, m.key, m.value))
-
-    def worker_fold(batch: int, with_metrics: bool = True):
-        def go() -> None:
-            stage = HealthStage(Config(), Metrics())
-            roles = {"steps": "steps", "outcomes": "outcomes", "ticks": "ticks"}
-            for p, records in by_partition.items():
-                task = PartitionTask(p, MemoryPartition(), roles, settings=Settings(), clock="event")
-                for i in range(0, len(records), batch):
-                    out = task.fold(records[i:i + batch], punctuate=True)
-                    task.store.write(out.changes, None)
-                    summary = task.committed(out)
-                    if with_metrics:
-                        stage.committed(None, out, summary)  # type: ignore[arg-type]
-        return go
-
-    variants = {
-        "decode": decode_only,
+    variants_run = {
+        "decode": every["decode"],
         "bare": bare_decode,
-        "feed": feed_only,
-        "total": replay_total,
-        "fold": worker_fold(2500),
-        "fold_nometrics": worker_fold(2500, with_metrics=False),
-        "fold_small": worker_fold(50),
+        "feed": every["feed"],
+        "total": every["replay"],
+        "fold": every["fold2500"],
+        "fold_nometrics": every["fold2500_nometrics"],
+        "fold_small": every["fold50"],
     }
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    cpu: dict[str, list[float]] = {k: [] for k in variants}
+    times: dict[str, list[float]] = {k: [] for k in variants_run}
+    cpu: dict[str, list[float]] = {k: [] for k in variants_run}
     # As the shells run: the collector settings the CLI's replay and the worker set, and the
     # bench's own inputs (~130k fixture objects the CLI never holds: it streams its lines)
     # frozen, so no collection walks them on every variant's behalf.
@@ -116,7 +127,7 @@ def throughput(report: Report, runs: int, repeats: int) -> dict:
     before = gctune.for_streaming()
     try:
         for _ in range(repeats):  # round-robin, so machine noise hits every variant alike
-            for name, fn in variants.items():
+            for name, fn in variants_run.items():
                 gc.collect()
                 c0 = time.process_time()
                 times[name].append(timed(fn))

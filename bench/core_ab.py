@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib
 import io
 import re
 import statistics
@@ -25,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.core import _Rec, valid_messages
+from bench.core import by_partition, valid_messages, variants
 from loopwarden import gctune
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,45 +41,6 @@ def _import_revision(revision: str, into: Path) -> str:
     return "lwbase"
 
 
-def variants(pkg: str, values: list, by_partition: dict) -> dict:
-    mod = lambda name: importlib.import_module(f"{pkg}.{name}")  # noqa: E731
-    decode_input, Replay = mod("codecs").decode_input, mod("replay").Replay
-    Settings, Metrics, MemoryPartition = mod("rules").Settings, mod("streams.metrics").Metrics, mod("streams.store").MemoryPartition
-    PartitionTask, HealthStage, Config = mod("streams.task").PartitionTask, mod("streams.health").HealthStage, mod("streams.config").Config
-    decoded = [decode_input(v) for v in values]
-
-    def decode() -> None:
-        for v in values:
-            decode_input(v)
-
-    def feed() -> None:
-        r = Replay()
-        for ev in decoded:
-            r.feed(ev)
-
-    def replay() -> None:
-        r = Replay()
-        for v in values:
-            r.feed(decode_input(v))
-
-    def fold(batch: int, metrics: bool = True):
-        def go() -> None:
-            stage = HealthStage(Config(), Metrics())
-            roles = {"steps": "steps", "outcomes": "outcomes", "ticks": "ticks"}
-            for p, records in by_partition.items():
-                task = PartitionTask(p, MemoryPartition(), roles, settings=Settings(), clock="event")
-                for i in range(0, len(records), batch):
-                    out = task.fold(records[i:i + batch], punctuate=True)
-                    task.store.write(out.changes, None)
-                    summary = task.committed(out)
-                    if metrics:
-                        stage.committed(None, out, summary)
-        return go
-
-    return {"decode": decode, "feed": feed, "replay": replay, "fold2500": fold(2500),
-            "fold2500_nometrics": fold(2500, False), "fold300": fold(300), "fold50": fold(50)}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("revision")
@@ -90,16 +50,10 @@ def main() -> None:
     args = parser.parse_args()
     messages = valid_messages(args.runs)
     values = [m.value for m in messages]
-    next_offset: dict = {}
-    by_partition: dict[int, list] = {}
-    for m in messages:
-        p = hash(m.key) % 8
-        offset = next_offset.get((m.topic, p), 0)
-        next_offset[m.topic, p] = offset + 1
-        by_partition.setdefault(p, []).append(_Rec(m.topic, p, offset, m.key, m.value))
+    records = by_partition(messages)
     with tempfile.TemporaryDirectory() as tmp:
-        sides = {"before": variants(_import_revision(args.revision, Path(tmp)), values, by_partition),
-                 "after": variants("loopwarden", values, by_partition)}
+        sides = {"before": variants(_import_revision(args.revision, Path(tmp)), values, records),
+                 "after": variants("loopwarden", values, records)}
         only = [k for k in sides["after"] if not args.only or k in args.only.split(",")]
         cpu: dict = {(side, k): [] for side in sides for k in only}
         gc.collect()
