@@ -129,7 +129,7 @@ def _signed_fleet(runs: int):
 def bench_signature_cost(runs: int, rounds: int) -> dict:
     import gc
     import zlib
-    from dataclasses import dataclass
+    from bench.core import _Rec as Rec  # a consumed record, as the fold takes it
 
     from loopwarden import gctune
     from loopwarden.codecs import decode_outcome_event
@@ -137,15 +137,6 @@ def bench_signature_cost(runs: int, rounds: int) -> dict:
     from loopwarden.streams.task import PartitionTask
     from loopwarden.codecs import receipt_signing_bytes
     from loopwarden.trust import ReceiptTrust, TrustedVerifiers
-
-    @dataclass
-    class Rec:
-        topic: str
-        partition: int
-        offset: int
-        key: bytes | None
-        value: bytes | None
-        headers: tuple = ()
 
     messages, key = _signed_fleet(runs)
     verifiers = TrustedVerifiers.parse(key.setting)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 DONE_POLICY = [{"kind": "step_count", "count": 20}, {"kind": "tool_call", "tools": ["done"]}]
@@ -77,3 +78,15 @@ def active(seg: int = 0, where: str = "tool", run: str = "r", ts: int = 0, call:
 
 def dropped(count: int, run: str = "r", ts: int = 0) -> dict:
     return {"type": "events_dropped", "run_id": run, "ts": ts, "count": count}
+
+
+@dataclass
+class Rec:
+    """A consumed record, as aiokafka's ConsumerRecord offers it to a partition's fold."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple = ()

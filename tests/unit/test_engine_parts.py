@@ -8,6 +8,7 @@ from loopwarden.streams.assignment import partition_of
 from loopwarden.streams.deadletters import OVERHEAD, deadletter_output
 from loopwarden.streams.stage import DeadLetter, Output, StageBase
 from loopwarden.streams.topics import Router
+from tests.builders import Rec as _Rec
 
 
 def test_an_output_without_a_partition_goes_where_the_default_partitioner_puts_its_key() -> None:
@@ -21,16 +22,6 @@ def test_an_output_without_a_partition_goes_where_the_default_partitioner_puts_i
     router.counts["agent.health"] = 4  # a different count: the partitioner decides
     assert router.partition("agent.health", b"run-1", 5) == partition_of(b"run-1", 4)
     assert router.partition("agent.steps", None, 7) == 7 % 3
-
-
-@dataclass
-class _Rec:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple = ()
 
 
 def test_a_dead_letter_is_the_original_with_headers_naming_why_and_cut_to_fit() -> None:

@@ -24,20 +24,12 @@ from loopwarden.rules import Settings, encode_state
 from loopwarden.streams.store import MemoryPartition
 from loopwarden.streams.task import PartitionTask, Tick, encode_tick, is_meta
 from tests.strategies import fleet
+from tests.builders import Rec
 
 ROLES = {"agent.steps": "steps", "agent.outcomes": "outcomes", "loopwarden.ticks": "ticks"}
 FLEETS = int(os.environ.get("LOOPWARDEN_EVENT_TIME_FLEETS", "300"))
 ADVANCE_MS = 40 * 86_400_000  # past retention (7 days) and the tombs' memory (30 days): every timer runs out
 SEED = "tests/cases/seed-eleven.jsonl"
-
-
-class Rec(msgspec.Struct):
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple = ()
 
 
 def _topic(event) -> str:

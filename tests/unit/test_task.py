@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import zlib
 from collections import Counter, defaultdict
-from dataclasses import dataclass
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,6 +21,7 @@ from loopwarden.rules import Settings
 from loopwarden.simulate import fleet
 from loopwarden.streams.store import MemoryPartition
 from loopwarden.streams.task import CLOCK_KEY, PartitionTask, Tick, encode_tick, is_meta
+from tests.builders import Rec
 
 ROLES = {"agent.steps": "steps", "agent.outcomes": "outcomes", "loopwarden.ticks": "ticks"}
 TOPICS = {"steps": "agent.steps", "outcomes": "agent.outcomes"}
@@ -29,16 +29,6 @@ PARTITIONS = 3
 ADVANCE_MS = 3_600_000
 MESSAGES = fleet(120, seed=11, bad_every=15)
 LAST_TS = max(m.ts for m in MESSAGES)
-
-
-@dataclass
-class Rec:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple = ()
 
 
 def consumed_log(messages) -> dict[int, list[Rec]]:

@@ -22,21 +22,13 @@ from loopwarden.streams.store import MemoryPartition
 from loopwarden.streams.alignment import merge_by_ts as _merge
 from loopwarden.streams.task import PartitionTask, Tick, encode_tick
 from tests.strategies import fleet
+from tests.builders import Rec
 
 ROLES = {"agent.steps": "steps", "agent.outcomes": "outcomes", "loopwarden.ticks": "ticks"}
 
 
 class _Ev(msgspec.Struct):
     ts: int
-
-
-class Rec(msgspec.Struct):
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple = ()
 
 
 items = st.lists(st.integers(0, 6), max_size=12).map(lambda ts: [("r", _Ev(t), n) for n, t in enumerate(ts)])
