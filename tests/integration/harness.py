@@ -106,14 +106,20 @@ class Worker:
             return ""
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(sig)
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        if self.proc is not None:
+            stop_process(self.proc, sig, timeout_s)
+
+
+def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 30) -> None:
+    """Send ``sig`` to a command the test started and wait ``timeout_s`` for it to end; then kill it."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 def make_worker(config: Config, tmp: Path, name: str = "w", **overrides) -> Worker:

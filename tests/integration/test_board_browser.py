@@ -25,7 +25,7 @@ from loopwarden.replay import Replay
 from loopwarden.simulate import fleet
 from loopwarden.trust import SigningKey, TrustedVerifiers
 from loopwarden.streams.topics import ensure_topics
-from tests.integration.harness import env_for, unique_config
+from tests.integration.harness import env_for, stop_process, unique_config
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[2]
@@ -339,11 +339,7 @@ def test_the_board_in_a_browser(kafka, tmp_path: Path) -> None:
     finally:
         if driver is not None:
             driver.quit()
-        board.terminate()
-        try:
-            board.wait(15)
-        except subprocess.TimeoutExpired:
-            board.kill()
+        stop_process(board, timeout_s=15)
         publisher.close()
         log.close()
     assert board.returncode == 0, (tmp_path / "board.log").read_text()[-3000:]

@@ -32,7 +32,9 @@ from loopwarden.trust import SigningKey, TrustedVerifiers
 from tests.integration.acl_broker import (
     GROUP, LITERAL, MECHANISM, PREFIXED, READ, TOPIC, USERS, WRITE, start_acl_broker,
 )
-from tests.integration.harness import env_for, final_states, make_worker, read_topic, run, transitions, unique_config
+from tests.integration.harness import (
+    env_for, final_states, make_worker, read_topic, run, stop_process, transitions, unique_config,
+)
 
 pytestmark = pytest.mark.timeout(240)
 STATES = ("right", "wrong", "missing")
@@ -207,11 +209,7 @@ prefixes = ["{out}"]
         print(f"\nruns per final state: {dict(Counter(final_states(got).values()))}; forged refused: {forged}")
     finally:
         if verifier is not None:
-            verifier.terminate()
-            try:
-                verifier.wait(15)
-            except subprocess.TimeoutExpired:
-                verifier.kill()
+            stop_process(verifier, timeout_s=15)
         worker.stop()
 
 

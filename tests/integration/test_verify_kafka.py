@@ -27,7 +27,7 @@ from loopwarden.codecs import OutcomeReceipt, encode
 from loopwarden.trust import SigningKey
 from dev.destinations import PostgresCluster, free_port, make_ca_and_server_cert, start_https
 from tests.integration.harness import (
-    events_consumed, final_states, make_worker, publish, read_topic, run, transitions, unique_config,
+    events_consumed, final_states, make_worker, publish, read_topic, run, stop_process, transitions, unique_config,
 )
 
 pytestmark = pytest.mark.timeout(300)
@@ -203,11 +203,7 @@ report-v1 = "{tmp_path / 'report.schema.json'}"
               f"checks (final answers) per checker: {final}")
     finally:
         if verifier is not None:
-            verifier.terminate()
-            try:
-                verifier.wait(15)
-            except subprocess.TimeoutExpired:
-                verifier.kill()
+            stop_process(verifier, timeout_s=15)
         worker.stop()
         https.stop()
         pg.stop()
