@@ -61,12 +61,12 @@ class Checkpoint:
         self.router = router
 
     async def commit(self, result: FoldResult, deadletters: list[Output], *, offsets_record: bytes | None = None,
-                     send_offsets: bool = False, group_offsets: dict[str, int] | None = None) -> Committed:
+                     group_offsets: dict[str, int] | None = None) -> Committed:
         """In order: begin; the outputs, the dead letters, the changelog; the offsets; commit.
 
         ``offsets_record``: the input offsets (``recovery.encode_offsets``), written to the changelog as the
-        engine's record; ``send_offsets``: also commit ``group_offsets`` (default: the batch's) as the group's
-        (AddOffsetsToTxn, TxnOffsetCommit)."""
+        engine's record; ``group_offsets``: input topic -> offset, also committed as the group's inside the
+        transaction (AddOffsetsToTxn, TxnOffsetCommit), or None."""
         began = time.monotonic()
         p, producer = self.partition, self.producer
         await producer.begin_transaction()
@@ -89,9 +89,9 @@ class Checkpoint:
         if offsets_record is not None and not put(changelog, p, OFFSETS_KEY, offsets_record):
             await outbox.spill(changelog, p, OFFSETS_KEY, offsets_record)
         await outbox.flush()
-        if send_offsets and result.offsets:
+        if group_offsets:
             await producer.send_offsets_to_transaction(
-                {TopicPartition(t, p): o for t, o in (group_offsets or result.offsets).items()}, self.group_id)
+                {TopicPartition(t, p): o for t, o in group_offsets.items()}, self.group_id)
         metas = await outbox.delivered()
         await producer.commit_transaction()
         ends = [meta.offset + n for topic, n, meta in metas if topic == changelog]

@@ -170,7 +170,7 @@ class Engine:
         dead = [deadletter_output(d, stage.deadletter_topic, self.router.counts[stage.deadletter_topic],
                                   c.max_message_bytes) for d in result.deadletters]
         checkpoint = Checkpoint(part.producer, part.number, c.app_id, stage.changelog_topic, self.router)
-        record, offsets, send_offsets = None, None, c.commit_offsets_ms == 0  # 0: the group's in the transaction
+        record, offsets = None, None
         if result.offsets:
             # The offsets go to the changelog with every transaction: recovery reads them with the state they
             # go with (the group's, read just after a commit, may not show it yet: aiokafka has no KIP-447
@@ -179,8 +179,8 @@ class Engine:
             a = self.assigned.get(part.number)
             record = encode_offsets(offsets := {**(a.committed if a is not None else {}), **result.offsets})
         try:
-            committed = await checkpoint.commit(result, dead, offsets_record=record, send_offsets=send_offsets,
-                                                group_offsets=offsets)
+            committed = await checkpoint.commit(result, dead, offsets_record=record,
+                                                group_offsets=offsets if c.commit_offsets_ms == 0 else None)
         except ProducerFenced:
             part.after_abort(result)
             await self.partitions.fenced(part.number)
@@ -195,7 +195,7 @@ class Engine:
         a = self.assigned.get(part.number)
         if a is not None:
             a.progressed(result.offsets, self.untracked)
-        if result.offsets and not send_offsets:
+        if result.offsets and c.commit_offsets_ms != 0:
             self.group.behind(part)  # committed by the consumer within commit_offsets_ms, off this pipeline
 
     async def retry_owning(self) -> None:
