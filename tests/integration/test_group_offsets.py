@@ -180,3 +180,26 @@ def test_an_idle_workers_group_offsets_catch_up_on_both_inputs(kafka, tmp_path: 
                         "the group's offsets of an idle worker stayed behind")
     finally:
         worker.stop()
+
+
+def test_with_commit_offsets_ms_0_the_transactions_carry_the_groups_offsets_of_every_input(kafka, tmp_path: Path) -> None:
+    """commit_offsets_ms=0 (older workers in the group): the group's offsets go inside every transaction, of both
+    inputs, and the consumer commits none of them (loopwarden_group_commits_total stays at 0)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    config = unique_config(kafka.bootstrap)
+    worker = make_worker(config, tmp_path, clock="event", commit_offsets_ms=0).start()
+    messages = fleet(150, seed=47, bad_every=0)
+    counts = {worker.config.steps_topic: sum(1 for m in messages if m.topic == "steps"),
+              worker.config.outcomes_topic: sum(1 for m in messages if m.topic == "outcomes")}
+    try:
+        _send(worker, messages)
+        wait_consumed(worker, len(messages))
+        _wait_caught_up(worker, counts, 15, "the transactions did not carry the group's offsets")
+        status, body = worker.get("/metrics", worker.config.token)
+        assert status == 200, body
+        by_consumer = [s.value for f in text_string_to_metric_families(body.decode())
+                       if f.name == "loopwarden_group_commits" for s in f.samples if s.name.endswith("_total")]
+        assert sum(by_consumer) == 0, by_consumer
+    finally:
+        worker.stop()
