@@ -3,7 +3,10 @@
 aiokafka logs every failed connection, metadata update and fetch, about ten lines a
 second per worker while the broker is down (one worker left running against a dead
 broker wrote 28 MB in 20 minutes). :class:`RepeatFilter` lets the same message through
-once per interval and says how many copies it held back.
+once per interval and says how many copies it held back. A message is the same when
+its template and its arguments are, save the errors among them: aiokafka logs one
+connection failure as ``[Errno 111] Connect call failed`` or as ``Connection at ...
+closed`` depending on when the broker went, and both are the one outage.
 """
 
 from __future__ import annotations
@@ -29,8 +32,11 @@ class RepeatFilter(logging.Filter):
         self.seen: dict[tuple[str, int, str], list] = {}  # key -> [last passed at, held since]
 
     def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        key = (record.name, record.levelno, text[:300])
+        try:
+            text = record.getMessage()
+        except (TypeError, ValueError):  # a template its arguments do not fit: the handler reports it, as logging does
+            return True
+        key = (record.name, record.levelno, _same_text(record, text)[:300])
         now = self.clock()
         entry = self.seen.get(key)
         if entry is not None and now - entry[0] < self.every_s:
@@ -43,6 +49,16 @@ class RepeatFilter(logging.Filter):
             self.seen.clear()  # messages with ever-new text: forget rather than grow
         self.seen[key] = [now, 0]
         return True
+
+
+def _same_text(record: logging.LogRecord, text: str) -> str:
+    """The record's message with every error among its arguments left out (``text``: as formatted, and
+    returned when it has none)."""
+    args = record.args
+    if not isinstance(args, tuple) or not any(isinstance(a, BaseException) for a in args):
+        return text
+    # The template took the errors (filter() formatted it), so by %s, %r or %a: a string fits where they did.
+    return str(record.msg) % tuple("<error>" if isinstance(a, BaseException) else a for a in args)
 
 
 def quiet_repeats(every_s: float = 10.0) -> RepeatFilter:

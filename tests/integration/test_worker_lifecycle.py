@@ -36,8 +36,9 @@ def test_worker_told_to_stop_exits_even_when_its_broker_is_gone(tmp_path: Path) 
     took = time.monotonic() - asked
     log = worker.log_path.read_text(errors="replace")
     assert code in (0, 3), (code, worker.log_tail())
-    # Connection errors come ten a second while the broker is gone; the log holds one per 10 s.
-    assert 1 <= log.count("Unable connect to node with id") <= 2, worker.log_tail()
+    # Connection errors come ten a second while the broker is gone, worded as refused or as closed depending
+    # on the moment; the log holds one per node per 10 s whatever the wording (twice before session 7: a flake).
+    assert log.count("Unable connect to node with id") == 1, worker.log_tail()
     if code == 3:  # cut short by the watchdog, and says so
         assert "did not stop within 3s" in log
         assert took >= 3

@@ -38,6 +38,18 @@ def test_the_same_message_passes_once_per_interval_and_counts_what_it_held() -> 
     ]
 
 
+def test_one_failure_with_errors_of_other_texts_is_one_message() -> None:
+    """aiokafka words a lost connection as refused or as closed depending on the moment: one outage, one line
+    per interval; another node's failure is another message."""
+    f = RepeatFilter(every_s=10, clock=Clock())
+    template = "Unable connect to node with id %s: %s"
+    assert f.filter(record(template, 1, ConnectionRefusedError(111, "Connect call failed")))
+    assert not f.filter(record(template, 1, OSError("Connection at 127.0.0.1:9092 closed")))
+    assert not f.filter(record(template, 1, TimeoutError()))
+    assert f.filter(record(template, 2, ConnectionRefusedError(111, "Connect call failed")))
+    assert f.filter(record("%s and %s", ValueError("x")))  # arguments that do not fit: the handler reports it
+
+
 def test_other_messages_levels_and_loggers_pass() -> None:
     f = RepeatFilter(every_s=10, clock=Clock())
     assert f.filter(record("a"))
