@@ -9,7 +9,6 @@ exactly once, every run at the state its spans call for.
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import time
 from collections import Counter

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from loopwarden.simulate import fleet
-from tests.integration.harness import final_states, make_worker, publish, read_topic, run, tick, transitions, unique_config
+from tests.integration.harness import final_states, make_worker, publish, read_topic, run, tick, unique_config
 from tests.integration.test_processor import ADVANCE_MS, replay_final, wait_final
 
 pytestmark = pytest.mark.timeout(300)

@@ -23,7 +23,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import TopicAuthorizationFailedError
 
 from dev.destinations import free_port
-from loopwarden.codecs import HealthTransition, OutcomeReceipt, decode_input, encode
+from loopwarden.codecs import OutcomeReceipt, decode_input, encode
 from loopwarden.publisher import Publisher
 from loopwarden.replay import Replay
 from loopwarden.streams.config import Config

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
