@@ -58,8 +58,9 @@ def test_a_run_keeps_one_key_object_whatever_moves_its_deadline() -> None:
         assert other is not first
         (q.schedule if again == 500 else q.reschedule)(other, deadline)
         assert q.held("run-7") is first
-    q.reschedule("run-7", 2000)  # later: moved, not stood in for
+    q.reschedule("run-" + str(7), 2000)  # later, named by a new object: moved, not stood in for
     assert q.held("run-7") is first and q.queued["run-7"] == 2000
+    assert [key for key in q.moved] == ["run-7"] and next(iter(q.moved)) is first  # no second object held
     assert list(q.pop_due(1999)) == []  # the old deadlines pop empty or superseded: nothing to load
     [(deadline, key)] = list(q.pop_due(2000))
     assert deadline == 2000 and key is first and q.held("run-7") is None and len(q) == 0
