@@ -15,9 +15,9 @@ import msgspec
 
 from bench.common import Report, duration, median, progress
 from loopwarden.codecs import Policy, RunStarted, StepFinished, ToolCall
-from loopwarden.rules import Settings, apply, next_deadline
+from loopwarden.rules import Settings, apply, decode_state, encode_state, next_deadline
 from loopwarden.streams.store import MemoryPartition
-from loopwarden.streams.task import PartitionTask, Tick, decode_state, encode_state, encode_tick, is_meta
+from loopwarden.streams.task import PartitionTask, Tick, encode_tick, is_meta
 
 PARTITIONS = 8
 BASE_MS = 1_780_000_000_000

@@ -27,12 +27,12 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from operator import itemgetter
 
-from loopwarden.rules import RunState, Settings, decode_state, encode_state  # noqa: F401 (encode_state: bench/timers.py)
+from loopwarden.rules import RunState, Settings, decode_state
 from loopwarden.rules.machine import DEADLINE_KEEPING, Result, apply_into
 from loopwarden.rules.table import RunTable
 from loopwarden.streams.alignment import ALIGNED, StreamTime, merge_by_ts
 from loopwarden.streams.batchend import BatchEnd
-from loopwarden.streams.batch import CLOCK_KEY, Batch, _decode_clock, _encode_clock, is_meta, wall_clock_ms  # noqa: F401
+from loopwarden.streams.batch import CLOCK_KEY, Batch, _decode_clock, is_meta, wall_clock_ms  # noqa: F401
 from loopwarden.streams.inputs import Record, Tick, decode_input, decode_records, decode_tick, encode_tick, header  # noqa: F401
 from loopwarden.streams.hotstates import LIMIT as HOT_RUNS, HotStates
 from loopwarden.streams.readmodel import RunsIndex
