@@ -85,19 +85,21 @@ class BatchEnd:
         self.hot.committed(self._live, out.changes)  # the batch's states are the committed ones now
         if self.settling is not None and self.settling.done:  # the window is over and nothing waits
             self.settling = None
-        self._live.clear()
-        self._before.clear()
-        self._moved.clear()
+        self._forget_batch()
         return delta
 
     def discard(self) -> None:
         """The batch's transaction failed: forget what it changed (the store still holds the committed states).
 
         Timer entries it queued are checked against the committed state when they fall due."""
-        self._live.clear()
-        self._before.clear()
-        self._moved.clear()
+        self._forget_batch()
         self.stream.held.clear()  # consumed again from the committed offsets, which stop before them
         if self.settling is not None:
             self.settling.discard()
         self.clock = self._clock_before
+
+    def _forget_batch(self) -> None:
+        """The batch's run states, committed healths and moved runs: none once it is committed or aborted."""
+        self._live.clear()
+        self._before.clear()
+        self._moved.clear()

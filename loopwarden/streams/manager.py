@@ -109,20 +109,19 @@ class PartitionManager:
         folded again and those at or past it would come twice (docs/decisions.md, "A batch across a seek"). So
         none of such a batch is taken: each owned input in it is sought back to the offset its partition takes
         next, to come again in order."""
-        if self.seeks == seeks:
-            for tp, records in batch.items():
-                a = self.assigned.get(tp.partition)
-                if a is not None and a.owned is not None and records:
-                    a.owned.accept(tp.topic, records)
-            return
-        assert self.consumer is not None
+        across = self.seeks != seeks
         for tp, records in batch.items():
             a = self.assigned.get(tp.partition)
-            if a is not None and a.owned is not None and records:
-                offset = a.owned.next_offsets.get(tp.topic, records[0].offset)
-                self.consumer.seek(tp, offset)
-                log.debug("%s[%d]: a batch got across an owning (%d..%d): fetched again from %d", tp.topic,
-                          tp.partition, records[0].offset, records[-1].offset, offset)
+            if a is None or a.owned is None or not records:
+                continue
+            if not across:
+                a.owned.accept(tp.topic, records)
+                continue
+            assert self.consumer is not None
+            offset = a.owned.next_offsets.get(tp.topic, records[0].offset)
+            self.consumer.seek(tp, offset)
+            log.debug("%s[%d]: a batch got across an owning (%d..%d): fetched again from %d", tp.topic,
+                      tp.partition, records[0].offset, records[-1].offset, offset)
 
     async def fenced(self, p: int) -> None:
         """A transaction of ``p`` was fenced: another worker owns it now; commit nothing more for it until the
