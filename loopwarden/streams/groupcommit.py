@@ -13,7 +13,9 @@ Exactly-once holds because the offsets it commits are those of transactions alre
 (``AssignedPartition.committed`` moves only after a commit): the group's offsets can trail the
 changelog's record, never pass it, whatever commits late (a zombie's is refused by its stale
 generation; one that lands anyway carries offsets the changelog already holds, and recovery takes
-the further). A failed commit is logged, counted (``loopwarden_group_commits_total{result="failed"}``)
+the further). A ``read_committed`` reader of the changelog may still, for a moment, see them pass:
+the broker answers EndTxn before it writes the transaction's markers. Recovery never reads in that
+moment (the producer it starts first completes the transaction). A failed commit is logged, counted (``loopwarden_group_commits_total{result="failed"}``)
 and tried again after the interval (1 s at least); it never drops a partition. Until one succeeds
 for a partition, ``OwnedPartition.group_behind`` stays true.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from pathlib import Path
@@ -34,24 +35,42 @@ async def _committed(config, topic: str) -> int:
     return sum((await _group(config, topic)).values())
 
 
-async def _changelog(config, topic: str) -> dict[int, int]:
-    """partition -> ``topic``'s offset in the changelog's last committed input-offsets record (0: none)."""
+async def _changelog(config, topic: str, settle_s: float = 15.0) -> dict[int, int]:
+    """partition -> ``topic``'s offset in the changelog's last committed input-offsets record (0: none), read once
+    every transaction whose records were on the changelog when called has its markers written.
+
+    The broker answers EndTxn once the commit is decided and writes the markers to the partitions after it, so
+    a ``read_committed`` reader may for a moment not see a transaction whose offsets the group already has
+    (the worker commits those after EndTxn). Recovery never reads in that moment: the producer it starts
+    first completes the transaction. Here: the high watermark, then the last stable offset until it reaches
+    that mark (no transaction then open is older than the call)."""
+    latest = AIOKafkaConsumer(bootstrap_servers=config.broker, group_id=None, enable_auto_commit=False,
+                              isolation_level="read_uncommitted")
     consumer = AIOKafkaConsumer(bootstrap_servers=config.broker, group_id=None, enable_auto_commit=False,
                                 isolation_level="read_committed", auto_offset_reset="earliest")
+    await latest.start()
     await consumer.start()
     try:
         tps = [TopicPartition(config.changelog_topic, p) for p in range(config.partitions)]
+        marks = await latest.end_offsets(tps)
+        deadline = time.monotonic() + settle_s
+        while True:
+            ends = await consumer.end_offsets(tps)  # the last stable offsets: read_committed
+            if all(ends[tp] >= marks[tp] for tp in tps):
+                break
+            assert time.monotonic() < deadline, f"changelog never stable up to {marks}: {ends}"
+            await asyncio.sleep(0.05)
         consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
         last = {p: 0 for p in range(config.partitions)}
         while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
             for tp, records in (await consumer.getmany(timeout_ms=500)).items():
                 for r in records:
-                    if r.key == OFFSETS_KEY:
+                    if r.key == OFFSETS_KEY and r.offset < ends[tp]:
                         last[tp.partition] = decode_offsets(r.value).get(topic, 0)
         return last
     finally:
         await consumer.stop()
+        await latest.stop()
 
 
 def _send(worker, messages: list) -> None:
