@@ -36,7 +36,9 @@ class TimerQueue:
     Layout: ``heap`` holds each distinct deadline once, as a plain int (a heap of ints
     compares much faster than one of ``(deadline, run_id)`` tuples), and ``buckets`` maps
     a deadline to the run id queued at it (a list when several share it: ~100 B per entry,
-    as much as a heap of tuples). ``heap`` and ``queued`` (run id -> its deadline) are
+    as much as a heap of tuples; from ``bucket_index_at`` runs on, a dict of each key to
+    itself, so that :meth:`held` stays O(1): a tick or a catch-up fires thousands of runs at
+    one clock, and their next deadlines are then all one ms). ``heap`` and ``queued`` (run id -> its deadline) are
     public for read only, so a shell's hot path can skip a call: ``heap and heap[0] <= now``
     is ``due(now)``; ``queued.get(run_id, inf) <= deadline`` means ``schedule`` would do nothing.
     ``moved``: run id -> the deadline of its entry, for the runs whose queued deadline is later.
@@ -44,6 +46,9 @@ class TimerQueue:
 
     __slots__ = ("heap", "buckets", "queued", "moved", "_entries")
     stale_slack = 1024  # stale entries allowed beyond the runs queued before a rebuild
+    # A bucket this long becomes a dict (key -> key, the live entry's object). Scanning a list of 2,900 keys in
+    # held() was 15 % of the worker's CPU in bench e (py-spy, session 8): runs fired at one clock share a deadline.
+    bucket_index_at = 32
 
     def __init__(self) -> None:
         self.heap: list[int] = []
@@ -63,11 +68,14 @@ class TimerQueue:
 
     def _held_at(self, run_id, deadline: int, missing):
         bucket = self.buckets.get(deadline)
-        if bucket.__class__ is list:
+        kind = bucket.__class__
+        if kind is list:  # a few runs: scanned
             for key in bucket:  # type: ignore[union-attr]
                 if key == run_id:
                     return key
             return missing
+        if kind is dict:  # many runs: indexed
+            return bucket.get(run_id, missing)  # type: ignore[union-attr]
         return bucket if bucket is not None and bucket == run_id else missing
 
     def schedule(self, run_id: str, deadline: int | None) -> None:
@@ -133,34 +141,48 @@ class TimerQueue:
             self._rebuild()
 
     def _push(self, run_id: str, deadline: int) -> None:
+        if self._add(run_id, deadline):
+            heapq.heappush(self.heap, deadline)
+
+    def _add(self, run_id, deadline: int) -> bool:
+        """Put ``run_id`` in the bucket of ``deadline``; whether the bucket is new (its deadline not in the heap)."""
         buckets = self.buckets
         bucket = buckets.get(deadline)
         if bucket is None:  # most deadlines are distinct (ms): the run id itself, no list
             buckets[deadline] = run_id
-            heapq.heappush(self.heap, deadline)
-        elif bucket.__class__ is list:
-            bucket.append(run_id)
-        else:
-            buckets[deadline] = [bucket, run_id]  # type: ignore[list-item]
+            self._entries += 1
+            return True
+        kind = bucket.__class__
+        if kind is list:
+            if len(bucket) < self.bucket_index_at:  # type: ignore[arg-type]
+                bucket.append(run_id)  # type: ignore[union-attr]
+                self._entries += 1
+                return False
+            # A run's entries at one deadline (a stale one, then a live one) become one, under the key the dict
+            # had first, whose value is the latest (the live entry's object: what held() and pop_due hand out).
+            index = buckets[deadline] = {key: key for key in bucket}  # type: ignore[union-attr]
+            self._entries -= len(bucket) - len(index)  # type: ignore[arg-type]
+            bucket = index
+            kind = dict
+        if kind is dict:
+            self._entries += run_id not in bucket  # type: ignore[operator]
+            bucket[run_id] = run_id  # type: ignore[index]
+            return False
+        buckets[deadline] = [bucket, run_id]  # type: ignore[list-item]
         self._entries += 1
+        return False
 
     def _rebuild(self) -> None:
         """Drop every stale entry: one entry per run queued, at its queued deadline (in place: a shell reads
         ``heap``). O(runs queued), after more stale pushes than runs queued."""
         heap, buckets = self.heap, self.buckets
         buckets.clear()
+        self._entries = 0
         for run_id, deadline in self.queued.items():  # the keys are the objects the queue holds
-            bucket = buckets.get(deadline)
-            if bucket is None:
-                buckets[deadline] = run_id
-            elif bucket.__class__ is list:
-                bucket.append(run_id)
-            else:
-                buckets[deadline] = [bucket, run_id]  # type: ignore[list-item]
+            self._add(run_id, deadline)
         heap[:] = buckets
         heapq.heapify(heap)
         self.moved.clear()
-        self._entries = len(self.queued)
 
     def due(self, now_ms: int) -> bool:
         """Whether an entry (perhaps stale) has deadline <= now_ms: ``pop_due`` would yield or drop something."""
@@ -178,8 +200,11 @@ class TimerQueue:
             bucket = buckets.pop(deadline, None)
             if bucket is None:  # nothing queued at it (defensive: a heap int always has its bucket)
                 continue
-            if bucket.__class__ is list:
+            kind = bucket.__class__
+            if kind is list:
                 run_ids = sorted(bucket)  # type: ignore[arg-type]
+            elif kind is dict:
+                run_ids = sorted(bucket.values())  # type: ignore[union-attr]
             else:
                 run_ids = (bucket,)  # type: ignore[assignment]
             self._entries -= len(run_ids)
@@ -201,7 +226,7 @@ class TimerQueue:
         benches; O(entries)."""
         size = sys.getsizeof(self.heap) + sum(map(sys.getsizeof, self.heap))
         size += sys.getsizeof(self.buckets) + sum(
-            sys.getsizeof(v) for v in self.buckets.values() if v.__class__ is list)
+            sys.getsizeof(v) for v in self.buckets.values() if v.__class__ is list or v.__class__ is dict)
         queued = self.queued
         size += sys.getsizeof(queued) + sys.getsizeof(self.moved)  # moved's deadlines: the entries' own
         held = set(map(id, self.heap))

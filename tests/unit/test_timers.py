@@ -73,11 +73,35 @@ class _TightQueue(TimerQueue):
     stale_slack = 0
 
 
+class _IndexedQueue(TimerQueue):
+    """A queue whose buckets become dicts from their third run on: the indexed buckets exercised."""
+
+    __slots__ = ()
+    bucket_index_at = 2
+
+
+def test_many_runs_at_one_deadline_are_found_and_fired_by_the_objects_they_were_queued_under() -> None:
+    """5,000 runs fired at one clock share their next deadline: held() finds each one's own key object (in an
+    indexed bucket, not by a scan), a run moved earlier and back keeps its object, and all fire once, in run order."""
+    q = TimerQueue()
+    keys = [f"run-{i:05d}".encode() for i in range(5000)]
+    for key in reversed(keys):
+        q.reschedule(key, 1_000)
+    assert q.buckets[1_000].__class__ is dict and len(q) == 5000
+    assert all(q.held(bytes(key)) is key for key in keys)
+    q.reschedule(bytes(keys[7]), 500)  # earlier: a new entry, the one at 1,000 stale
+    q.reschedule(bytes(keys[7]), 1_000)  # later again: the entry at 500 stays, pushed back to 1,000 when due
+    assert q.held(keys[7]) is keys[7] and len(q) == 5001
+    fired = list(q.pop_due(1_000))
+    assert [d for d, _ in fired] == [1_000] * 5000 and [k for _, k in fired] == keys
+    assert all(k is key for (_, k), key in zip(fired, keys)) and len(q) == 0 and not q.buckets
+
+
 _OPS = st.lists(st.tuples(st.sampled_from(("schedule", "reschedule", "pop")), st.sampled_from("abcde"),
                           st.one_of(st.none(), st.integers(0, 60))), max_size=80)
 
 
-@pytest.mark.parametrize("queue", [TimerQueue, _TightQueue])
+@pytest.mark.parametrize("queue", [TimerQueue, _TightQueue, _IndexedQueue])
 @given(ops=_OPS)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_the_queue_agrees_with_a_plain_map_of_deadlines(queue, ops) -> None:
