@@ -75,6 +75,8 @@ LABELS = {
     "worker-alt": "loopwarden worker, --alt-env",
 }
 ALT_ENV: dict[str, str] = {}  # worker-alt's extra environment (bench.run --alt-env KEY=VALUE)
+# --alt-env LOOPWARDEN_BENCH_ALT_TREE=DIR: worker-alt runs DIR's loopwarden (before/after in the same rounds)
+ALT_TREE = "LOOPWARDEN_BENCH_ALT_TREE"
 KSTREAMS = REPO / "bench" / "peers" / "kstreams" / "target"
 SAMPLE_S = 0.05  # the worker's progress (its committed offsets) is sampled this often; peers mark it themselves
 READY_TIMEOUT_S = 120.0
@@ -514,7 +516,11 @@ async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s
             "LOOPWARDEN_CLOCK": "event", "LOOPWARDEN_WEB_PORT": str(port), "LOOPWARDEN_DATA_DIR": str(adir / "data"),
         })
         if app == "worker-alt":
-            env.update(ALT_ENV)
+            alt = dict(ALT_ENV)
+            tree = alt.pop(ALT_TREE, None)
+            env.update(alt)
+            if tree:  # another checkout's package (a `git archive`) ahead of this one's: no cwd first on sys.path
+                env.update(PYTHONPATH=tree, PYTHONSAFEPATH="1")
         env.update(env_extra or {})
         argv = [sys.executable, "-m", "loopwarden.cli", "worker"]
     else:

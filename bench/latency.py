@@ -47,8 +47,6 @@ from loopwarden.simulate import fleet
 
 BENCH = "g latency"
 QUIX_MIN_COMMIT_S = 0.1  # below this Quix spends its time committing (see bench/README.md)
-# --alt-env LOOPWARDEN_BENCH_ALT_TREE=DIR: worker-alt runs DIR's loopwarden (before/after in the same rounds)
-ALT_TREE = "LOOPWARDEN_BENCH_ALT_TREE"
 
 
 class _Ts(msgspec.Struct):
@@ -188,7 +186,7 @@ async def one_app(app: str, bootstrap: str, workdir: Path, rate: float, warm_s: 
         })
         if app == "worker-alt":
             alt = dict(ingest_bench.ALT_ENV)
-            tree = alt.pop(ALT_TREE, None)
+            tree = alt.pop(ingest_bench.ALT_TREE, None)
             env.update(alt)
             if tree:  # another checkout's package (a `git archive`) ahead of this one's: no cwd first on sys.path
                 env.update(PYTHONPATH=tree, PYTHONSAFEPATH="1")
