@@ -174,7 +174,8 @@ def throughput(report: Report, runs: int, repeats: int) -> dict:
                f"metrics = {1 - t['fold_nometrics'] / t['fold']:.0%} of fold time")
     report.add(bench, "  same, batches of 50", si(n / t["fold_small"], "ev/s"),
                f"{t['fold_small'] / t['fold']:.2f}x the time of batches of 2,500")
-    report.add(bench, "  same, in a backlog's order (each topic's records in chunks of 500)", si(n / t["fold_backlog"], "ev/s"),
+    report.add(bench, "  same, in a backlog's order (each topic's records in chunks of 500)",
+               si(n / t["fold_backlog"], "ev/s"),
                f"{t['fold_backlog'] / t['fold']:.2f}x the time of ts order (as bench e's worker reads its backlog)")
     report.add(bench, "CPU per event: decode_input / Replay.feed / replay", " / ".join(
         duration(c[k] / n) for k in ("decode", "feed", "total")),

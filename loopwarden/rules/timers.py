@@ -37,10 +37,11 @@ class TimerQueue:
     compares much faster than one of ``(deadline, run_id)`` tuples), and ``buckets`` maps
     a deadline to the run id queued at it (a list when several share it: ~100 B per entry,
     as much as a heap of tuples; from ``bucket_index_at`` runs on, a dict of each key to
-    itself, so that :meth:`held` stays O(1): a tick or a catch-up fires thousands of runs at
-    one clock, and their next deadlines are then all one ms). ``heap`` and ``queued`` (run id -> its deadline) are
-    public for read only, so a shell's hot path can skip a call: ``heap and heap[0] <= now``
-    is ``due(now)``; ``queued.get(run_id, inf) <= deadline`` means ``schedule`` would do nothing.
+    itself, so that :meth:`held` stays O(1): runs changed at one clock value, as a tick or a
+    backlog's receipts change them, all get one next deadline). ``heap`` and ``queued`` (run
+    id -> its deadline) are public for read only, so a shell's hot path can skip a call:
+    ``heap and heap[0] <= now`` is ``due(now)``; ``queued.get(run_id, inf) <= deadline`` means
+    ``schedule`` would do nothing.
     ``moved``: run id -> the deadline of its entry, for the runs whose queued deadline is later.
     """
 

@@ -15,9 +15,11 @@ changelog's record, never pass it, whatever commits late (a zombie's is refused 
 generation; one that lands anyway carries offsets the changelog already holds, and recovery takes
 the further). A ``read_committed`` reader of the changelog may still, for a moment, see them pass:
 the broker answers EndTxn before it writes the transaction's markers. Recovery never reads in that
-moment (the producer it starts first completes the transaction). A failed commit is logged, counted (``loopwarden_group_commits_total{result="failed"}``)
-and tried again after the interval (1 s at least); it never drops a partition. Until one succeeds
-for a partition, ``OwnedPartition.group_behind`` stays true.
+moment (the producer it starts first completes the transaction).
+
+A failed commit is logged, counted (``loopwarden_group_commits_total{result="failed"}``) and tried
+again after the interval (1 s at least); it never drops a partition. Until one succeeds for a
+partition, ``OwnedPartition.group_behind`` stays true.
 
 ``commit_offsets_ms=0`` keeps the old way, for workers older than the changelog's record sharing
 the group: the group's offsets go with every transaction (``send_offsets_to_transaction``), and
