@@ -15,6 +15,7 @@ from loopwarden.streams.exceptions import TopicLayoutError
 from loopwarden.streams.expand import expand
 from loopwarden.streams.topics import co_partitioned, existing_counts, outputs
 from loopwarden.streams.topology import LAYOUT_KEY, decode_expansion
+from tests.integration.harness import stable_end_offsets
 
 
 def _config(kafka, **kw) -> Config:
@@ -32,7 +33,7 @@ async def _latest(c: Config, topic: str, partition: int) -> tuple[dict, list]:
     try:
         tp = TopicPartition(topic, partition)
         reader.assign([tp])
-        end = (await reader.end_offsets([tp]))[tp]
+        end = (await stable_end_offsets(c.broker, [tp]))[tp]  # expand()'s transaction's markers written
         latest, keys = {}, []
         while await reader.position(tp) < end:
             for r in (await reader.getmany(tp, timeout_ms=1000)).get(tp, []):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import time
 from pathlib import Path
@@ -14,7 +13,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from loopwarden.simulate import fleet
 from loopwarden.streams.recovery import decode_offsets
 from loopwarden.streams.store import OFFSETS_KEY
-from tests.integration.harness import make_worker, publish, run, unique_config, wait_consumed
+from tests.integration.harness import (make_worker, publish, run, stable_end_offsets, unique_config,
+                                      wait_consumed)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -35,31 +35,17 @@ async def _committed(config, topic: str) -> int:
     return sum((await _group(config, topic)).values())
 
 
-async def _changelog(config, topic: str, settle_s: float = 15.0) -> dict[int, int]:
+async def _changelog(config, topic: str) -> dict[int, int]:
     """partition -> ``topic``'s offset in the changelog's last committed input-offsets record (0: none), read once
-    every transaction whose records were on the changelog when called has its markers written.
-
-    The broker answers EndTxn once the commit is decided and writes the markers to the partitions after it, so
-    a ``read_committed`` reader may for a moment not see a transaction whose offsets the group already has
-    (the worker commits those after EndTxn). Recovery never reads in that moment: the producer it starts
-    first completes the transaction. Here: the high watermark, then the last stable offset until it reaches
-    that mark (no transaction then open is older than the call)."""
-    latest = AIOKafkaConsumer(bootstrap_servers=config.broker, group_id=None, enable_auto_commit=False,
-                              isolation_level="read_uncommitted")
+    every transaction on the changelog when called has its markers (the group's offsets, committed after EndTxn,
+    could otherwise be seen ahead of it for a moment: ``stable_end_offsets``; recovery never reads in that moment,
+    the producer it starts first completes the transaction)."""
+    tps = [TopicPartition(config.changelog_topic, p) for p in range(config.partitions)]
+    ends = await stable_end_offsets(config.broker, tps)
     consumer = AIOKafkaConsumer(bootstrap_servers=config.broker, group_id=None, enable_auto_commit=False,
                                 isolation_level="read_committed", auto_offset_reset="earliest")
-    await latest.start()
     await consumer.start()
     try:
-        tps = [TopicPartition(config.changelog_topic, p) for p in range(config.partitions)]
-        marks = await latest.end_offsets(tps)
-        deadline = time.monotonic() + settle_s
-        while True:
-            ends = await consumer.end_offsets(tps)  # the last stable offsets: read_committed
-            if all(ends[tp] >= marks[tp] for tp in tps):
-                break
-            assert time.monotonic() < deadline, f"changelog never stable up to {marks}: {ends}"
-            await asyncio.sleep(0.05)
         consumer.assign(tps)
         last = {p: 0 for p in range(config.partitions)}
         while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
@@ -70,7 +56,6 @@ async def _changelog(config, topic: str, settle_s: float = 15.0) -> dict[int, in
         return last
     finally:
         await consumer.stop()
-        await latest.stop()
 
 
 def _send(worker, messages: list) -> None:
