@@ -85,12 +85,18 @@ def test_many_runs_at_one_deadline_are_found_and_fired_by_the_objects_they_were_
     indexed bucket, not by a scan), a run moved earlier and back keeps its object, and all fire once, in run order."""
     q = TimerQueue()
     keys = [f"run-{i:05d}".encode() for i in range(5000)]
+
+    def equal(key: bytes) -> bytes:  # an equal key, another object (bytes(key) and b"" + key are key itself)
+        other = key.decode().encode()
+        assert other is not key
+        return other
+
     for key in reversed(keys):
         q.reschedule(key, 1_000)
     assert q.buckets[1_000].__class__ is dict and len(q) == 5000
-    assert all(q.held(bytes(key)) is key for key in keys)
-    q.reschedule(bytes(keys[7]), 500)  # earlier: a new entry, the one at 1,000 stale
-    q.reschedule(bytes(keys[7]), 1_000)  # later again: the entry at 500 stays, pushed back to 1,000 when due
+    assert all(q.held(equal(key)) is key for key in keys)
+    q.reschedule(equal(keys[7]), 500)  # earlier: a new entry, the one at 1,000 stale
+    q.reschedule(equal(keys[7]), 1_000)  # later again: the entry at 500 stays, pushed back to 1,000 when due
     assert q.held(keys[7]) is keys[7] and len(q) == 5001
     fired = list(q.pop_due(1_000))
     assert [d for d, _ in fired] == [1_000] * 5000 and [k for _, k in fired] == keys
