@@ -132,13 +132,8 @@ class Board:
         if assigned:  # added while running: all of it is new
             await consumer.seek_to_beginning(*fresh)
         else:
-            since = now_ms() - int(self.config.board_lookback_s * 1000)
-            # The ends first: a partition with nothing since `since` starts at its end as it was
-            # before the lookup, so what is written meanwhile is read.
-            ends = await consumer.end_offsets(fresh)
-            offsets = await consumer.offsets_for_times({tp: since for tp in fresh})
-            for tp in fresh:
-                at = offsets.get(tp)
-                consumer.seek(tp, at.offset if at is not None else ends[tp])
+            from loopwarden.streams.recovery import seek_since  # aiokafka only once reading, as above
+
+            await seek_since(consumer, fresh, now_ms() - int(self.config.board_lookback_s * 1000))
         assigned.update(new)
         log.info("reading %s partitions %s", topic, new)

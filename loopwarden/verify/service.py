@@ -312,30 +312,12 @@ def kafka_options(config: VerifyConfig) -> dict:
     return client_options(from_env({"broker": config.broker}))
 
 
-async def rewind(consumer, partitions, since_ms: int) -> None:
-    """Seek each of ``partitions`` to its first record stamped at or after ``since_ms``, or, with none, to the
-    end offset it had *before* that look-up: explicit offsets, so that no record published meanwhile is skipped.
-
-    ``seek_to_end`` resolved the end when aiokafka got round to it, and a record published between the look-up
-    and then was never read: its run's expectation never checked, the run FALSE_COMPLETE when its receipt
-    window closed (a CI run lost one partition of two so; records published during the look-ups were lost in 3
-    of 12 tries: tests/integration/test_verify_kafka.py). A record that lands between the two look-ups is found
-    by the second; one after both is at or after the end taken first."""
-    partitions = list(partitions)
-    if not partitions:
-        return
-    ends = await consumer.end_offsets(partitions)
-    found = await consumer.offsets_for_times({tp: since_ms for tp in partitions})
-    for tp in partitions:
-        at = found.get(tp)
-        consumer.seek(tp, ends[tp] if at is None else at.offset)
-
-
 async def run(config: VerifyConfig, key: SigningKey, stop: asyncio.Event | None = None) -> None:
     """Consume the steps topic (read_committed), check, publish signed receipts, until ``stop`` is set."""
     import aiohttp
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 
+    from loopwarden.streams.recovery import seek_since
     from loopwarden.verify.checkers.http import ssl_context
 
     stop = stop or asyncio.Event()
@@ -368,7 +350,7 @@ async def run(config: VerifyConfig, key: SigningKey, stop: asyncio.Event | None 
             pass
 
         async def on_partitions_assigned(self, assigned) -> None:
-            await rewind(consumer, assigned, wall_ms() - int(config.lookback_s * 1000))
+            await seek_since(consumer, assigned, wall_ms() - int(config.lookback_s * 1000))
 
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl_context(config.http_cafile),
                                                                    limit=config.max_concurrency))
