@@ -84,6 +84,16 @@ DONE_TIMEOUT_S = 600.0  # peers only; the worker has its cap
 POLL_S = 0.1
 
 
+def alt_env() -> dict[str, str]:
+    """worker-alt's environment beyond the worker's: ``ALT_ENV``, with ``ALT_TREE`` turned into that checkout's
+    package ahead of this one's (no cwd first on sys.path). Benches e and g both run worker-alt with it."""
+    alt = dict(ALT_ENV)
+    tree = alt.pop(ALT_TREE, None)
+    if tree:
+        alt.update(PYTHONPATH=tree, PYTHONSAFEPATH="1")
+    return alt
+
+
 def start_broker(workdir: Path) -> LocalKafka:
     # As bench/kafka.py: full JIT for the broker (LocalKafka defaults to C1 only, which starts faster).
     kafka = LocalKafka(workdir, heap="768m", clean=True, jvm_args=[*DEFAULT_JVM_ARGS, "-XX:TieredStopAtLevel=4"])
@@ -516,11 +526,7 @@ async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s
             "LOOPWARDEN_CLOCK": "event", "LOOPWARDEN_WEB_PORT": str(port), "LOOPWARDEN_DATA_DIR": str(adir / "data"),
         })
         if app == "worker-alt":
-            alt = dict(ALT_ENV)
-            tree = alt.pop(ALT_TREE, None)
-            env.update(alt)
-            if tree:  # another checkout's package (a `git archive`) ahead of this one's: no cwd first on sys.path
-                env.update(PYTHONPATH=tree, PYTHONSAFEPATH="1")
+            env.update(alt_env())
         env.update(env_extra or {})
         argv = [sys.executable, "-m", "loopwarden.cli", "worker"]
     else:

@@ -185,11 +185,7 @@ async def one_app(app: str, bootstrap: str, workdir: Path, rate: float, warm_s: 
             "LOOPWARDEN_CLOCK": "event", "LOOPWARDEN_WEB_PORT": str(port), "LOOPWARDEN_DATA_DIR": str(adir / "data"),
         })
         if app == "worker-alt":
-            alt = dict(ingest_bench.ALT_ENV)
-            tree = alt.pop(ingest_bench.ALT_TREE, None)
-            env.update(alt)
-            if tree:  # another checkout's package (a `git archive`) ahead of this one's: no cwd first on sys.path
-                env.update(PYTHONPATH=tree, PYTHONSAFEPATH="1")
+            env.update(ingest_bench.alt_env())
         argv = [sys.executable, "-m", "loopwarden.cli", "worker"]
         await create_topics(bootstrap, [steps, outcomes])
         stamp = "value"

@@ -209,13 +209,15 @@ report-v1 = "{tmp_path / 'report.schema.json'}"
         pg.stop()
 
 
-async def _rewound_and_read(bootstrap: str, rewind_fn) -> tuple[int, int]:
-    """An empty two-partition topic, 40 records published while ``rewind_fn`` positions a consumer on it (as the
+async def _rewound_and_read(bootstrap: str) -> tuple[int, int]:
+    """An empty two-partition topic, 40 records published while ``seek_since`` positions a consumer on it (as the
     verifier's assignment does when agents publish meanwhile); (records published, records the consumer read)."""
     import uuid
 
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    from loopwarden.streams.recovery import seek_since
 
     topic = f"rewind-{uuid.uuid4().hex[:8]}"
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
@@ -238,7 +240,7 @@ async def _rewound_and_read(bootstrap: str, rewind_fn) -> tuple[int, int]:
             await producer.flush()
 
         sending = asyncio.create_task(publishing())
-        await rewind_fn(consumer, tps, int(time.time() * 1000) - 3_600_000)
+        await seek_since(consumer, tps, int(time.time() * 1000) - 3_600_000)
         await sending
         read, deadline = 0, time.monotonic() + 5
         while read < 40 and time.monotonic() < deadline:
@@ -253,8 +255,6 @@ def test_the_verifier_reads_every_record_published_while_its_partitions_are_assi
     """Rewinding on assignment takes explicit offsets: records published meanwhile are all read, in every try
     (the old ``offsets_for_times`` then ``seek_to_end`` read 39, 19 and 20 of 40 in 3 of 12 tries; CI lost one of
     two partitions that way: its runs FALSE_COMPLETE, their expectations never checked)."""
-    from loopwarden.streams.recovery import seek_since
-
     for _ in range(12):
-        published, read = asyncio.run(_rewound_and_read(kafka.bootstrap, seek_since))
+        published, read = asyncio.run(_rewound_and_read(kafka.bootstrap))
         assert read == published
