@@ -36,11 +36,12 @@ class Alignment:
         since = self.holding_since
         return since is not None and (time.monotonic() if now is None else now) - since >= self.max_idle_s
 
-    async def lagging(self, records: list) -> tuple[bool, set[str]]:
-        """Whether every tracked input is consumed to its end with ``records``, and the roles known to hold more."""
-        last: dict[str, int] = {}
-        for r in records:
-            last[r.topic] = r.offset + 1
+    async def lagging(self, ends: Mapping[str, int]) -> tuple[bool, set[str]]:
+        """Whether every tracked input is consumed to its end with the batch, and the roles known to hold more.
+
+        ``ends``: input topic -> the offset after the batch's last record of it (``OwnedPartition.take``); a
+        topic the batch has none of is read at the consumer's position."""
+        last = ends
         consumer = self.consumer
         known = True
         lagging: set[str] = set()
