@@ -36,12 +36,12 @@ class Alignment:
         since = self.holding_since
         return since is not None and (time.monotonic() if now is None else now) - since >= self.max_idle_s
 
-    async def lagging(self, ends: Mapping[str, int]) -> tuple[bool, set[str]]:
-        """Whether every tracked input is consumed to its end with the batch, and the roles known to hold more.
-
-        ``ends``: input topic -> the offset after the batch's last record of it (``OwnedPartition.take``); a
-        topic the batch has none of is read at the consumer's position."""
-        last = ends
+    async def lagging(self, since: Collection[str]) -> tuple[bool, set[str]]:
+        """Whether every tracked input is consumed to its end with the batch just taken, and the roles known to
+        hold more. ``since``: the topics of records handed over after the batch (``OwnedPartition.buffered_topics``):
+        they hold more. Any other topic is read at the consumer's position: the offset after the last record it
+        handed over, and after the transaction markers that follow it (a transactional producer's commit takes an
+        offset of its own, and the last stable offset is past it: a batch's own last record is not its end)."""
         consumer = self.consumer
         known = True
         lagging: set[str] = set()
@@ -51,11 +51,7 @@ class Alignment:
                 end = consumer.highwater(tp)
             if end is None:
                 known = False
-                continue
-            pos = last.get(topic)
-            if pos is None:
-                pos = await consumer.position(tp)
-            if pos < end:
+            elif topic in since or await consumer.position(tp) < end:
                 lagging.add(self.roles[topic])
         return known and not lagging, lagging
 

@@ -150,11 +150,11 @@ class Engine:
             if not self.partitions.owns(part):  # dropped (failed, fenced): consumed again once owned
                 return
             overdue = part.alignment.overdue()
-            records, ends, punctuate = part.take()
+            records, punctuate = part.take()
             if not records and not punctuate and not overdue:  # what the task holds waits for the other input
                 return
             await self.horizons.before_fold(part, self.assigned.get(part.number), records)
-            caught_up, lagging = await part.alignment.lagging(ends)
+            caught_up, lagging = await part.alignment.lagging(part.buffered_topics)
             if not self.partitions.owns(part):
                 return
             result = part.task.fold(records, punctuate=punctuate, caught_up=caught_up,

@@ -65,7 +65,7 @@ class OwnedPartition:
         self.producer = producer
         self.alignment = alignment
         self.buffered: list = []  # records consumed, not folded yet
-        self.buffered_ends: dict[str, int] = {}  # input topic -> the offset after its last record in ``buffered``
+        self.buffered_topics: set[str] = set()  # the input topics of ``buffered``'s records (Alignment.lagging reads it)
         self.next_offsets: dict[str, int] = {}  # input topic -> the offset its next record must have (from the seek)
         self.punctuate = False  # the next fold fires due timers
         self.punctuate_at = 0.0  # monotonic time from which the engine marks it to punctuate again
@@ -90,15 +90,16 @@ class OwnedPartition:
                         self.number, records[0].offset, records[-1].offset, expect)
             records = [r for r in records if r.offset >= expect]
         if records:
-            self.next_offsets[topic] = self.buffered_ends[topic] = records[-1].offset + 1
+            self.next_offsets[topic] = records[-1].offset + 1
             self.buffered += records
+            self.buffered_topics.add(topic)
 
-    def take(self) -> tuple[list, dict[str, int], bool]:
-        """The records buffered, the offset after each topic's last one of them (per fetched chunk, not per
-        record: ``Alignment.lagging`` reads it), and whether to punctuate, handed to the next fold."""
-        records, ends, punctuate = self.buffered, self.buffered_ends, self.punctuate
-        self.buffered, self.buffered_ends, self.punctuate = [], {}, False
-        return records, ends, punctuate
+    def take(self) -> tuple[list, bool]:
+        """The records buffered and whether to punctuate, handed to the next fold."""
+        records, punctuate = self.buffered, self.punctuate
+        self.buffered, self.punctuate = [], False
+        self.buffered_topics = set()
+        return records, punctuate
 
     # -- the observer places -------------------------------------------------------------
     def after_restore(self) -> None:
@@ -119,7 +120,7 @@ class OwnedPartition:
 
     async def close(self) -> None:
         """Drop the partition: the stage hears of it, the producer stops, the store closes (RocksDB stays on disk)."""
-        self.buffered, self.buffered_ends = [], {}
+        self.buffered, self.buffered_topics = [], set()
         self.stage.dropped(self)
         try:
             await asyncio.wait_for(self.producer.stop(), timeout=5)

@@ -1,0 +1,145 @@
+"""Inputs written by a transactional producer (the OpenTelemetry bridge writes agent.steps so).
+
+Each transaction ends in a commit marker, a control record that takes an offset of its own and is never
+handed to a consumer. A partition whose batch ends at a transaction's last record has every record of
+its input all the same: it is caught up, its wall-clock timers fire, and the other input's records are
+not held back for it (stream-time alignment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from loopwarden.publisher import Publisher
+from loopwarden.streams.alignment import Alignment
+from loopwarden.streams.topics import ensure_topics
+from tests.integration.harness import make_worker, read_topic, run, transitions, unique_config
+
+
+def _event(type_: str, run_id: str, ts: int, **fields) -> bytes:
+    return json.dumps({"type": type_, "run_id": run_id, "ts": ts, **fields}).encode()
+
+
+def _started(run_id: str, ts: int, inactivity_s: float) -> bytes:
+    policy = {"version": "v1", "stop_when": [{"kind": "step_count", "count": 100000}], "inactivity_timeout_s": inactivity_s}
+    return _event("run_started", run_id, ts, agent="a", policy=policy)
+
+
+def _step(run_id: str, ts: int, step: int, finish: str = "tool-calls") -> bytes:
+    calls = [{"id": f"{run_id}-{step}", "name": "lookup", "status": "result"}] if finish == "tool-calls" else []
+    return _event("step_finished", run_id, ts, segment=0, step=step, finish_reason=finish, tool_calls=calls,
+                  usage={"input_tokens": 10, "output_tokens": 2})
+
+
+def _producer(bootstrap: str) -> AIOKafkaProducer:
+    return AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"tx-{uuid.uuid4().hex[:8]}",
+                            enable_idempotence=True)
+
+
+def test_a_batch_ending_at_a_transactions_last_record_is_caught_up(kafka) -> None:
+    """Alignment.lagging on a real consumer: records of three transactions read to the end are the whole input
+    (the markers after them are no records; the batch's last record + 1 is 5, the last stable offset 6); with
+    more records of the topic handed over after the batch, it is behind."""
+    topic = f"tx-in-{uuid.uuid4().hex[:8]}"
+
+    async def go() -> tuple:
+        producer = _producer(kafka.bootstrap)
+        await producer.start()
+        try:
+            for i in range(3):
+                async with producer.transaction():
+                    await producer.send(topic, f"v{i}".encode(), key=b"k", partition=0)
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap, isolation_level="read_committed",
+                                    enable_auto_commit=False)
+        await consumer.start()
+        try:
+            tp = TopicPartition(topic, 0)
+            consumer.assign([tp])
+            await consumer.seek_to_beginning(tp)
+            records: list = []
+            deadline = time.monotonic() + 30
+            while len(records) < 3 and time.monotonic() < deadline:
+                for batch in (await consumer.getmany(timeout_ms=500)).values():
+                    records += batch
+            alignment = Alignment(consumer, 0, {topic: "steps"}, 1000)
+            return ([r.offset for r in records], consumer.last_stable_offset(tp), await consumer.position(tp),
+                    await alignment.lagging(set()), await alignment.lagging({topic}))
+        finally:
+            await consumer.stop()
+
+    offsets, stable, position, caught_up, handed_more = run(go())
+    assert offsets == [0, 2, 4] and stable == 6  # each record's transaction marker takes the offset after it
+    assert position == 6  # the consumer's position is past the last marker
+    assert caught_up == (True, set())
+    assert handed_more == (False, {"steps"})  # records of the topic came after the batch: it is behind
+
+
+async def _busy_stream(config, seconds: float, receipt_at_s: float, writers: int = 4) -> float:
+    """Runs "stuck" (1 s inactivity timeout, one step) and "verified" (ends naturally); then ``writers``
+    transactional producers each give a run of their own a step per transaction, back to back, for ``seconds``
+    (a transaction commits every few ms: nearly every batch the worker takes ends at a marker).
+    ``receipt_at_s`` in, "verified"'s receipt goes to the outcomes topic (no transaction), stamped 2 s ahead:
+    later than any step the worker has then. Returns the wall time (ms) the stream stopped."""
+    producers = [_producer(config.bootstrap) for _ in range(writers)]
+    for producer in producers:
+        await producer.start()
+    try:
+        now = int(time.time() * 1000)
+        async with producers[0].transaction():
+            for run_id, timeout in (("stuck", 1.0), ("verified", 300.0), *((f"busy-{i}", 300.0) for i in range(writers))):
+                await producers[0].send(config.steps_topic, _started(run_id, now, timeout), key=run_id.encode())
+            await producers[0].send(config.steps_topic, _step("stuck", now, 0), key=b"stuck")
+            await producers[0].send(config.steps_topic, _step("verified", now, 0, "stop"), key=b"verified")
+            await producers[0].send(config.steps_topic, _event("run_ended", "verified", now, segment=0, cause="natural_finish",
+                                                               fired=[], step_count=1, approval=None, error_name=None),
+                                    key=b"verified")
+        start = time.monotonic()
+
+        async def busy(i: int, producer: AIOKafkaProducer) -> None:
+            run_id, step = f"busy-{i}", 0
+            while time.monotonic() - start < seconds:
+                async with producer.transaction():
+                    await producer.send(config.steps_topic, _step(run_id, int(time.time() * 1000), step), key=run_id.encode())
+                step += 1
+
+        async def receipt() -> None:
+            await asyncio.sleep(receipt_at_s)
+            value = _event("outcome_receipt", "verified", int(time.time() * 1000) + 2000, receipt_id="rc-1", kind="file",
+                           verifier="destination", verified=True, evidence={"size": 1})
+            async with Publisher(config.bootstrap) as pub:
+                await pub.publish_raw(config.outcomes_topic, b"verified", value, wait=True)
+
+        await asyncio.gather(receipt(), *(busy(i, p) for i, p in enumerate(producers)))
+        return time.time() * 1000
+    finally:
+        for producer in producers:
+            await producer.stop()
+
+
+def test_timers_fire_and_receipts_pass_while_a_transactional_producer_writes_the_steps(kafka, tmp_path: Path) -> None:
+    """While other runs' steps arrive in back-to-back transactions: a run goes STUCK about its 1 s timeout
+    after its last step, and a receipt stamped later than every step so far is applied within seconds, not
+    held for the stream-time alignment's 20 s (``align_max_ms``) nor until the stream stops."""
+    config = unique_config(kafka.bootstrap, partitions=1)
+    worker = make_worker(config, tmp_path, align_max_ms=20_000).start()
+    try:
+        run(ensure_topics(worker.config))
+        stopped_ms = run(_busy_stream(worker.config, seconds=10.0, receipt_at_s=2.0))
+        want = {("stuck", "STUCK"), ("verified", "VERIFIED_COMPLETE")}
+        ts = transitions(run(read_topic(worker.config, worker.config.health_topic,
+                                        lambda rs: want <= {(t["run_id"], t["to_state"]) for t in transitions(rs)}, 60)))
+    finally:
+        worker.stop()
+    got = {(t["run_id"], t["to_state"]): t for t in ts}
+    stuck, verified = got["stuck", "STUCK"], got["verified", "VERIFIED_COMPLETE"]
+    assert stuck["reason"] == "no_progress"
+    assert stuck["emitted_ts"] - stuck["ts"] < 3000, stuck  # fired on time, while the steps kept coming
+    assert verified["emitted_ts"] < stopped_ms - 3000, (verified, stopped_ms)  # not held until the stream stopped
