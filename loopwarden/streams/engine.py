@@ -106,6 +106,8 @@ class Engine:
                     if self.blocked is None:  # nothing is folded on a layout that broke co-partitioning
                         self.punctuate()
                         await self.process()
+                    for part in await self.partitions.pass_markers():  # idle ones' offsets over transaction markers
+                        self.group.behind(part)
                 self.watch.check(self.assigned)
                 self.group.check()
                 await self.retry_owning()

@@ -10,8 +10,9 @@ one OffsetCommit for every owned partition behind, fenced by the group's generat
 TxnOffsetCommit (two of its four round trips to the coordinators).
 
 Exactly-once holds because the offsets it commits are those of transactions already committed
-(``AssignedPartition.committed`` moves only after a commit): the group's offsets can trail the
-changelog's record, never pass it, whatever commits late (a zombie's is refused by its stale
+(``AssignedPartition.committed`` moves only after a commit, or over control records only:
+``OwnedPartition.pass_markers``): the group's offsets can trail the changelog's record, never pass
+it but over transaction markers, whatever commits late (a zombie's is refused by its stale
 generation; one that lands anyway carries offsets the changelog already holds, and recovery takes
 the further). A ``read_committed`` reader of the changelog may still, for a moment, see them pass:
 the broker answers EndTxn before it writes the transaction's markers. Recovery never reads in that

@@ -45,6 +45,7 @@ class PartitionManager:
         self.consumer: AIOKafkaConsumer | None = None
         self.restorer: AIOKafkaConsumer | None = None
         self.seeks = 0  # times :meth:`own` sought inputs: a batch the loop got across one may predate the seek
+        self.markers_at = 0.0  # monotonic time of the next :meth:`pass_markers`
 
     def owned(self) -> dict[int, OwnedPartition]:
         return {p: a.owned for p, a in self.assigned.items() if a.owned is not None}
@@ -99,6 +100,15 @@ class PartitionManager:
         if self.consumer is not None:
             self.consumer.pause(*(TopicPartition(topic, p) for topic in self.topics))
         await part.close()
+
+    async def pass_markers(self, every_s: float = 0.5) -> list[OwnedPartition]:
+        """At most every ``every_s``: the owned partitions whose committed offsets moved over the transaction
+        markers after their last records (:meth:`OwnedPartition.pass_markers`). Under the engine's lock."""
+        if time.monotonic() < self.markers_at or self.consumer is None:
+            return []
+        self.markers_at = time.monotonic() + every_s
+        return [a.owned for a in list(self.assigned.values())
+                if a.owned is not None and await a.owned.pass_markers(self.consumer, a, self.tracked)]
 
     def hand_out(self, batch: dict, seeks: int) -> None:
         """Buffer a batch ``getmany`` returned with each owned partition, unless partitions were owned since it was

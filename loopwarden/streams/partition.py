@@ -19,6 +19,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from aiokafka import TopicPartition
+
 from loopwarden.streams.alignment import Alignment
 from loopwarden.streams.stage import FoldResult, Stage, Task
 from loopwarden.streams.store import PartitionStore
@@ -100,6 +102,26 @@ class OwnedPartition:
         self.buffered, self.punctuate = [], False
         self.buffered_topics = set()
         return records, punctuate
+
+    async def pass_markers(self, consumer, assigned: AssignedPartition, topics) -> bool:
+        """With every record handed over committed and none waiting, move the committed offsets of ``topics`` up
+        to the consumer's position: what lies between is control records only (transaction markers, records of
+        aborted transactions), which a consumer never hands over. Without this the marker after a transactional
+        producer's last write (the bridge writes agent.steps so) reads as a lag of 1 for ever, in the lag gauge
+        and in the group's offsets, and the stall watch reports the idle partition stalled (Kafka Streams had the
+        same, KAFKA-6607). The engine calls it under its lock (the partitions stay assigned); whether any moved."""
+        if self.buffered or self.task.holding or (self.pipeline is not None and not self.pipeline.done()):
+            return False
+        moved = False
+        for topic in topics:
+            committed = assigned.committed.get(topic)
+            if committed is None or self.next_offsets.get(topic) != committed:
+                continue  # never committed, or records handed over are not (in a fold, held, or failed)
+            position = await consumer.position(TopicPartition(topic, self.number))
+            if position > committed:
+                assigned.committed[topic] = self.next_offsets[topic] = position
+                moved = True
+        return moved
 
     # -- the observer places -------------------------------------------------------------
     def after_restore(self) -> None:

@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from loopwarden.publisher import Publisher
 from loopwarden.streams.alignment import Alignment
 from loopwarden.streams.topics import ensure_topics
-from tests.integration.harness import make_worker, read_topic, run, transitions, unique_config
+from tests.integration.harness import make_worker, read_topic, run, stable_end_offsets, transitions, unique_config
 
 
 def _event(type_: str, run_id: str, ts: int, **fields) -> bytes:
@@ -124,18 +124,34 @@ async def _busy_stream(config, seconds: float, receipt_at_s: float, writers: int
             await producer.stop()
 
 
+async def _group_offsets(config) -> dict[str, int]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=config.bootstrap, group_id=config.app_id, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(config.steps_topic, 0), TopicPartition(config.outcomes_topic, 0)]
+        return {tp.topic: await consumer.committed(tp) for tp in tps}
+    finally:
+        await consumer.stop()
+
+
 def test_timers_fire_and_receipts_pass_while_a_transactional_producer_writes_the_steps(kafka, tmp_path: Path) -> None:
     """While other runs' steps arrive in back-to-back transactions: a run goes STUCK about its 1 s timeout
     after its last step, and a receipt stamped later than every step so far is applied within seconds, not
-    held for the stream-time alignment's 20 s (``align_max_ms``) nor until the stream stops."""
+    held for the stream-time alignment's 20 s (``align_max_ms``) nor until the stream stops. Idle afterwards, the
+    partition has no lag and is not stalled (its input ends in a marker), and the group's offsets are at the end."""
     config = unique_config(kafka.bootstrap, partitions=1)
-    worker = make_worker(config, tmp_path, align_max_ms=20_000).start()
+    worker = make_worker(config, tmp_path, align_max_ms=20_000, stall_timeout_s=2).start()
     try:
         run(ensure_topics(worker.config))
         stopped_ms = run(_busy_stream(worker.config, seconds=10.0, receipt_at_s=2.0))
         want = {("stuck", "STUCK"), ("verified", "VERIFIED_COMPLETE")}
         ts = transitions(run(read_topic(worker.config, worker.config.health_topic,
                                         lambda rs: want <= {(t["run_id"], t["to_state"]) for t in transitions(rs)}, 60)))
+        time.sleep(4)  # the stream stopped; twice the stall timeout
+        metrics = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                   for line in worker.get("/metrics")[1].decode().splitlines() if line.startswith("loopwarden_")}
+        group = run(_group_offsets(worker.config))
+        ends = run(stable_end_offsets(kafka.bootstrap, [TopicPartition(worker.config.steps_topic, 0)]))
     finally:
         worker.stop()
     got = {(t["run_id"], t["to_state"]): t for t in ts}
@@ -143,3 +159,7 @@ def test_timers_fire_and_receipts_pass_while_a_transactional_producer_writes_the
     assert stuck["reason"] == "no_progress"
     assert stuck["emitted_ts"] - stuck["ts"] < 3000, stuck  # fired on time, while the steps kept coming
     assert verified["emitted_ts"] < stopped_ms - 3000, (verified, stopped_ms)  # not held until the stream stopped
+    # Idle after the stream: no lag (the last marker is no record), no stall, the group's offsets at the end.
+    assert metrics['loopwarden_consumer_lag{partition="0",topic="steps"}'] == 0, metrics
+    assert metrics["loopwarden_stalled_partitions"] == 0 and metrics["loopwarden_stalls_total"] == 0, metrics
+    assert group[worker.config.steps_topic] == ends[TopicPartition(worker.config.steps_topic, 0)]
