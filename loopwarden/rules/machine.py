@@ -608,7 +608,7 @@ def apply_into(res: Result, state: RunState | None, event: InputEvent | Untruste
     Transitions and notes are appended to ``res``'s lists, which the caller owns: a shell keeps
     one ``Result`` for every event it applies, takes out what each left there (a fresh list in
     place of a non-empty one it hands on, ``clear()`` for the rest) and saves a ``Result`` and two
-    lists per event (2.3 % of ``Replay.feed``'s instructions, bench/README.md "a core").
+    lists per event (2.3 % of ``Replay.feed``'s instructions, bench/HISTORY.md "a core").
     :func:`apply` is this on a new ``Result``.
 
     An event counts from when it could be known (docs/contract.md section 5, "Over time"):

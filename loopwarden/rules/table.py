@@ -47,7 +47,7 @@ class RunTable:
     def deadline(self, state: RunState) -> int | None:
         """``next_deadline(state, self.settings)`` in one call (the settings' durations worked out once): the
         run's earliest deadline, or None. A copy (tests/unit/test_hot_path_copies.py): next_deadline's three
-        calls deep cost 0.8 % of ``Replay.feed``'s instructions (bench/README.md "a core")."""
+        calls deep cost 0.8 % of ``Replay.feed``'s instructions (bench/HISTORY.md "a core")."""
         health = state.health
         if health == "RUNNING":
             last = state.last_activity_ts

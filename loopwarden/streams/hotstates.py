@@ -3,7 +3,7 @@
 A run touched by consecutive batches is then not decoded from the store each time
 (``decode_state``: 4-8 µs a state; on the bench fleet 0.12 loads per event in batches of
 300, 0.5 in batches of 50). A bounded, fixed cost, not per run: at most ``limit`` states
-of ~1.3 KiB a partition (bench/README.md "a core": the fold in batches of 50 takes 0.74x
+of ~1.3 KiB a partition (bench/HISTORY.md "a core": the fold in batches of 50 takes 0.74x
 the time it took without them).
 
 A fold *takes* a run's state out (apply changes states in place) and it is used only if

@@ -31,7 +31,7 @@ def decode_input(rec: Record, role: str, ts_limit: int, max_future_ms: int):
     ctype = header(rec.headers, "content-type") if rec.headers else None
     event = None
     # decode_step_event / decode_outcome_event with their checks inline for the records they accept (two calls
-    # and a look-up saved: 0.09-0.11 µs a record, ~1.5 % of the fold, bench/README.md "a core"); any error
+    # and a look-up saved: 0.09-0.11 µs a record, ~1.5 % of the fold, bench/HISTORY.md "a core"); any error
     # decodes again the checked way, which names it (tests/unit/test_task_fast_paths.py: both agree).
     decode = _UNCHECKED.get((role, ctype))
     if decode is not None and value.__class__ is bytes and len(value) <= MAX_EVENT_BYTES:

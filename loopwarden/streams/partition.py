@@ -77,7 +77,7 @@ class OwnedPartition:
 
     def punctuate_if_due(self, now: float, every: float, phase: float) -> None:
         """Mark the next fold to fire due timers once per ``every`` seconds, ``phase`` seconds into the interval
-        (the first time at once); the engine gives each partition its own phase (bench/README.md, "g latency")."""
+        (the first time at once); the engine gives each partition its own phase (bench/HISTORY.md, "g latency")."""
         if now >= self.punctuate_at:
             self.punctuate = True
             self.punctuate_at = now - (now - phase) % every + every  # the phase's next instant
