@@ -119,5 +119,19 @@ def test_the_worker_runs_the_bridge_in_its_process_with_otel(kafka, tmp_path) ->
         status, body = worker.get("/metrics")
         assert status == 200
         assert b'loopwarden_otel_events_total{type="run_ended"} 20.0' in body
+
+        # The bridge writes agent.steps in transactions: each ends in a marker no consumer is handed. Idle now,
+        # the worker's steps partitions read no lag (not 1 each for ever) and none is stalled.
+        def steps_lag() -> dict[str, float]:
+            text = worker.get("/metrics")[1].decode()
+            return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                    if line.startswith("loopwarden_consumer_lag{") and 'topic="steps"' in line}
+
+        deadline = time.monotonic() + 15
+        while any(steps_lag().values()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        lags = steps_lag()
+        assert len(lags) == 2 and not any(lags.values()), lags
+        assert b"loopwarden_stalled_partitions 0.0" in worker.get("/metrics")[1]
     finally:
         worker.stop()
