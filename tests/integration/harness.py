@@ -16,7 +16,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from dev.localkafka import free_port
 from loopwarden.publisher import Publisher
@@ -176,6 +177,18 @@ async def _committed_reader(config: Config, topic: str) -> AIOKafkaConsumer:
                                 enable_auto_commit=False, group_id=None, isolation_level="read_committed")
     await consumer.start()
     return consumer
+
+
+async def group_offsets(config: Config, topic: str) -> dict[int, int]:
+    """partition -> the worker group's committed offset on ``topic`` (0: none)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=config.broker)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(
+            config.app_id, partitions=[TopicPartition(topic, p) for p in range(config.partitions)])
+        return {tp.partition: max(0, o.offset) for tp, o in offsets.items()}
+    finally:
+        await admin.close()
 
 
 async def stable_end_offsets(bootstrap: str, tps: list, settle_s: float = 15.0) -> dict:

@@ -8,31 +8,18 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
 from loopwarden.simulate import fleet
 from loopwarden.streams.recovery import decode_offsets
 from loopwarden.streams.store import OFFSETS_KEY
-from tests.integration.harness import (make_worker, publish, run, stable_end_offsets, unique_config,
+from tests.integration.harness import (group_offsets, make_worker, publish, run, stable_end_offsets, unique_config,
                                       wait_consumed)
 
 pytestmark = pytest.mark.timeout(240)
 
 
-async def _group(config, topic: str) -> dict[int, int]:
-    """partition -> the group's committed offset on ``topic`` (0: none)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=config.broker)
-    await admin.start()
-    try:
-        offsets = await admin.list_consumer_group_offsets(
-            config.app_id, partitions=[TopicPartition(topic, p) for p in range(config.partitions)])
-        return {tp.partition: max(0, o.offset) for tp, o in offsets.items()}
-    finally:
-        await admin.close()
-
-
 async def _committed(config, topic: str) -> int:
-    return sum((await _group(config, topic)).values())
+    return sum((await group_offsets(config, topic)).values())
 
 
 async def _changelog(config, topic: str) -> dict[int, int]:
@@ -142,7 +129,7 @@ def test_the_groups_offsets_never_pass_the_changelogs_while_the_worker_commits_t
         for i in range(0, len(messages), len(messages) // 8):
             _send(worker, messages[i:i + len(messages) // 8])
             time.sleep(0.2)
-            group = run(_group(worker.config, topic))
+            group = run(group_offsets(worker.config, topic))
             samples.append((group, run(_changelog(worker.config, topic))))
         wait_consumed(worker, len(messages))
     finally:
@@ -150,7 +137,7 @@ def test_the_groups_offsets_never_pass_the_changelogs_while_the_worker_commits_t
     for group, changelog in samples:
         assert all(group[p] <= changelog[p] for p in group), (group, changelog)
     assert any(sum(group.values()) for group, _ in samples[:-1])  # the group's offsets moved while it ran
-    final = run(_group(worker.config, topic))
+    final = run(group_offsets(worker.config, topic))
     assert final == run(_changelog(worker.config, topic))
     assert sum(final.values()) == sum(1 for m in messages if m.topic == "steps")
 

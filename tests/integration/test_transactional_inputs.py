@@ -19,22 +19,16 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from loopwarden.publisher import Publisher
 from loopwarden.streams.alignment import Alignment
 from loopwarden.streams.topics import ensure_topics
-from tests.integration.harness import make_worker, read_topic, run, stable_end_offsets, transitions, unique_config
+from tests.builders import ended, receipt, started, step
+from tests.integration.harness import (group_offsets, make_worker, read_topic, run, stable_end_offsets, transitions,
+                                      unique_config)
 
 
-def _event(type_: str, run_id: str, ts: int, **fields) -> bytes:
-    return json.dumps({"type": type_, "run_id": run_id, "ts": ts, **fields}).encode()
+def _json(event: dict) -> bytes:
+    return json.dumps(event).encode()
 
 
-def _started(run_id: str, ts: int, inactivity_s: float) -> bytes:
-    policy = {"version": "v1", "stop_when": [{"kind": "step_count", "count": 100000}], "inactivity_timeout_s": inactivity_s}
-    return _event("run_started", run_id, ts, agent="a", policy=policy)
-
-
-def _step(run_id: str, ts: int, step: int, finish: str = "tool-calls") -> bytes:
-    calls = [{"id": f"{run_id}-{step}", "name": "lookup", "status": "result"}] if finish == "tool-calls" else []
-    return _event("step_finished", run_id, ts, segment=0, step=step, finish_reason=finish, tool_calls=calls,
-                  usage={"input_tokens": 10, "output_tokens": 2})
+LONG = [{"kind": "step_count", "count": 100000}]  # no stop condition fires while the busy runs step
 
 
 def _producer(bootstrap: str) -> AIOKafkaProducer:
@@ -95,43 +89,32 @@ async def _busy_stream(config, seconds: float, receipt_at_s: float, writers: int
         now = int(time.time() * 1000)
         async with producers[0].transaction():
             for run_id, timeout in (("stuck", 1.0), ("verified", 300.0), *((f"busy-{i}", 300.0) for i in range(writers))):
-                await producers[0].send(config.steps_topic, _started(run_id, now, timeout), key=run_id.encode())
-            await producers[0].send(config.steps_topic, _step("stuck", now, 0), key=b"stuck")
-            await producers[0].send(config.steps_topic, _step("verified", now, 0, "stop"), key=b"verified")
-            await producers[0].send(config.steps_topic, _event("run_ended", "verified", now, segment=0, cause="natural_finish",
-                                                               fired=[], step_count=1, approval=None, error_name=None),
-                                    key=b"verified")
+                event = started(run_id, now, LONG, agent="a", inactivity_timeout_s=timeout)
+                await producers[0].send(config.steps_topic, _json(event), key=run_id.encode())
+            await producers[0].send(config.steps_topic, _json(step(0, ("lookup", "result"), run="stuck", ts=now)), key=b"stuck")
+            for event in (step(0, run="verified", ts=now), ended("natural_finish", 1, run="verified", ts=now)):
+                await producers[0].send(config.steps_topic, _json(event), key=b"verified")
         start = time.monotonic()
 
         async def busy(i: int, producer: AIOKafkaProducer) -> None:
-            run_id, step = f"busy-{i}", 0
+            run_id, n = f"busy-{i}", 0
             while time.monotonic() - start < seconds:
+                event = step(n, ("lookup", "result"), run=run_id, ts=int(time.time() * 1000))
                 async with producer.transaction():
-                    await producer.send(config.steps_topic, _step(run_id, int(time.time() * 1000), step), key=run_id.encode())
-                step += 1
+                    await producer.send(config.steps_topic, _json(event), key=run_id.encode())
+                n += 1
 
-        async def receipt() -> None:
+        async def late_receipt() -> None:
             await asyncio.sleep(receipt_at_s)
-            value = _event("outcome_receipt", "verified", int(time.time() * 1000) + 2000, receipt_id="rc-1", kind="file",
-                           verifier="destination", verified=True, evidence={"size": 1})
+            value = _json(receipt("rc-1", run="verified", ts=int(time.time() * 1000) + 2000))
             async with Publisher(config.bootstrap) as pub:
                 await pub.publish_raw(config.outcomes_topic, b"verified", value, wait=True)
 
-        await asyncio.gather(receipt(), *(busy(i, p) for i, p in enumerate(producers)))
+        await asyncio.gather(late_receipt(), *(busy(i, p) for i, p in enumerate(producers)))
         return time.time() * 1000
     finally:
         for producer in producers:
             await producer.stop()
-
-
-async def _group_offsets(config) -> dict[str, int]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=config.bootstrap, group_id=config.app_id, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(config.steps_topic, 0), TopicPartition(config.outcomes_topic, 0)]
-        return {tp.topic: await consumer.committed(tp) for tp in tps}
-    finally:
-        await consumer.stop()
 
 
 def test_timers_fire_and_receipts_pass_while_a_transactional_producer_writes_the_steps(kafka, tmp_path: Path) -> None:
@@ -150,7 +133,7 @@ def test_timers_fire_and_receipts_pass_while_a_transactional_producer_writes_the
         time.sleep(4)  # the stream stopped; twice the stall timeout
         metrics = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
                    for line in worker.get("/metrics")[1].decode().splitlines() if line.startswith("loopwarden_")}
-        group = run(_group_offsets(worker.config))
+        group = run(group_offsets(worker.config, worker.config.steps_topic))
         ends = run(stable_end_offsets(kafka.bootstrap, [TopicPartition(worker.config.steps_topic, 0)]))
     finally:
         worker.stop()
@@ -162,4 +145,4 @@ def test_timers_fire_and_receipts_pass_while_a_transactional_producer_writes_the
     # Idle after the stream: no lag (the last marker is no record), no stall, the group's offsets at the end.
     assert metrics['loopwarden_consumer_lag{partition="0",topic="steps"}'] == 0, metrics
     assert metrics["loopwarden_stalled_partitions"] == 0 and metrics["loopwarden_stalls_total"] == 0, metrics
-    assert group[worker.config.steps_topic] == ends[TopicPartition(worker.config.steps_topic, 0)]
+    assert group[0] == ends[TopicPartition(worker.config.steps_topic, 0)]
