@@ -85,8 +85,11 @@ async def _topics(config: Config, args: argparse.Namespace) -> int:
         if input("go ahead? [y/N] ").strip().lower() not in ("y", "yes"):
             print("nothing changed")
             return 1
-    await repair(config, empty)
+    again = await repair(config, empty)
     print("repaired: " + "; ".join(steps))
+    for topic in again:
+        print(f"  {topic} came back with the broker's default count between the delete and the create (a client "
+              "asked for it and the broker auto-created it): deleted and created again")
     return 0
 
 

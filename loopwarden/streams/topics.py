@@ -183,35 +183,74 @@ async def repair_plan(config: Config, timeout_s: float = 30) -> tuple[Layout, li
     return layout, empty, full, held
 
 
-async def repair(config: Config, recreate: list[str], timeout_s: float = 30) -> None:
-    """Delete ``recreate`` (empty, wrong count), wait until the broker has dropped them, then create every
-    missing topic with the configured count."""
+async def repair(config: Config, recreate: list[str], timeout_s: float = 30, attempts: int = 5) -> list[str]:
+    """Delete ``recreate`` (wrong count, empty or given up), wait until the broker has dropped them, then
+    create every missing topic with the configured count, and check the counts they came back with.
+
+    A client asking for a deleted topic's metadata in between (a running worker's producer) makes a broker
+    with auto.create.topics.enable create it again with its default count: one that came back so, still
+    empty, is deleted and created again, up to ``attempts`` times; one that came back holding records is
+    never deleted a second time. Returns the topics deleted again so, once per time."""
     admin = _admin(config, timeout_s)
     await admin.start()
+    again: list[str] = []
     try:
-        if recreate:
-            await admin.delete_topics(recreate, timeout_ms=int(timeout_s * 1000))
-            deadline = time.monotonic() + timeout_s
-            while set(recreate) & set(await admin.list_topics()):
-                if time.monotonic() > deadline:
-                    raise TopicLayoutError(f"topics {recreate} were deleted but still listed after {timeout_s:.0f}s")
-                await asyncio.sleep(0.2)
-        layout = plan(config, await existing_counts(admin, wanted(config)))
-        for _ in range(50):  # a topic just deleted can be refused for a moment
-            try:
-                await _create(admin, config, layout.missing)
-                break
-            except TopicLayoutError:
-                await asyncio.sleep(0.2)
-        else:
-            await _create(admin, config, layout.missing)
-        deadline = time.monotonic() + timeout_s  # the brokers learn of new topics a moment after the controller
-        while set(layout.missing) - set(await admin.list_topics()):
-            if time.monotonic() > deadline:
-                raise TopicLayoutError(f"topics {layout.missing} were created but not listed after {timeout_s:.0f}s")
-            await asyncio.sleep(0.1)
+        for _ in range(attempts):
+            await _delete_and_create(admin, config, recreate, timeout_s)
+            back = await _settled(admin, config, recreate)
+            if not back:
+                return again
+            held = {t: await records_held(config, t, n) for t, n in back.items()}
+            if any(held.values()):
+                raise TopicLayoutError(
+                    "; ".join(f"{t} came back with {back[t]} partitions holding records ({n} offsets)"
+                              for t, n in held.items() if n)
+                    + " between repair's delete and create (auto-created by a client writing it): stop its writers, "
+                    "then `loopwarden topics check` and repair again")
+            recreate = list(back)  # auto-created by a client, still empty: once more
+            again += recreate
+        raise TopicLayoutError(
+            ", ".join(f"{t} ({n} partitions)" for t, n in back.items())
+            + f" came back with the broker's default count on each of {attempts} attempts: a client asks for "
+            "them between repair's delete and create and the broker auto-creates them "
+            "(auto.create.topics.enable); stop the workers, or set auto.create.topics.enable=false, and repair again")
     finally:
         await admin.close()
+
+
+async def _delete_and_create(admin: AIOKafkaAdminClient, config: Config, recreate: list[str],
+                             timeout_s: float) -> None:
+    """Delete ``recreate``, then create it and every missing topic at once (the controller has dropped a
+    topic when its delete returns), and wait until a broker lists them."""
+    layout = plan(config, await existing_counts(admin, wanted(config)))
+    names = [*layout.missing, *(t for t in recreate if t not in layout.missing)]
+    if recreate:  # the create follows at once: the shorter the gap, the fewer clients can auto-create in it
+        await admin.delete_topics(recreate, timeout_ms=int(timeout_s * 1000))
+    for _ in range(50):  # a topic just deleted can be refused for a moment
+        try:
+            await _create(admin, config, names)
+            break
+        except TopicLayoutError:
+            await asyncio.sleep(0.2)
+    else:
+        await _create(admin, config, names)
+    deadline = time.monotonic() + timeout_s  # the brokers learn of new topics a moment after the controller
+    while set(names) - set(await admin.list_topics()):
+        if time.monotonic() > deadline:
+            raise TopicLayoutError(f"topics {names} were created but not listed after {timeout_s:.0f}s")
+        await asyncio.sleep(0.1)
+
+
+async def _settled(admin: AIOKafkaAdminClient, config: Config, names: list[str], wait_s: float = 3) -> dict[str, int]:
+    """Those of ``names`` whose count is not the configured one after ``wait_s`` (a broker's view of a topic
+    deleted and created again can show the old one for a moment) -> the count they have."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        counts = await existing_counts(admin, names)
+        off = {t: counts[t] for t in names if counts.get(t, config.partitions) != config.partitions}
+        if not off or time.monotonic() > deadline:
+            return off
+        await asyncio.sleep(0.1)
 
 
 HASHES_HELD = 16_384  # Router: keys whose hash is kept

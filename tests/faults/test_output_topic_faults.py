@@ -48,15 +48,8 @@ async def _admin(config, action):
 
 
 async def _mend(config, topic: str) -> None:
-    """What docs/operations.md tells the operator: delete the auto-created topic, then `loopwarden topics repair`."""
-    async def delete(admin: AIOKafkaAdminClient) -> None:
-        if topic in await admin.list_topics():
-            await admin.delete_topics([topic])
-            while topic in await admin.list_topics():
-                await asyncio.sleep(0.2)
-
-    await _admin(config, delete)
-    await repair(config, [])  # creates what is missing with --partitions
+    """What docs/operations.md tells the operator: `loopwarden topics repair --recreate-outputs --yes`."""
+    await repair(config, [topic])
 
 
 async def _send(config, events: list[dict]) -> None:
@@ -231,6 +224,36 @@ def test_topics_repair_recreates_an_empty_wrong_count_output_and_refuses_one_hol
         assert [t["seq"] for t in got if t["run_id"] == "after"] == [1, 2]
     finally:
         worker.stop()
+
+
+def test_topics_repair_outlasts_a_client_that_auto_creates_the_topic_between_its_delete_and_create(kafka) -> None:
+    """A producer refreshing agent.health's metadata every 5 ms (a running worker's does so after an error) makes
+    the broker auto-create it with 1 partition the moment it is gone: repair finds it back with the wrong count,
+    still empty, deletes and creates it again, and ends with the configured count, saying which it did again.
+    (Measured: repair wins the race in 2 attempts of 3 against it, so 10 attempts here; the CLI gives 5.)"""
+    config = unique_config(kafka.bootstrap, partitions=4)
+    run(repair(config, []))
+
+    async def repair_under_a_fast_client() -> list[str]:
+        async def delete(admin: AIOKafkaAdminClient) -> None:
+            await admin.delete_topics([config.health_topic])
+            while config.health_topic in await admin.list_topics():
+                await asyncio.sleep(0.1)
+
+        await _admin(config, delete)
+        await _auto_create(config, config.health_topic)
+        assert await _admin(config, lambda a: existing_counts(a, [config.health_topic])) == {config.health_topic: 1}
+        async with AIOKafkaProducer(bootstrap_servers=config.broker, metadata_max_age_ms=5) as client:
+            await client.partitions_for(config.health_topic)
+            again = await repair(config, [config.health_topic], attempts=10)
+            await asyncio.sleep(0.5)  # the client keeps asking: what it sees now is what stays
+            assert len(await client.partitions_for(config.health_topic)) == 4
+        return again
+
+    again = run(repair_under_a_fast_client())
+    assert set(again) <= {config.health_topic}
+    counts = run(_admin(config, lambda a: existing_counts(a, [config.health_topic])))
+    assert counts == {config.health_topic: 4}
 
 
 def test_a_worker_joining_while_an_output_is_broken_stays_blocked_with_the_first_and_both_recover(kafka, tmp_path) -> None:
