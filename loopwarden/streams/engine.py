@@ -37,7 +37,6 @@ from loopwarden.streams.layoutguard import LayoutGuard
 from loopwarden.streams.manager import RECOVERABLE, PartitionManager, quietly
 from loopwarden.streams.metrics import Metrics
 from loopwarden.streams.partition import AssignedPartition, OwnedPartition
-from loopwarden.streams.recovery import encode_offsets
 from loopwarden.streams.security import client_options
 from loopwarden.streams.horizons import Horizons
 from loopwarden.streams.stage import FoldResult, Stage
@@ -163,11 +162,11 @@ class Engine:
                                     lagging=part.alignment.wait_for(lagging, overdue))
             part.alignment.folded(part.task.holding)
             if result:
-                await self._commit(part, result)
+                await self._commit(part, result, records)
             else:
                 part.after_commit(result, None)
 
-    async def _commit(self, part: OwnedPartition, result: FoldResult) -> None:
+    async def _commit(self, part: OwnedPartition, result: FoldResult, records: list) -> None:
         c, stage = self.config, self.stage
         dead = [deadletter_output(d, stage.deadletter_topic, self.router.counts[stage.deadletter_topic],
                                   c.max_message_bytes) for d in result.deadletters]
@@ -179,7 +178,7 @@ class Engine:
             # stable offsets). The group's follow from the consumer once this commits (groupcommit.py); with
             # commit_offsets_ms=0 they go in the transaction, of every input as in the record.
             a = self.assigned.get(part.number)
-            record = encode_offsets(offsets := {**(a.committed if a is not None else {}), **result.offsets})
+            record, offsets = part.offsets_record(a.committed if a is not None else {}, result.offsets, records)
         try:
             committed = await checkpoint.commit(result, dead, offsets_record=record,
                                                 group_offsets=offsets if c.commit_offsets_ms == 0 else None)

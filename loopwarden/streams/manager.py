@@ -70,7 +70,8 @@ class PartitionManager:
             stores = {p: open_partition(c.store, c.data_dir, c.app_id, p, stage.store_name) for p in partitions}
             self.metrics.restored.inc(await restore(self.restorer, stage.changelog_topic, stores))
             behind: set[int] = set()  # the group's offsets behind the changelog's (after a crash): sent once idle
-            offsets = await seek_committed(self.consumer, self.topics, partitions, stores, behind)
+            offsets, marks = await seek_committed(self.consumer, self.topics, partitions, stores, behind,
+                                                  reader=self.restorer)
             self.seeks += 1  # counted as soon as they are sought (all or none: no await among the seeks)
         except BaseException:
             for p, producer in producers.items():
@@ -83,7 +84,7 @@ class PartitionManager:
                                   Alignment(self.consumer, p, self.tracked, c.align_max_ms))
             a = self.assigned[p]
             a.committed, a.recover_at, a.owned = offsets[p], None, part
-            part.next_offsets = dict(offsets[p])
+            part.next_offsets, part.marks = dict(offsets[p]), marks[p]
             part.group_behind = p in behind
             part.after_restore()
 

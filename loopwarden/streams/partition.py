@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 from aiokafka import TopicPartition
 
 from loopwarden.streams.alignment import Alignment
+from loopwarden.streams.marks import Mark, marks_of
+from loopwarden.streams.recovery import encode_offsets
 from loopwarden.streams.stage import FoldResult, Stage, Task
 from loopwarden.streams.store import PartitionStore
 
@@ -69,6 +71,8 @@ class OwnedPartition:
         self.buffered: list = []  # records consumed, not folded yet
         self.buffered_topics: set[str] = set()  # the input topics of ``buffered``'s records (Alignment.lagging reads it)
         self.next_offsets: dict[str, int] = {}  # input topic -> the offset its next record must have (from the seek)
+        self.marks: dict[str, Mark] = {}  # input topic -> a record consumed before its committed offset (marks.py)
+        self._marks: dict[str, Mark] = {}  # with the batch in its transaction
         self.punctuate = False  # the next fold fires due timers
         self.punctuate_at = 0.0  # monotonic time from which the engine marks it to punctuate again
         self.committed_at = 0.0  # monotonic time of its last commit
@@ -123,6 +127,14 @@ class OwnedPartition:
                 moved = True
         return moved
 
+    def offsets_record(self, committed: dict[str, int], offsets: dict[str, int], records: list
+                       ) -> tuple[bytes, dict[str, int]]:
+        """The changelog's engine record of a batch that consumed ``records`` up to ``offsets`` (the other inputs
+        at ``committed``): each input's next offset and mark; and those offsets."""
+        merged = {**committed, **offsets}
+        self._marks = {**self.marks, **marks_of(records, offsets)}
+        return encode_offsets(merged, self._marks), merged
+
     # -- the observer places -------------------------------------------------------------
     def after_restore(self) -> None:
         """The store holds the changelog's committed state: the task rebuilds from it."""
@@ -133,6 +145,8 @@ class OwnedPartition:
         """The batch's transaction committed (``None``: the batch had nothing to commit)."""
         if committed is not None:
             self.store.write(result.changes, committed.position, committed.offsets)
+            if committed.offsets is not None:
+                self.marks = self._marks
         self.stage.committed(self, result, self.task.committed(result))
 
     def after_abort(self, result: FoldResult) -> None:

@@ -15,40 +15,56 @@ partition ``read_committed`` from its position to the end, then the inputs seek 
 group's committed offsets, or further: to the input offsets of the changelog's last
 engine record (``store.OFFSETS_KEY``, written by every transaction), since the group's
 only trail it (the consumer commits them after the transactions, every ``commit_offsets_ms``:
-:mod:`loopwarden.streams.groupcommit`). Nothing else.
+:mod:`loopwarden.streams.groupcommit`); an input topic deleted and created again since (its
+record's mark is not there: :mod:`loopwarden.streams.marks`) is read from its beginning. Nothing else.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Union
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from loopwarden.streams.config import Config
 from loopwarden.streams.deadletters import OVERHEAD
+from loopwarden.streams.marks import Mark, describe, recreated
 from loopwarden.streams.security import client_options
 from loopwarden.streams.store import OFFSETS_KEY, PartitionStore
 
 log = logging.getLogger("loopwarden.worker")
 _encode_offsets = msgspec.msgpack.Encoder().encode
-_decode_offsets = msgspec.msgpack.Decoder(dict[str, int]).decode
+# topic -> next offset, or [next offset, the mark's offset, timestamp, key CRC] (marks.py; records of before
+# session 10 hold the offset alone)
+_decode_offsets = msgspec.msgpack.Decoder(dict[str, Union[int, tuple[int, int, int, int]]]).decode
 
 
-def encode_offsets(offsets: dict[str, int]) -> bytes:
-    """The value of the changelog's engine record: input topic -> next offset to consume."""
-    return _encode_offsets(offsets)
+def encode_offsets(offsets: dict[str, int], marks: Mapping[str, Mark] | None = None) -> bytes:
+    """The value of the changelog's engine record: input topic -> next offset to consume, with the mark of a
+    record consumed before it where ``marks`` has one."""
+    if not marks:
+        return _encode_offsets(offsets)
+    return _encode_offsets({t: (n, *marks[t]) if t in marks else n for t, n in offsets.items()})
 
 
-def decode_offsets(raw: bytes | None) -> dict[str, int]:
-    """``encode_offsets``'s map; {} for none or for a value that is not one (logged: the group's offsets decide)."""
+def decode_logged(raw: bytes | None) -> dict[str, tuple[int, Mark | None]]:
+    """``encode_offsets``'s map as topic -> (next offset, mark or None); {} for none or for a value that is not
+    one (logged: the group's offsets decide)."""
     if raw is None:
         return {}
     try:
-        return _decode_offsets(raw)
+        logged = _decode_offsets(raw)
     except msgspec.DecodeError:
         log.warning("the changelog's input-offsets record is not one (%d bytes): using the group's offsets", len(raw))
         return {}
+    return {t: (v, None) if v.__class__ is int else (v[0], v[1:]) for t, v in logged.items()}  # type: ignore[index]
+
+
+def decode_offsets(raw: bytes | None) -> dict[str, int]:
+    """``encode_offsets``'s map, input topic -> next offset (``decode_logged`` without the marks)."""
+    return {t: n for t, (n, _mark) in decode_logged(raw).items()}
 
 
 def transactional_producer(config: Config, partition: int) -> AIOKafkaProducer:
@@ -103,32 +119,47 @@ async def restore(restorer: AIOKafkaConsumer, changelog_topic: str, stores: dict
 
 
 async def seek_committed(consumer: AIOKafkaConsumer, topics: tuple[str, ...], partitions: list[int],
-                         stores: dict[int, PartitionStore] | None = None,
-                         behind: set[int] | None = None) -> dict[int, dict[str, int]]:
-    """Seek each input partition to where its last committed transaction stopped; partition -> topic -> offset.
+                         stores: dict[int, PartitionStore] | None = None, behind: set[int] | None = None,
+                         reader: AIOKafkaConsumer | None = None
+                         ) -> tuple[dict[int, dict[str, int]], dict[int, dict[str, Mark]]]:
+    """Seek each input partition to where its last committed transaction stopped; partition -> topic -> offset,
+    and partition -> topic -> the mark carried on.
 
     That is the group's committed offset (the beginning if none), or the offsets the changelog's last
     engine record holds when they are further (the group's follow the transactions every
     ``commit_offsets_ms``; the changelog has them in every transaction). The partitions where the
-    changelog's are further are added to ``behind``: the group's must catch up even if nothing more comes."""
+    changelog's are further are added to ``behind``: the group's must catch up even if nothing more comes.
+    Resuming at the record's offset, its mark is looked up first with ``reader`` (``marks.py``): a topic
+    deleted and created again since is read from its beginning."""
     tps = [TopicPartition(topic, p) for p in partitions for topic in topics]
     committed = {tp: await consumer.committed(tp) for tp in tps}
     missing = [tp for tp, o in committed.items() if o is None]
     starts = await consumer.beginning_offsets(missing) if missing else {}
-    logged = {p: decode_offsets(stores[p].offsets) if stores else {} for p in partitions}
+    logged = {p: decode_logged(stores[p].offsets) if stores else {} for p in partitions}
     offsets: dict[int, dict[str, int]] = {p: {} for p in partitions}
+    marks: dict[int, dict[str, Mark]] = {p: {} for p in partitions}
     for tp in tps:
         offset = committed[tp] if committed[tp] is not None else starts[tp]
-        if logged[tp.partition].get(tp.topic, -1) > offset:
-            offset = logged[tp.partition][tp.topic]
+        at, mark = logged[tp.partition].get(tp.topic, (-1, None))
+        if at > offset:
+            offset = at
             if behind is not None:
                 behind.add(tp.partition)
+        if mark is not None and at == offset:
+            marks[tp.partition][tp.topic] = mark
+        offsets[tp.partition][tp.topic] = offset
+    checked = {TopicPartition(t, p): m for p, by_topic in marks.items() for t, m in by_topic.items()}
+    for tp, (begin, found) in (await recreated(reader, checked) if reader is not None else {}).items():
+        log.warning(describe(tp, checked[tp], offsets[tp.partition][tp.topic], begin, found))
+        offsets[tp.partition][tp.topic] = begin
+        del marks[tp.partition][tp.topic]
+    for tp in tps:  # no await among the seeks: all or none
+        offset = offsets[tp.partition][tp.topic]
         log.debug("%s[%d]: resuming at %d (the group's committed offset %s, the changelog's record %s)", tp.topic,
                   tp.partition, offset, committed[tp], logged[tp.partition].get(tp.topic))
         consumer.seek(tp, offset)
-        offsets[tp.partition][tp.topic] = offset
     consumer.resume(*tps)
-    return offsets
+    return offsets, marks
 
 
 async def seek_since(consumer: AIOKafkaConsumer, partitions, since_ms: int) -> None:

@@ -1,12 +1,17 @@
-"""The engine's input-offsets record: kept by a store beside its position, out of the stage's view, and decoded safely."""
+"""The engine's input-offsets record: kept by a store beside its position, out of the stage's view, decoded safely,
+with the marks that tell a topic created again (marks.py)."""
 
 from __future__ import annotations
 
+import zlib
+from collections import namedtuple
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from loopwarden.streams.recovery import decode_offsets, encode_offsets
+from loopwarden.streams.marks import marks_of
+from loopwarden.streams.recovery import decode_logged, decode_offsets, encode_offsets
 from loopwarden.streams.store import OFFSETS_KEY, MemoryPartition, RocksPartition
 
 
@@ -47,3 +52,28 @@ def test_an_offsets_record_that_is_not_one_decodes_to_nothing() -> None:
     assert decode_offsets(b"\x05") == {}
     assert decode_offsets(encode_offsets({"t": 3})) == {"t": 3}
     assert decode_offsets(b"\x81\xa1t\xa1x") == {}  # {"t": "x"}: not an offset
+
+
+def test_an_offsets_record_carries_the_marks_and_reads_the_older_shape() -> None:
+    """With marks a topic's entry is [next, mark offset, timestamp, key CRC]; a topic without a mark, and a record
+    written before marks, hold the next offset alone; decode_offsets gives the offsets of either shape."""
+    raw = encode_offsets({"steps": 41, "outcomes": 7}, {"steps": (40, 1_700_000_000_123, 99)})
+    assert msgspec.msgpack.decode(raw) == {"steps": [41, 40, 1_700_000_000_123, 99], "outcomes": 7}
+    assert decode_logged(raw) == {"steps": (41, (40, 1_700_000_000_123, 99)), "outcomes": (7, None)}
+    assert decode_offsets(raw) == {"steps": 41, "outcomes": 7}
+    older = msgspec.msgpack.encode({"steps": 41})
+    assert encode_offsets({"steps": 41}) == older and decode_logged(older) == {"steps": (41, None)}
+    assert decode_logged(msgspec.msgpack.encode({"steps": [41, 40]})) == {}  # neither shape: the group's decide
+
+
+def test_marks_of_takes_each_topics_last_record_below_its_next_offset() -> None:
+    """From the batch's end: the last record of each topic consumed (offset below the next one); a topic whose
+    records in the batch all wait beyond it (held by stream-time alignment) gets none, and keeps its earlier mark."""
+    R = namedtuple("R", "topic offset timestamp key")
+    records = [R("steps", 10, 1000, b"a"), R("outcomes", 3, 1001, b"b"), R("steps", 11, 1002, b"c"),
+               R("outcomes", 4, 1003, None), R("steps", 12, 1004, b"d")]
+    assert marks_of(records, {"steps": 12, "outcomes": 5}) == {
+        "steps": (11, 1002, zlib.crc32(b"c")), "outcomes": (4, 1003, 0)}
+    assert marks_of(records, {"steps": 13, "outcomes": 4}) == {"steps": (12, 1004, zlib.crc32(b"d")),
+                                                              "outcomes": (3, 1001, zlib.crc32(b"b"))}
+    assert marks_of(records, {"steps": 10, "ticks": 9}) == {}  # all held, and a topic without records here
