@@ -184,8 +184,8 @@ async def repair_plan(config: Config, timeout_s: float = 30) -> tuple[Layout, li
 
 
 async def repair(config: Config, recreate: list[str], timeout_s: float = 30, attempts: int = 5) -> list[str]:
-    """Delete ``recreate`` (wrong count, empty or given up), wait until the broker has dropped them, then
-    create every missing topic with the configured count, and check the counts they came back with.
+    """Delete ``recreate`` (wrong count, empty or given up), create them and every missing topic with the
+    configured count right after, and check the counts they came back with.
 
     A client asking for a deleted topic's metadata in between (a running worker's producer) makes a broker
     with auto.create.topics.enable create it again with its default count: one that came back so, still
