@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
