@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Union
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -38,7 +37,7 @@ log = logging.getLogger("loopwarden.worker")
 _encode_offsets = msgspec.msgpack.Encoder().encode
 # topic -> next offset, or [next offset, the mark's offset, timestamp, key CRC] (marks.py; records of before
 # session 10 hold the offset alone)
-_decode_offsets = msgspec.msgpack.Decoder(dict[str, Union[int, tuple[int, int, int, int]]]).decode
+_decode_offsets = msgspec.msgpack.Decoder(dict[str, int | tuple[int, int, int, int]]).decode
 
 
 def encode_offsets(offsets: dict[str, int], marks: Mapping[str, Mark] | None = None) -> bytes:
