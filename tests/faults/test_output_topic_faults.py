@@ -24,6 +24,7 @@ from loopwarden.streams.topics import existing_counts, records_held, repair
 from tests.builders import ended, started, step
 from tests.integration.harness import (
     as_json,
+    delete_topic,
     make_worker,
     publish,
     read_topic,
@@ -235,12 +236,7 @@ def test_topics_repair_outlasts_a_client_that_auto_creates_the_topic_between_its
     run(repair(config, []))
 
     async def repair_under_a_fast_client() -> list[str]:
-        async def delete(admin: AIOKafkaAdminClient) -> None:
-            await admin.delete_topics([config.health_topic])
-            while config.health_topic in await admin.list_topics():
-                await asyncio.sleep(0.1)
-
-        await _admin(config, delete)
+        await delete_topic(config, config.health_topic)
         await _auto_create(config, config.health_topic)
         assert await _admin(config, lambda a: existing_counts(a, [config.health_topic])) == {config.health_topic: 1}
         async with AIOKafkaProducer(bootstrap_servers=config.broker, metadata_max_age_ms=5) as client:

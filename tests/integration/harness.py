@@ -191,6 +191,18 @@ async def group_offsets(config: Config, topic: str) -> dict[int, int]:
         await admin.close()
 
 
+async def delete_topic(config: Config, topic: str) -> None:
+    """Delete ``topic`` and wait until no broker lists it."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=config.broker)
+    await admin.start()
+    try:
+        await admin.delete_topics([topic])
+        while topic in await admin.list_topics():
+            await asyncio.sleep(0.1)
+    finally:
+        await admin.close()
+
+
 async def stable_end_offsets(bootstrap: str, tps: list, settle_s: float = 15.0) -> dict:
     """``tps``' last stable offsets once every transaction whose records were there when called has its markers.
 

@@ -21,6 +21,7 @@ from loopwarden.streams.topics import repair
 from tests.builders import ended, started, step
 from tests.integration.harness import (
     as_json,
+    delete_topic,
     events_consumed,
     group_offsets,
     make_worker,
@@ -60,17 +61,6 @@ async def _ends(config, topic: str) -> dict[int, int]:
         await consumer.stop()
 
 
-async def _delete(config, topic: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=config.broker)
-    await admin.start()
-    try:
-        await admin.delete_topics([topic])
-        while topic in await admin.list_topics():
-            await asyncio.sleep(0.1)
-    finally:
-        await admin.close()
-
-
 def test_an_input_topic_created_again_while_the_workers_were_stopped_is_read_from_its_beginning(kafka, tmp_path):
     """30 runs consumed and committed; a plain restart then reads only what came after them (no warning, 30
     more events consumed, not 120); agent.steps deleted and created again, its producers write 100 runs (past
@@ -99,7 +89,7 @@ def test_an_input_topic_created_again_while_the_workers_were_stopped_is_read_fro
 
     old_ends = run(_ends(config, config.steps_topic))
     assert run(group_offsets(config, config.steps_topic)) == old_ends
-    run(_delete(config, config.steps_topic))
+    run(delete_topic(config, config.steps_topic))
     run(repair(config, []))
     assert run(group_offsets(config, config.steps_topic)) == {p: 0 for p in range(PARTITIONS)}  # gone with it
     run(publish(config, _fleet("new-", 100, t0 + 10)))
