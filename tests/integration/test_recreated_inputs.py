@@ -28,6 +28,7 @@ from tests.integration.harness import (
     publish,
     read_topic,
     run,
+    stable_end_offsets,
     transitions,
     unique_config,
     wait_consumed,
@@ -51,14 +52,9 @@ def _verifying(config, prefix: str, n: int) -> set[str]:
     return {t["run_id"] for t in transitions(recs) if t["run_id"].startswith(prefix) and t["to_state"] == "VERIFYING"}
 
 
-async def _ends(config, topic: str) -> dict[int, int]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=config.broker, group_id=None)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-        return {tp.partition: o for tp, o in (await consumer.end_offsets(tps)).items()}
-    finally:
-        await consumer.stop()
+def _ends(config, topic: str) -> dict[int, int]:
+    ends = run(stable_end_offsets(config.broker, [TopicPartition(topic, p) for p in range(PARTITIONS)]))
+    return {tp.partition: o for tp, o in ends.items()}
 
 
 def test_an_input_topic_created_again_while_the_workers_were_stopped_is_read_from_its_beginning(kafka, tmp_path):
@@ -87,13 +83,13 @@ def test_an_input_topic_created_again_while_the_workers_were_stopped_is_read_fro
         worker.stop()
     assert "deleted and created again" not in worker.log_path.read_text()
 
-    old_ends = run(_ends(config, config.steps_topic))
+    old_ends = _ends(config, config.steps_topic)
     assert run(group_offsets(config, config.steps_topic)) == old_ends
     run(delete_topic(config, config.steps_topic))
     run(repair(config, []))
     assert run(group_offsets(config, config.steps_topic)) == {p: 0 for p in range(PARTITIONS)}  # gone with it
     run(publish(config, _fleet("new-", 100, t0 + 10)))
-    new_ends = run(_ends(config, config.steps_topic))
+    new_ends = _ends(config, config.steps_topic)
     assert all(new_ends[p] >= old_ends[p] for p in range(PARTITIONS)), (old_ends, new_ends)  # the case that skipped
 
     log_before = len(worker.log_path.read_text())
