@@ -49,7 +49,7 @@ from loopwarden.simulate import fleet
 BENCH = "g latency"
 QUIX_MIN_COMMIT_S = 0.1  # below this Quix spends its time committing (see bench/README.md)
 WARMUP_S = 15.0  # one warm-up run of a worker on the new broker (warm_up)
-WARMUP_RUNS = (2, 8)  # at least, at most (bench.run's --quick: 1, 2)
+WARMUP_RUNS = (2, 8)  # at least, at most (bench.run's --quick: 2, 2)
 
 
 class _Ts(msgspec.Struct):
@@ -297,7 +297,7 @@ async def one_app(app: str, bootstrap: str, workdir: Path, rate: float, warm_s: 
 
 def warm_up(kafka, workdir: Path, rate: float, runs: tuple[int, int] = WARMUP_RUNS) -> list[float]:
     """A worker at ``rate`` on the new broker, run after run, not counted, until the broker's CPU share settles
-    (within 10 % of the run before) or ``WARMUP_RUNS[1]`` runs; returns the shares. A new broker spends more
+    (within 10 % of the run before, after 2 runs at least) or ``runs[1]`` runs; returns the shares. A new broker spends more
     CPU per transaction for its first minutes: the same worker at 15 kev/s found it at 118, 102, 84, 76 and then
     66 % of a core in five runs in a row, and its p50 fell from 116 to 43 ms (session 11, bench/README.md
     "g latency"). Without this, the first app measured paid for the broker's warming."""
@@ -309,7 +309,7 @@ def warm_up(kafka, workdir: Path, rate: float, runs: tuple[int, int] = WARMUP_RU
         shares.append(res["broker_share"])
         progress(f"[g]   warm-up {i + 1}: p50 {duration(res['p50'])} p99 {duration(res['p99'])}, "
                  f"the broker {res['broker_share']:.0%} of a core")
-        if len(shares) >= runs[0] and abs(shares[-1] - shares[-2]) <= 0.1 * shares[-2]:
+        if len(shares) >= max(runs[0], 2) and abs(shares[-1] - shares[-2]) <= 0.1 * shares[-2]:
             break
     return shares
 
@@ -364,18 +364,23 @@ def latency(report: Report, workdir: Path, rate: float, own_rate: float | None, 
         report.add(BENCH, "warm-up: the broker's CPU share, run by run", " -> ".join(f"{x:.0%}" for x in shares),
                    f"a worker at {si(rate, 'ev/s')} for {WARMUP_S:.0f} s a run, not counted, until the share settles "
                    f"(within 10 %) or {warmup_runs[1]} runs; the measured apps come after")
-    for res in results:
+    by: dict[str, dict] = {}
+    for app in dict.fromkeys(r["app"] for r in results):  # in the plan's order
+        runs = sorted((r for r in results if r["app"] == app), key=lambda r: r["p50"])
+        res = by[app] = runs[(len(runs) - 1) // 2]  # the round with the median p50 (the lower middle of an even count)
         note = (f"{res['n']:,} outputs over {measure_s:.0f} s (read_committed, raw samples); mean {duration(res['mean'])}; "
                 f"sent {si(res['sent_eps'], 'ev/s')}; app CPU {res['cpu_share']:.0%} of a core, the broker's "
                 f"{res['broker_share']:.0%}, the bench's sender's {res['sender_share']:.0%}")
         if res["app"].startswith("worker") and "txn_mean" in res:
             note += (f"; cycle: {res['txn_per_s']:.0f} transactions/s (8 partitions), {res['records_per_txn']:.0f} "
                      f"records each, begin -> commit mean {duration(res['txn_mean'])}")
+        if len(runs) > 1:
+            note += (f"; the round with the median p50 of {len(runs)}, rounds' p50 / p99: "
+                     + ", ".join(f"{duration(r['p50'])} / {duration(r['p99'])}" for r in runs))
         if res["app"] == "worker":
             note += "; target p50 <= 50 ms, p99 <= 150 ms"
         report.add(BENCH, f"{labels[res['app']]} at {si(res['rate'], 'ev/s')}: p50 / p99",
                    f"{duration(res['p50'])} / {duration(res['p99'])}", note)
-    by = {r["app"]: r for r in results}
     if "worker" in by:
         for peer in ("quix", "quix-min"):
             if peer in by:

@@ -18,11 +18,11 @@ from bench.common import Report, machine_note, progress
 
 FULL = dict(core_runs=20_000, core_repeats=5, state_runs=20_000, heap_runs=10_000,
             kafka_runs=20_000, kafka_rounds=2, txn_count=200, paced_runs=300, paced_s=8, pace_eps=5000.0, timer_sizes=(5_000, 50_000), timer_rounds=200,
-            ingest_events=200_000, ingest_rounds=3, latency_s=8.0, warmup_runs=(2, 8),
+            ingest_events=200_000, ingest_rounds=3, latency_s=8.0, latency_rounds=3, warmup_runs=(2, 8),
             fold_memory_runs=(10_000, 40_000))
 QUICK = dict(core_runs=5_000, core_repeats=3, state_runs=5_000, heap_runs=5_000,
              kafka_runs=1_000, kafka_rounds=1, txn_count=60, paced_runs=150, paced_s=4, pace_eps=5000.0, timer_sizes=(5_000, 50_000), timer_rounds=100,
-             ingest_events=50_000, ingest_rounds=1, latency_s=4.0, warmup_runs=(1, 2),
+             ingest_events=50_000, ingest_rounds=1, latency_s=4.0, latency_rounds=1, warmup_runs=(2, 2),
              fold_memory_runs=(5_000, 20_000))
 BENCHES = ("core", "state", "timers", "txn", "ingest", "latency", "kafka", "verify", "otel")
 
@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             rate = args.pace_eps or (slowest / 2 if slowest else size["pace_eps"])
             latency(report, workdir, rate, max_eps / 2 if max_eps else None, measure_s=size["latency_s"],
                     only=set(args.apps.split(",")) if args.apps and "ingest" not in only else None,
-                    rounds=args.rounds if "ingest" not in only and args.rounds else 1, warmup_runs=size["warmup_runs"])
+                    rounds=args.rounds if "ingest" not in only and args.rounds else size["latency_rounds"],
+                    warmup_runs=size["warmup_runs"])
         if "kafka" in only:
             from bench.kafka import processor_e2e
 
