@@ -5,8 +5,12 @@ broker and the bench share. Sending each message from asyncio with aiokafka (a `
 sleep per message) cost the bench 55 % of a core and still fell behind: at 33.5 kev/s asked it sent
 20.7 kev/s (session 11, bench/README.md "g latency"), and what it took from the cores the app and the
 broker waited for. Here ``produce`` is one C call that queues the message; librdkafka's own threads
-batch and send (``linger.ms`` 1: at most a millisecond added to every app's figure alike). The pace is
-kept in slices: each turn sends every message due by now, stamped with the time of that turn.
+batch and send (``linger.ms`` 5, as the aiokafka sender had: the same for every app). The pace is
+kept in turns: each turn sends every message due by now. Each message is stamped with the wall-clock
+time it was due, not the time of its turn: the stamps spread evenly as the pace asks (one stamp per
+turn tied a run's ``run_ended`` and its receipt in one millisecond, which the worker orders by topic and
+replay by arrival: bench c's paths then differed from replay's for 103-424 runs instead of a handful),
+and a sender that falls behind counts its lag in the app's latency instead of hiding it (an open loop).
 
 confluent-kafka comes with Quix Streams (the bench's peer); pyproject.toml's ``bench`` extra names it.
 """
@@ -34,11 +38,11 @@ class Sender:
         if err is not None:
             self.failed.append(str(err))
 
-    def send(self, topic: str, key: bytes | None, value: bytes) -> None:
-        """Queue one message (its timestamp: now); waits only while librdkafka's queue is full."""
+    def send(self, topic: str, key: bytes | None, value: bytes, ts_ms: int = 0) -> None:
+        """Queue one message, its Kafka timestamp ``ts_ms`` (0: now); waits only while librdkafka's queue is full."""
         while True:
             try:
-                self._producer.produce(topic, value, key, on_delivery=self._delivered)
+                self._producer.produce(topic, value, key, on_delivery=self._delivered, timestamp=ts_ms)
                 return
             except BufferError:
                 self._producer.poll(0.005)
@@ -54,9 +58,9 @@ class Sender:
     async def paced(self, items: Sequence, rate: float, send_one: Callable[[object, int], None],
                     on_turn: Callable[[float], None] | None = None) -> float:
         """Send ``items`` at ``rate`` per second from now: ``send_one(item, ts_ms)`` for each, ``ts_ms`` the wall
-        clock of the turn that sends it; ``on_turn(monotonic now)`` before each turn. Returns the seconds taken
+        clock of the item's place in the pace (its send is due then, and made then or within a turn after); ``on_turn(monotonic now)`` before each turn. Returns the seconds taken
         until the last one was queued."""
-        t0 = time.monotonic()
+        t0, wall0 = time.monotonic(), time.time()
         n, i = len(items), 0
         poll = self._producer.poll
         while i < n:
@@ -65,9 +69,8 @@ class Sender:
                 on_turn(now)
             due = min(n, int((now - t0) * rate) + 1)
             if due > i:
-                ts_ms = int(time.time() * 1000)
                 for k in range(i, due):
-                    send_one(items[k], ts_ms)
+                    send_one(items[k], int((wall0 + k / rate) * 1000))
                 i = due
                 poll(0)  # delivery reports
             wait = t0 + i / rate - time.monotonic()

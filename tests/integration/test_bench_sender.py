@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
@@ -24,8 +25,9 @@ async def _create(bootstrap: str, topic: str, partitions: int) -> None:
 
 def test_the_paced_sender_places_stamps_and_paces_every_message(kafka) -> None:
     """300 keyed messages at 1,500/s: each on the partition the Java-compatible partitioner picks (the worker's
-    placement; librdkafka's own default would scatter runs), each stamped with a wall time between the first send
-    and the end, the stamps rising in send order, and the whole taking at least 299 / 1,500 s."""
+    placement; librdkafka's own default would scatter runs), each stamped (value and Kafka timestamp) with a wall
+    time between the first send and the end, the stamps rising in send order and spread as the pace asks (no more
+    than 2 messages in any one millisecond at 1,500/s), and the whole taking at least 299 / 1,500 s."""
     config = unique_config(kafka.bootstrap, partitions=8)
     topic = config.steps_topic
     run(_create(kafka.bootstrap, topic, 8))
@@ -34,7 +36,7 @@ def test_the_paced_sender_places_stamps_and_paces_every_message(kafka) -> None:
 
     def send_one(item, ts_ms: int) -> None:
         key, i = item
-        sender.send(topic, key, f"{i} {ts_ms}".encode())
+        sender.send(topic, key, f"{i} {ts_ms}".encode(), ts_ms)
 
     t0 = int(time.time() * 1000)
     took = asyncio.run(sender.paced(items, 1500.0, send_one))
@@ -49,9 +51,11 @@ def test_the_paced_sender_places_stamps_and_paces_every_message(kafka) -> None:
         assert r.partition == partition_of(r.key, 8), (r.key, r.partition)
         i, ts = map(int, r.value.split())
         assert t0 <= ts <= t1
+        assert r.timestamp == ts  # the Kafka timestamp is the stamp (Quix's latency is read from it)
         stamps[i] = ts
     assert sorted(stamps) == list(range(300))
     assert all(stamps[i] <= stamps[i + 1] for i in range(299))
+    assert max(Counter(stamps.values()).values()) <= 2
 
 
 def test_a_sender_that_cannot_deliver_says_so(tmp_path) -> None:
