@@ -1,5 +1,5 @@
 """The latency benches' load generator (bench/sender.py) on a real broker: every message lands where the worker
-looks for its run, stamped with the time it was sent, at the pace asked."""
+looks for its run, stamped with the time it was due, at the pace asked."""
 
 from __future__ import annotations
 
@@ -7,20 +7,10 @@ import asyncio
 import time
 from collections import Counter
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
+from bench.ingest import create_topics
 from bench.sender import Sender
 from loopwarden.streams.assignment import partition_of
 from tests.integration.harness import read_topic, run, unique_config
-
-
-async def _create(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, partitions, 1)])
-    finally:
-        await admin.close()
 
 
 def test_the_paced_sender_places_stamps_and_paces_every_message(kafka) -> None:
@@ -30,7 +20,7 @@ def test_the_paced_sender_places_stamps_and_paces_every_message(kafka) -> None:
     than 2 messages in any one millisecond at 1,500/s), and the whole taking at least 299 / 1,500 s."""
     config = unique_config(kafka.bootstrap, partitions=8)
     topic = config.steps_topic
-    run(_create(kafka.bootstrap, topic, 8))
+    run(create_topics(kafka.bootstrap, [topic], partitions=8))
     items = [(f"run-{i % 37}".encode(), i) for i in range(300)]
     sender = Sender(kafka.bootstrap)
 
