@@ -349,7 +349,8 @@ def latency(report: Report, workdir: Path, rate: float, own_rate: float | None, 
                          f"{res['txn_per_s']:.0f} txn/s, {res['records_per_txn']:.0f} records/txn, "
                          f"txn mean {duration(res['txn_mean'])}")
             progress(f"[g]   {app}: p50 {duration(res['p50'])} p99 {duration(res['p99'])} over {res['n']:,} outputs; "
-                     f"sent {si(res['sent_eps'], 'ev/s')}, CPU share {res['cpu_share']:.0%}, the bench's sender {res['sender_share']:.0%}, "
+                     f"sent {si(res['sent_eps'], 'ev/s')}, CPU share {res['cpu_share']:.0%}, "
+                     f"the bench's sender {res['sender_share']:.0%}, "
                      f"the broker {res['broker_share']:.0%}"
                      + (f"; read in the bench's loop: p50 {duration(res['loop_p50'])} p99 {duration(res['loop_p99'])}"
                         if "loop_p50" in res else ""))

@@ -58,8 +58,8 @@ class Sender:
     async def paced(self, items: Sequence, rate: float, send_one: Callable[[object, int], None],
                     on_turn: Callable[[float], None] | None = None) -> float:
         """Send ``items`` at ``rate`` per second from now: ``send_one(item, ts_ms)`` for each, ``ts_ms`` the wall
-        clock of the item's place in the pace (its send is due then, and made then or within a turn after); ``on_turn(monotonic now)`` before each turn. Returns the seconds taken
-        until the last one was queued."""
+        clock of the item's place in the pace (its send is due then, and made then or within a turn after);
+        ``on_turn(monotonic now)`` before each turn. Returns the seconds taken until the last one was queued."""
         t0, wall0 = time.monotonic(), time.time()
         n, i = len(items), 0
         poll = self._producer.poll
