@@ -286,8 +286,11 @@ class Round:
                     self.stamped.append(value)
                 sender.send(topics[m.topic], m.key, value)
 
-            await sender.paced(list(zip(messages, events)), rate_eps, send_one)
-            sender.flush()
+            try:
+                await sender.paced(list(zip(messages, events)), rate_eps, send_one)
+                sender.flush()
+            finally:
+                sender.close()
             self.published += len(messages)
             return len(messages), time.monotonic() - t0
         # As fast as it goes: the backlogs the memory rows are read over (their buffering as measured since session 7)

@@ -253,7 +253,10 @@ async def one_app(app: str, bootstrap: str, workdir: Path, rate: float, warm_s: 
         sent_s = await sender.paced(list(zip(messages, events)), rate, send_one, on_turn)
         b1, tb1 = time.process_time(), time.monotonic()
         k1 = cpu_s(broker_pid) if broker_pid else float("nan")
-        sender.flush()
+        try:
+            sender.flush()
+        finally:
+            sender.close()
         sent_s += time.monotonic() - tb1  # until the last one was acknowledged, as before
         c0, before = mark.get("c0"), mark.get("before")
         tm0, b0 = mark.get("tm0", 0.0), mark.get("b0", 0.0)

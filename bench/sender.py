@@ -55,6 +55,14 @@ class Sender:
         if self.failed:
             raise RuntimeError(f"sender: {len(self.failed)} messages failed, first: {self.failed[0]}")
 
+    def close(self) -> None:
+        """Drop what is still queued and let librdkafka's threads go (a producer left alive keeps reconnecting to
+        an unreachable broker, and logging it, for as long as the process lives)."""
+        if self._producer is not None:
+            self._producer.purge()
+            self._producer.flush(0)
+            self._producer = None
+
     async def paced(self, items: Sequence, rate: float, send_one: Callable[[object, int], None],
                     on_turn: Callable[[float], None] | None = None) -> float:
         """Send ``items`` at ``rate`` per second from now: ``send_one(item, ts_ms)`` for each, ``ts_ms`` the wall
