@@ -1,4 +1,4 @@
-"""A paced load generator whose own cost stays small: librdkafka's producer, messages stamped as they go.
+"""A paced load generator that costs little: librdkafka's producer, each message stamped with its due time.
 
 The latency benches feed an app a stream at a fixed rate on a machine of two cores that the app, the
 broker and the bench share. Sending each message from asyncio with aiokafka (a ``send`` and a timed
