@@ -274,35 +274,33 @@ class Round:
         events = [decode_input(m.value) if m.valid else None for m in messages]
         topics = {"steps": self.config.steps_topic, "outcomes": self.config.outcomes_topic}
         t0 = time.monotonic()
+
+        def value_of(m, ev, now_ms: int) -> bytes:
+            """The message's value: a valid event re-stamped (never before the last stamp) and kept for replay."""
+            if ev is None:
+                return m.value
+            self.last_ts = max(self.last_ts, now_ms)
+            value = encode(msgspec.structs.replace(ev, ts=self.last_ts))
+            self.stamped.append(value)
+            return value
+
         if rate_eps:  # paced: bench g's load generator (bench/sender.py), which leaves the cores to the worker
             sender = Sender(self.config.bootstrap)
 
             def send_one(item, ts_ms: int) -> None:
                 m, ev = item
-                value = m.value
-                if ev is not None:
-                    self.last_ts = max(self.last_ts, ts_ms)
-                    value = encode(msgspec.structs.replace(ev, ts=self.last_ts))
-                    self.stamped.append(value)
-                sender.send(topics[m.topic], m.key, value)
+                sender.send(topics[m.topic], m.key, value_of(m, ev, ts_ms))
 
             try:
                 await sender.paced(list(zip(messages, events)), rate_eps, send_one)
                 sender.flush()
             finally:
                 sender.close()
-            self.published += len(messages)
-            return len(messages), time.monotonic() - t0
-        # As fast as it goes: the backlogs the memory rows are read over (their buffering as measured since session 7)
-        async with Publisher(self.config.bootstrap, self.config.steps_topic, self.config.outcomes_topic) as pub:
-            for m, ev in zip(messages, events):
-                value = m.value
-                if ev is not None:
-                    self.last_ts = max(self.last_ts, int(time.time() * 1000))
-                    value = encode(msgspec.structs.replace(ev, ts=self.last_ts))
-                    self.stamped.append(value)
-                await pub.publish_raw(topics[m.topic], m.key, value)
-            await pub.flush()
+        else:  # as fast as it goes: the backlogs the memory rows are read over (their buffering as since session 7)
+            async with Publisher(self.config.bootstrap, self.config.steps_topic, self.config.outcomes_topic) as pub:
+                for m, ev in zip(messages, events):
+                    await pub.publish_raw(topics[m.topic], m.key, value_of(m, ev, int(time.time() * 1000)))
+                await pub.flush()
         self.published += len(messages)
         return len(messages), time.monotonic() - t0
 
