@@ -5,8 +5,9 @@ and chooses the row of a known scope once per ScopeSpans (docs/opentelemetry.md,
 "Performance"); ``spans.decode_proto_reference`` converts every mapped attribute and then
 checks it, choosing the row per span. Both must give the same spans, or refuse a message
 for the same reason with the same words. ``streams.assignment.murmur2`` (the default
-partitioner's hash of every event's run id, which the bridge leaves to the partitioner)
-unpacks a key's words at once; it must equal aiokafka's byte-by-byte one.
+partitioner's hash of every event's run id, which the bridge leaves to the partitioner) is
+murmurhash2's native MurmurHash2 with Kafka's seed; it must equal aiokafka's byte-by-byte one,
+and ``partition_of`` (its call inline) must pick aiokafka's partition.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from loopwarden.otel.mapping import RUNTIMES
 from loopwarden.otel.spans import KNOWN, BadTraces, decode_proto, decode_proto_reference
 from loopwarden.streams import topics
-from loopwarden.streams.assignment import murmur2
+from loopwarden.streams.assignment import murmur2, partition_of
 from loopwarden.streams.topics import Router
 
 SCOPES = [s for row in RUNTIMES for s in row.scopes] + ["", "my.own.instrumentation"]
@@ -145,8 +146,11 @@ def test_generated_messages_reach_both_outcomes() -> None:
 @settings(max_examples=2000, deadline=None)
 @given(st.binary(max_size=80))
 def test_murmur2_equals_aiokafkas(key: bytes) -> None:
-    """assignment.murmur2 (words unpacked at once) is aiokafka's byte-by-byte murmur2 on any key."""
+    """assignment.murmur2 (murmurhash2, seeded as Kafka seeds it) is aiokafka's byte-by-byte murmur2 on any key,
+    and partition_of picks the partition aiokafka's default partitioner picks."""
     assert murmur2(key) == aiokafka_murmur2(key)
+    for n in (1, 4, 6, 8, 12, 64):
+        assert partition_of(key, n) == (aiokafka_murmur2(key) & 0x7FFFFFFF) % n
 
 
 def test_murmur2_on_run_ids_and_known_values() -> None:
