@@ -97,6 +97,9 @@ class StreamTime:
 
     def ready(self, per_topic: dict[str, list], lagging: Collection[str], out) -> dict[str, list]:
         """role -> the decoded items to apply now, offset order per topic; ``per_topic`` as the task decoded it.
+        The roles come in ``aligned``'s order (steps, outcomes, verified_outcomes): the task merges them by ``ts``,
+        ties to the earlier role, so two events of a partition with one ``ts`` are applied in the same order
+        however the fetches cut the batch (docs/contract.md section 5).
 
         Dead letters go to ``out`` (a Batch) and count as consumed; a topic's records past its limit
         (see :meth:`limits`) are held, with the rest of the topic, for a later fold."""
@@ -127,6 +130,8 @@ class StreamTime:
             if used:
                 out.consumed += used
                 out.offsets[topic] = items[used - 1][0].offset + 1
+        if len(inputs) > 1:  # in ALIGNED's order, whichever topic the batch began with: the merge's tie order
+            return {role: inputs[role] for role in self.aligned if role in inputs}
         return inputs
 
     def limits(self, per_topic: dict[str, list], lagging: Collection[str]) -> dict[str, int]:

@@ -171,3 +171,37 @@ def test_an_event_older_than_the_clock_counts_from_the_clock() -> None:
     assert state.last_activity_ts == clock and state.verify_deadline_ts == clock + 600_000
     assert [t for t in r.advance_to(clock + 599_999) if t.run_id == "old-1"] == []
     assert [t.to_state for t in r.advance_to(clock + 600_000) if t.run_id == "old-1"] == ["FALSE_COMPLETE"]
+
+
+def test_a_tie_in_ts_across_topics_is_applied_steps_first_however_the_batch_begins() -> None:
+    """A run's run_ended and its receipt stamped in one millisecond: the worker applies the step first, whether
+    the batch's first record is the receipt (the outcomes topic's record fetched first, or held from the last
+    fold) or the step; so the run's path does not depend on how the fetches cut the batch, and is replay's
+    of the step then the receipt (RUNNING > VERIFYING > VERIFIED_COMPLETE, not straight to VERIFIED_COMPLETE)."""
+    from tests.builders import ended, receipt, started, step
+
+    t = 5_000_000
+    events = [decode_input(msgspec.json.encode(e)) for e in (
+        started(ts=t), step(0, ts=t + 10), ended("natural_finish", 1, ts=t + 20), receipt("rc1", ts=t + 20))]
+    run_end, rcpt = events[2], events[3]
+    expected = [x.to_state for x in replay(events)[0]]
+    assert expected == ["RUNNING", "VERIFYING", "VERIFIED_COMPLETE"]
+
+    def fold(order) -> list[str]:
+        store = MemoryPartition()
+        task = PartitionTask(0, store, ROLES, settings=Settings(), clock="event",
+                             wall_ms=lambda: 2**53 - 1, max_future_ms=2**53)
+        task.rebuild()
+        offsets: dict[str, int] = defaultdict(int)
+        records = []
+        for event in order:
+            topic = _topic(event)
+            records.append(Rec(topic, 0, offsets[topic], event.run_id.encode(), encode(event)))
+            offsets[topic] += 1
+        out = task.fold(records)
+        assert not out.deadletters
+        return [x.to_state for x in out.transitions]
+
+    assert fold(events[:2] + [run_end, rcpt]) == expected
+    assert fold(events[:2] + [rcpt, run_end]) == expected  # the receipt's topic first in the batch
+    assert fold([rcpt] + events[:2] + [run_end]) == expected  # ... and first of all (ts t + 20 > t: it waits)
