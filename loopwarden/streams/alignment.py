@@ -136,7 +136,8 @@ class StreamTime:
 
     def limits(self, per_topic: dict[str, list], lagging: Collection[str]) -> dict[str, int]:
         """role -> the latest ts it may apply now: the lowest stream time (highest ts seen, folded or in this
-        batch) of the other, lagging, aligned inputs; -1 when one of those has shown nothing yet."""
+        batch) of the other, lagging, aligned inputs, less 1 ms for one that comes first on a tie; -1 (or -2)
+        when one of those has shown nothing yet."""
         stream_ts = dict(self.seen_ts)
         for topic, items in per_topic.items():
             role = self.roles[topic]
@@ -149,8 +150,12 @@ class StreamTime:
             if high >= 0:
                 stream_ts[role] = high
         limits = {}
-        for role in self.aligned:
-            others = [stream_ts.get(other, -1) for other in self.aligned if other != role and other in lagging]
+        for i, role in enumerate(self.aligned):
+            # A role that comes first on a tie (ready()'s order) may still send a record of its stream time: a
+            # record of a later role stamped then waits for it too (one ms less), so ties go the same way
+            # across batches as within one.
+            others = [stream_ts.get(other, -1) - (j < i) for j, other in enumerate(self.aligned)
+                      if other != role and other in lagging]
             if others:
                 limits[role] = min(others)
         return limits

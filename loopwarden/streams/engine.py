@@ -184,7 +184,7 @@ class Engine:
                                                 group_offsets=offsets if c.commit_offsets_ms == 0 else None)
         except ProducerFenced:
             part.after_abort(result)
-            await self.partitions.fenced(part.number)
+            await self.partitions.fenced(part)
             return
         except RECOVERABLE as exc:
             part.after_abort(result)

@@ -134,9 +134,14 @@ class PartitionManager:
             log.debug("%s[%d]: a batch got across an owning (%d..%d): fetched again from %d", tp.topic,
                       tp.partition, records[0].offset, records[-1].offset, offset)
 
-    async def fenced(self, p: int) -> None:
-        """A transaction of ``p`` was fenced: another worker owns it now; commit nothing more for it until the
-        group assigns it again (if the group still gives it to this worker after two session timeouts, own it again)."""
+    async def fenced(self, part: OwnedPartition) -> None:
+        """A transaction of ``part`` was fenced: another worker owns it now; commit nothing more for it until the
+        group assigns it again (if the group still gives it to this worker after two session timeouts, own it again).
+        A pipeline of a partition dropped meanwhile (and perhaps owned again) drops nothing: its batch was never
+        committed, and the ownership that replaced it consumes from the committed offsets."""
+        if self._stale(part, "fenced"):
+            return
+        p = part.number
         m = self.metrics
         m.transactions.labels("fenced").inc()
         m.produce_failures.inc()
@@ -145,6 +150,8 @@ class PartitionManager:
 
     async def failed(self, part: OwnedPartition, exc: BaseException) -> None:
         """A transaction failed: abort it, own the partition again, consume its batch again."""
+        if self._stale(part, f"failed ({type(exc).__name__}: {exc})"):
+            return
         m = self.metrics
         m.transactions.labels("aborted").inc()
         m.produce_failures.inc()
@@ -155,6 +162,15 @@ class PartitionManager:
         except Exception:  # the producer may be unusable now; a new one replaces it
             log.debug("abort failed", exc_info=True)
         await self.drop(part.number, retry_at=time.monotonic())
+
+    def _stale(self, part: OwnedPartition, what: str) -> bool:
+        """Whether ``part`` is no longer the partition's owner (dropped while its transaction was in flight): its
+        failure is its own, not the current ownership's."""
+        if self.owns(part):
+            return False
+        log.info("partition %d: a transaction of an ownership already dropped %s; the current one is kept",
+                 part.number, what)
+        return True
 
     async def revoke(self) -> list[int]:
         """The group takes every partition back: drop them all and forget them."""

@@ -193,3 +193,34 @@ def test_a_batch_got_across_an_owning_is_not_taken_and_its_inputs_are_fetched_ag
     assert owned.buffered == []
     engine.partitions.hand_out({TopicPartition("in", 0): [_Record("in", o) for o in range(350, 650)]}, engine.partitions.seeks)
     assert [r.offset for r in owned.buffered] == list(range(350, 650))
+
+
+def test_a_transaction_of_an_ownership_already_dropped_leaves_the_current_one_alone() -> None:
+    """A pipeline still committing when its partition was dropped and owned again must not drop the new
+    ownership when its transaction then fails or is fenced (the fence would keep the partition idle for two
+    session timeouts); the same failure of the current ownership drops it as before."""
+    import asyncio
+
+    from loopwarden.streams.config import Config
+    from loopwarden.streams.health import HealthStage
+    from loopwarden.streams.manager import PartitionManager
+    from loopwarden.streams.metrics import Metrics
+    from loopwarden.streams.partition import AssignedPartition
+
+    class Part:  # the two attributes the manager reads of an OwnedPartition, and its close()
+        def __init__(self, number: int) -> None:
+            self.number, self.closed = number, False
+
+        async def close(self) -> None:
+            self.closed = True
+
+    metrics = Metrics()
+    manager = PartitionManager(Config(), HealthStage(Config(), metrics), metrics, Router(8))
+    old, new = Part(3), Part(3)
+    a = manager.assigned[3] = AssignedPartition(3)
+    a.owned = new  # type: ignore[assignment]
+    asyncio.run(manager.fenced(old))  # type: ignore[arg-type]
+    asyncio.run(manager.failed(old, OSError("gone")))  # type: ignore[arg-type]
+    assert a.owned is new and not new.closed and a.recover_at is None
+    asyncio.run(manager.fenced(new))  # type: ignore[arg-type]
+    assert a.owned is None and new.closed and a.recover_at is not None

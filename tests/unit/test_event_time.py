@@ -205,3 +205,28 @@ def test_a_tie_in_ts_across_topics_is_applied_steps_first_however_the_batch_begi
     assert fold(events[:2] + [run_end, rcpt]) == expected
     assert fold(events[:2] + [rcpt, run_end]) == expected  # the receipt's topic first in the batch
     assert fold([rcpt] + events[:2] + [run_end]) == expected  # ... and first of all (ts t + 20 > t: it waits)
+
+
+def test_a_tie_across_batches_waits_for_the_lagging_steps_topic() -> None:
+    """The receipt is fetched while agent.steps still lags, stamped at the steps' stream time (another run's step
+    in the batch); its run's run_ended, in that same millisecond, comes in the next batch. The receipt waits
+    (it could still be tied by a step), so the step goes first here too: the path is replay's."""
+    from tests.builders import ended, receipt, started, step
+
+    t = 5_000_000
+    mine = [decode_input(msgspec.json.encode(e)) for e in (
+        started(ts=t), step(0, ts=t + 10), ended("natural_finish", 1, ts=t + 20), receipt("rc1", ts=t + 20))]
+    other = decode_input(msgspec.json.encode(started(run="o", ts=t + 20)))
+    store = MemoryPartition()
+    task = PartitionTask(0, store, ROLES, settings=Settings(), clock="event",
+                         wall_ms=lambda: 2**53 - 1, max_future_ms=2**53)
+    task.rebuild()
+    first = [Rec("agent.steps", 0, i, e.run_id.encode(), encode(e)) for i, e in enumerate((*mine[:2], other))]
+    first.append(Rec("agent.outcomes", 0, 0, b"r", encode(mine[3])))
+    out = task.fold(first, lagging={"steps"})
+    assert task.holding == 1 and out.offsets == {"agent.steps": 3}  # the receipt waits; its offset is not passed
+    store.write(out.changes, None)
+    task.committed(out)
+    later = task.fold([Rec("agent.steps", 0, 3, b"r", encode(mine[2]))])
+    paths = [x.to_state for x in out.transitions + later.transitions if x.run_id == "r"]
+    assert paths == [x.to_state for x in replay(mine)[0]] == ["RUNNING", "VERIFYING", "VERIFIED_COMPLETE"]
