@@ -224,3 +224,34 @@ def test_a_transaction_of_an_ownership_already_dropped_leaves_the_current_one_al
     assert a.owned is new and not new.closed and a.recover_at is None
     asyncio.run(manager.fenced(new))  # type: ignore[arg-type]
     assert a.owned is None and new.closed and a.recover_at is not None
+
+
+def test_the_watch_measures_lag_at_most_every_interval_not_every_turn_of_the_loop() -> None:
+    """The loop turns hundreds of times a second; lag gauges and stall checks run at most every ``every_s``."""
+    from loopwarden.streams.metrics import Metrics
+    from loopwarden.streams.partition import AssignedPartition
+    from loopwarden.streams.watch import Watch
+
+    class Ends:  # the one consumer call the watch makes
+        def __init__(self) -> None:
+            self.end = 5
+
+        def highwater(self, tp) -> int:
+            return self.end
+
+    ends, metrics = Ends(), Metrics()
+    watch = Watch(ends, {"agent.steps": "steps"}, metrics, stall_timeout_s=60, malloc_trim_s=0, every_s=3600)
+    a = AssignedPartition(2)
+    a.committed["agent.steps"] = 0
+
+    def lag() -> float:
+        return metrics.registry.get_sample_value("loopwarden_consumer_lag", {"topic": "steps", "partition": "2"})
+
+    watch.check({2: a})
+    assert lag() == 5
+    ends.end = 9
+    watch.check({2: a})
+    assert lag() == 5  # within the interval: not measured again
+    watch.checked_at -= 3600
+    watch.check({2: a})
+    assert lag() == 9
