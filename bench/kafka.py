@@ -484,7 +484,8 @@ def processor_e2e(report: Report, workdir: Path, runs: int, rounds: int, partiti
         run_id, got, want = diffs[0]
         example = f"; e.g. {run_id}: worker {' > '.join(got)}, replay {' > '.join(want)}"
     report.add(bench, "runs whose path (not final state) differs from replay's", f"{len(diffs):,}",
-               f"over {len(results)} round(s){example}")
+               f"over {len(results)} round(s){example}; a receipt sent just before its run's run_ended, in the same "
+               f"ms: the worker applies a tie step first (docs/contract.md section 5), replay in send order")
     report.add(bench, "worker RSS ready -> ingested -> end",
                f"{nbytes(med('rss_before'))} -> {nbytes(med('rss_ingest'))} -> {nbytes(med('rss_after'))}",
                f"peak {nbytes(med('hwm'))}; +{nbytes((med('rss_after') - med('rss_before')) / r0['runs_total'])}/run "
