@@ -483,9 +483,15 @@ def processor_e2e(report: Report, workdir: Path, runs: int, rounds: int, partiti
     if diffs:
         run_id, got, want = diffs[0]
         example = f"; e.g. {run_id}: worker {' > '.join(got)}, replay {' > '.join(want)}"
+    # Which of a run's run_ended and receipt each side applied first: without VERIFYING, the receipt.
+    receipt_first = sum("VERIFYING" not in got and "VERIFYING" in want for _r, got, want in diffs)
+    step_first = sum("VERIFYING" in got and "VERIFYING" not in want for _r, got, want in diffs)
     report.add(bench, "runs whose path (not final state) differs from replay's", f"{len(diffs):,}",
-               f"over {len(results)} round(s){example}; a receipt sent just before its run's run_ended, in the same "
-               f"ms: the worker applies a tie step first (docs/contract.md section 5), replay in send order")
+               f"over {len(results)} round(s){example}; {receipt_first} where the worker applied the receipt first "
+               f"(its run_ended, sent just before it to the other topic, not yet in a fetch: no processor waits for a "
+               f"record it has no sign of), {step_first} where it applied the run_ended first (one ms, sent "
+               f"receipt first: the worker applies a tie step first, docs/contract.md section 5, replay in send "
+               f"order), {len(diffs) - receipt_first - step_first} other")
     report.add(bench, "worker RSS ready -> ingested -> end",
                f"{nbytes(med('rss_before'))} -> {nbytes(med('rss_ingest'))} -> {nbytes(med('rss_after'))}",
                f"peak {nbytes(med('hwm'))}; +{nbytes((med('rss_after') - med('rss_before')) / r0['runs_total'])}/run "
