@@ -226,8 +226,9 @@ def test_a_transaction_of_an_ownership_already_dropped_leaves_the_current_one_al
     assert a.owned is None and new.closed and a.recover_at is not None
 
 
-def test_the_watch_measures_lag_at_most_every_interval_not_every_turn_of_the_loop() -> None:
-    """The loop turns hundreds of times a second; lag gauges and stall checks run at most every ``every_s``."""
+def test_the_watch_shows_the_lag_of_every_turn_and_drops_a_forgotten_partitions_series() -> None:
+    """Each turn measures the lag afresh (a scrape right after the last commit reads 0), writing the gauge only
+    when it changed; a partition no longer assigned loses its series, and gets it back when assigned again."""
     from loopwarden.streams.metrics import Metrics
     from loopwarden.streams.partition import AssignedPartition
     from loopwarden.streams.watch import Watch
@@ -240,18 +241,22 @@ def test_the_watch_measures_lag_at_most_every_interval_not_every_turn_of_the_loo
             return self.end
 
     ends, metrics = Ends(), Metrics()
-    watch = Watch(ends, {"agent.steps": "steps"}, metrics, stall_timeout_s=60, malloc_trim_s=0, every_s=3600)
+    watch = Watch(ends, {"agent.steps": "steps"}, metrics, stall_timeout_s=60, malloc_trim_s=0)
     a = AssignedPartition(2)
     a.committed["agent.steps"] = 0
 
-    def lag() -> float:
+    def lag():
         return metrics.registry.get_sample_value("loopwarden_consumer_lag", {"topic": "steps", "partition": "2"})
 
     watch.check({2: a})
     assert lag() == 5
     ends.end = 9
     watch.check({2: a})
-    assert lag() == 5  # within the interval: not measured again
-    watch.checked_at -= 3600
-    watch.check({2: a})
     assert lag() == 9
+    a.committed["agent.steps"] = 9
+    watch.check({2: a})
+    assert lag() == 0
+    watch.forget(2)
+    assert lag() is None
+    watch.check({2: a})
+    assert lag() == 0
