@@ -37,7 +37,7 @@ class Watch:
         self.stall_timeout_s = stall_timeout_s
         self.malloc_trim_s = malloc_trim_s
         self.trimmed_at = time.monotonic()
-        self._shown: dict[int, list[list]] = {}  # partition -> per tracked input [TopicPartition, gauge child, lag]
+        self._shown: dict[int, list[list]] = {}  # partition -> per tracked input [topic, TopicPartition, child, lag]
 
     def _series(self, p: int) -> list[list]:
         series = self._shown.get(p)

@@ -207,7 +207,7 @@ def test_a_transaction_of_an_ownership_already_dropped_leaves_the_current_one_al
     from loopwarden.streams.metrics import Metrics
     from loopwarden.streams.partition import AssignedPartition
 
-    class Part:  # the two attributes the manager reads of an OwnedPartition, and its close()
+    class Part:  # what the manager reads of an OwnedPartition (its number, its identity) and its close()
         def __init__(self, number: int) -> None:
             self.number, self.closed = number, False
 

@@ -204,7 +204,7 @@ def test_a_tie_in_ts_across_topics_is_applied_steps_first_however_the_batch_begi
 
     assert fold(events[:2] + [run_end, rcpt]) == expected
     assert fold(events[:2] + [rcpt, run_end]) == expected  # the receipt's topic first in the batch
-    assert fold([rcpt] + events[:2] + [run_end]) == expected  # ... and first of all (ts t + 20 > t: it waits)
+    assert fold([rcpt] + events[:2] + [run_end]) == expected  # ... and first of all (merged by ts, then the tie)
 
 
 def test_a_tie_across_batches_waits_for_the_lagging_steps_topic() -> None:
