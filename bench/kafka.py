@@ -285,17 +285,14 @@ class Round:
             return value
 
         if rate_eps:  # paced: bench g's load generator (bench/sender.py), which leaves the cores to the worker
-            sender = Sender(self.config.bootstrap)
+            with Sender(self.config.bootstrap) as sender:
 
-            def send_one(item, ts_ms: int) -> None:
-                m, ev = item
-                sender.send(topics[m.topic], m.key, value_of(m, ev, ts_ms))
+                def send_one(item, ts_ms: int) -> None:
+                    m, ev = item
+                    sender.send(topics[m.topic], m.key, value_of(m, ev, ts_ms))
 
-            try:
                 await sender.paced(list(zip(messages, events)), rate_eps, send_one)
                 sender.flush()
-            finally:
-                sender.close()
         else:  # as fast as it goes: the backlogs the memory rows are read over (their buffering as since session 7)
             async with Publisher(self.config.bootstrap, self.config.steps_topic, self.config.outcomes_topic) as pub:
                 for m, ev in zip(messages, events):

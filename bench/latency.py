@@ -209,6 +209,7 @@ async def one_app(app: str, bootstrap: str, workdir: Path, rate: float, warm_s: 
     loop_reader = Reader(bootstrap, output, stamp) if os.environ.get("BENCH_LATENCY_LOOP_READER") else None
     task = asyncio.create_task(loop_reader.run()) if loop_reader is not None else None
     res: dict = {"app": app, "rate": rate}
+    sender = Sender(bootstrap)
     try:
         if app.startswith("worker"):
             deadline = time.monotonic() + 120
@@ -220,7 +221,6 @@ async def one_app(app: str, bootstrap: str, workdir: Path, rate: float, warm_s: 
         messages = [m for m in fleet(n // 6 + 50, seed=seed, start_ms=int(time.time() * 1000)) if m.valid][:n]
         events = [decode_input(m.value) if m.valid else None for m in messages]
         topics = {"steps": steps, "outcomes": outcomes}
-        sender = Sender(bootstrap)
         if not app.startswith("worker"):
             # A peer is ready at its first message: send a few and wait for it, then pace the rest.
             head, messages, events = messages[:5], messages[5:], events[5:]
@@ -253,10 +253,7 @@ async def one_app(app: str, bootstrap: str, workdir: Path, rate: float, warm_s: 
         sent_s = await sender.paced(list(zip(messages, events)), rate, send_one, on_turn)
         b1, tb1 = time.process_time(), time.monotonic()
         k1 = cpu_s(broker_pid) if broker_pid else float("nan")
-        try:
-            sender.flush()
-        finally:
-            sender.close()
+        sender.flush()
         sent_s += time.monotonic() - tb1  # until the last one was acknowledged, as before
         c0, before = mark.get("c0"), mark.get("before")
         tm0, b0 = mark.get("tm0", 0.0), mark.get("b0", 0.0)
@@ -288,6 +285,7 @@ async def one_app(app: str, bootstrap: str, workdir: Path, rate: float, warm_s: 
             res.update(txn_mean=(t_sum1 - t_sum0) / txns if txns else float("nan"),
                        txn_per_s=txns / measure_s, records_per_txn=(b_sum1 - b_sum0) / max(b_n1 - b_n0, 1))
     finally:
+        sender.close()
         reader.stop()
         if loop_reader is not None:
             loop_reader.stop()

@@ -63,6 +63,12 @@ class Sender:
             self._producer.flush(0)
             self._producer = None
 
+    def __enter__(self) -> Sender:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()
+
     async def paced(self, items: Sequence, rate: float, send_one: Callable[[object, int], None],
                     on_turn: Callable[[float], None] | None = None) -> float:
         """Send ``items`` at ``rate`` per second from now: ``send_one(item, ts_ms)`` for each, ``ts_ms`` the wall

@@ -29,11 +29,9 @@ def test_the_paced_sender_places_stamps_and_paces_every_message(kafka) -> None:
         sender.send(topic, key, f"{i} {ts_ms}".encode(), ts_ms)
 
     t0 = int(time.time() * 1000)
-    try:
+    with sender:
         took = asyncio.run(sender.paced(items, 1500.0, send_one))
         sender.flush()
-    finally:
-        sender.close()
     t1 = int(time.time() * 1000)
     assert took >= 299 / 1500
 
@@ -53,8 +51,7 @@ def test_the_paced_sender_places_stamps_and_paces_every_message(kafka) -> None:
 
 def test_a_sender_that_cannot_deliver_says_so(tmp_path) -> None:
     """No broker at the address: flush raises, naming the messages not acknowledged, instead of returning."""
-    sender = Sender("127.0.0.1:1")
-    try:
+    with Sender("127.0.0.1:1") as sender:  # closed after: else librdkafka goes on reconnecting, and logging it
         sender.send("nowhere", b"k", b"v")
         try:
             sender.flush(timeout_s=1.0)
@@ -62,5 +59,3 @@ def test_a_sender_that_cannot_deliver_says_so(tmp_path) -> None:
             assert "1 messages not acknowledged" in str(exc)
         else:
             raise AssertionError("flush returned with a message undelivered")
-    finally:
-        sender.close()  # else librdkafka goes on reconnecting, and logging it, for the rest of the session

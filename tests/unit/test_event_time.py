@@ -24,7 +24,7 @@ from loopwarden.rules import Settings, encode_state
 from loopwarden.streams.store import MemoryPartition
 from loopwarden.streams.task import PartitionTask, Tick, encode_tick, is_meta
 from tests.strategies import fleet
-from tests.builders import Rec
+from tests.builders import Rec, ended, receipt, started, step
 
 ROLES = {"agent.steps": "steps", "agent.outcomes": "outcomes", "loopwarden.ticks": "ticks"}
 FLEETS = int(os.environ.get("LOOPWARDEN_EVENT_TIME_FLEETS", "300"))
@@ -36,13 +36,19 @@ def _topic(event) -> str:
     return "agent.outcomes" if isinstance(event, (OutcomeReceipt, OutcomeExpected)) else "agent.steps"
 
 
-def worker(arrivals, cuts, clock: str = "event", wall=None):
-    """The partition's stage over ``arrivals`` in batches cut at ``cuts`` (a batch never mixes topics,
-    so its order is the arrival order), committed one by one; then a tick past every timer."""
+def _task(clock: str = "event", wall=None) -> tuple[MemoryPartition, PartitionTask]:
+    """Partition 0's health stage on a memory store, rebuilt (empty), its wall clock far ahead unless given."""
     store = MemoryPartition()
     task = PartitionTask(0, store, ROLES, settings=Settings(), clock=clock,
                          wall_ms=wall or (lambda: 2**53 - 1), max_future_ms=2**53)
     task.rebuild()
+    return store, task
+
+
+def worker(arrivals, cuts, clock: str = "event", wall=None):
+    """The partition's stage over ``arrivals`` in batches cut at ``cuts`` (a batch never mixes topics,
+    so its order is the arrival order), committed one by one; then a tick past every timer."""
+    store, task = _task(clock, wall)
     offsets: dict[str, int] = defaultdict(int)
     transitions = []
 
@@ -178,8 +184,6 @@ def test_a_tie_in_ts_across_topics_is_applied_steps_first_however_the_batch_begi
     the batch's first record is the receipt (the outcomes topic's record fetched first, or held from the last
     fold) or the step; so the run's path does not depend on how the fetches cut the batch, and is replay's
     of the step then the receipt (RUNNING > VERIFYING > VERIFIED_COMPLETE, not straight to VERIFIED_COMPLETE)."""
-    from tests.builders import ended, receipt, started, step
-
     t = 5_000_000
     events = [decode_input(msgspec.json.encode(e)) for e in (
         started(ts=t), step(0, ts=t + 10), ended("natural_finish", 1, ts=t + 20), receipt("rc1", ts=t + 20))]
@@ -188,10 +192,7 @@ def test_a_tie_in_ts_across_topics_is_applied_steps_first_however_the_batch_begi
     assert expected == ["RUNNING", "VERIFYING", "VERIFIED_COMPLETE"]
 
     def fold(order) -> list[str]:
-        store = MemoryPartition()
-        task = PartitionTask(0, store, ROLES, settings=Settings(), clock="event",
-                             wall_ms=lambda: 2**53 - 1, max_future_ms=2**53)
-        task.rebuild()
+        _store, task = _task()
         offsets: dict[str, int] = defaultdict(int)
         records = []
         for event in order:
@@ -211,16 +212,11 @@ def test_a_tie_across_batches_waits_for_the_lagging_steps_topic() -> None:
     """The receipt is fetched while agent.steps still lags, stamped at the steps' stream time (another run's step
     in the batch); its run's run_ended, in that same millisecond, comes in the next batch. The receipt waits
     (it could still be tied by a step), so the step goes first here too: the path is replay's."""
-    from tests.builders import ended, receipt, started, step
-
     t = 5_000_000
     mine = [decode_input(msgspec.json.encode(e)) for e in (
         started(ts=t), step(0, ts=t + 10), ended("natural_finish", 1, ts=t + 20), receipt("rc1", ts=t + 20))]
     other = decode_input(msgspec.json.encode(started(run="o", ts=t + 20)))
-    store = MemoryPartition()
-    task = PartitionTask(0, store, ROLES, settings=Settings(), clock="event",
-                         wall_ms=lambda: 2**53 - 1, max_future_ms=2**53)
-    task.rebuild()
+    store, task = _task()
     first = [Rec("agent.steps", 0, i, e.run_id.encode(), encode(e)) for i, e in enumerate((*mine[:2], other))]
     first.append(Rec("agent.outcomes", 0, 0, b"r", encode(mine[3])))
     out = task.fold(first, lagging={"steps"})
