@@ -117,6 +117,27 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def jit_cpu_s(pid: int) -> float:
+    """CPU seconds a JVM's JIT compiler threads have used so far (HotSpot names them "C1 CompilerThreadN" and
+    "C2 CompilerThreadN"; Linux keeps 15 characters of a thread's name), from /proc; nan if not readable."""
+    total, hz = 0, os.sysconf("SC_CLK_TCK")
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return float("nan")
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                if not f.read().startswith(("C1 CompilerThre", "C2 CompilerThre")):
+                    continue
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:  # the thread ended meanwhile (HotSpot stops idle compiler threads)
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / hz
+
+
 def rss_kb(pid: int) -> dict[str, int]:
     """VmRSS and VmHWM (peak) of a process, in kB, from /proc."""
     out = {}

@@ -51,7 +51,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from bench.common import Report, cpu_s, duration, median, progress, si
+from bench.common import Report, cpu_s, duration, jit_cpu_s, median, progress, si
 from loopwarden.codecs import decode_input
 from dev.localkafka import DEFAULT_JVM_ARGS, LocalKafka, free_port
 from loopwarden.simulate import fleet
@@ -136,6 +136,7 @@ class Result:
     cpu_s: float  # the app's CPU in that window
     startup_s: float = float("nan")  # spawn -> ready
     broker_cpu_s: float = float("nan")
+    broker_jit_s: float = float("nan")  # of which the broker's JIT compiler threads (a new broker compiles for minutes)
     capped: bool = False
     # Steady state: from 10 % to 90 % of the input handled (counted where handled, not at a commit).
     steady_events: float = float("nan")
@@ -401,7 +402,7 @@ async def run_bare(backlog: Backlog, broker_pid: int) -> Result:
     await consumer.start()
     try:
         await consumer.seek_to_beginning(*backlog.partitions)
-        t0, c0, b0 = time.monotonic(), cpu_s(os.getpid()), cpu_s(broker_pid)
+        t0, c0, b0, j0 = time.monotonic(), cpu_s(os.getpid()), cpu_s(broker_pid), jit_cpu_s(broker_pid)
         got, last_progress = 0, t0
         samples = [(0, t0, c0)]
         while got < backlog.n:
@@ -415,9 +416,10 @@ async def run_bare(backlog: Backlog, broker_pid: int) -> Result:
             elif now - last_progress > 30:
                 raise TimeoutError(f"bare consumer stuck at {got} of {backlog.n}")
         t1, c1, b1 = time.monotonic(), cpu_s(os.getpid()), cpu_s(broker_pid)
+        j1 = jit_cpu_s(broker_pid)
     finally:
         await consumer.stop()
-    res = Result("bare", got, t1 - t0, c1 - c0, startup_s=t0 - t_spawn, broker_cpu_s=b1 - b0)
+    res = Result("bare", got, t1 - t0, c1 - c0, startup_s=t0 - t_spawn, broker_cpu_s=b1 - b0, broker_jit_s=j1 - j0)
     res.set_steady([m for m in (crossing(samples, backlog.n * 0.1), crossing(samples, backlog.n * 0.9)) if m])
     return res
 
@@ -571,7 +573,7 @@ async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s
             if time.monotonic() - t_spawn > READY_TIMEOUT_S:
                 raise TimeoutError(f"{app} not ready after {READY_TIMEOUT_S:.0f}s; {log}:\n{_tail(log)}")
             await asyncio.sleep(0.1 if app.startswith("worker") else 0.02)
-        b_ready, bench_ready = cpu_s(broker_pid), cpu_s(os.getpid())
+        b_ready, bench_ready, j_ready = cpu_s(broker_pid), cpu_s(os.getpid()), jit_cpu_s(broker_pid)
         limit = cap_s if app.startswith("worker") else DONE_TIMEOUT_S
         # The worker's progress, read without touching it (a /metrics scrape costs its event loop ~4 ms):
         # `samples` from its changelog's offsets records, one per transaction of a partition, seen
@@ -594,7 +596,8 @@ async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s
                 group_samples.append((done, time.monotonic(), cpu_s(proc.pid)))
             now, c_now, b_now = time.monotonic(), cpu_s(proc.pid), cpu_s(broker_pid)
             if done >= backlog.n:
-                res = Result(app, done, now - t_ready, c_now - c_ready, t_ready - t_spawn, b_now - b_ready)
+                res = Result(app, done, now - t_ready, c_now - c_ready, t_ready - t_spawn, b_now - b_ready,
+                             broker_jit_s=jit_cpu_s(broker_pid) - j_ready)
                 res.bench_cpu_s = cpu_s(os.getpid()) - bench_ready
                 if watcher is not None:
                     # The changelog's last records are committed before the group's offsets (or with them);
@@ -636,7 +639,7 @@ async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s
                     with open(path, "w") as f:  # what it committed, and where it stopped (a look with --keep)
                         f.writelines(json.dumps({"n": n, "t": t, "cpu": c}) + "\n" for n, t, c in series)
                 res = Result(app, done, now - t_ready, c_now - c_ready, t_ready - t_spawn, b_now - b_ready,
-                             capped=True)
+                             broker_jit_s=jit_cpu_s(broker_pid) - j_ready, capped=True)
                 # Stuck short of the end, it may still have crossed 90 %: its steady window stands (the
                 # flag says the rest).
                 res.set_steady(steady_marks(samples, backlog.n))
@@ -692,6 +695,8 @@ async def _rounds(bootstrap: str, broker_pid: int, workdir: Path, events: int, r
                      f" {res.steady_s:5.1f} s | ready->done {si(res.eps, 'ev/s'):>11}  {res.cpu_us:6.1f} µs CPU/event  "
                      f"{res.wall_s:5.1f} s"
                      + (f"  startup {res.startup_s:4.1f} s" if res.startup_s == res.startup_s else "")
+                     + (f"  broker JIT {res.broker_jit_s / res.wall_s:.0%} of a core"
+                        if res.broker_jit_s == res.broker_jit_s and res.wall_s > 0 else "")
                      + (f"  CAPPED at {res.events:,} of {backlog.n:,}" if res.capped else ""))
             if app in ("quix", "quix1s", "kstreams"):
                 progress(f"[e]   {'':<8} steady read at its commits (outputs)  {si(res.committed_steady_eps, 'ev/s'):>11} "
@@ -768,7 +773,8 @@ def _report(report: Report, backlog: Backlog, results: dict[str, list[Result]], 
                 f"rounds {spread(app, 'steady_eps')}; ready -> done at commit {si(med(app, 'eps'), 'ev/s')}")
         if app != "bare":
             note += f"; startup {duration(med(app, 'startup_s'))} (spawn -> ready)"
-        note += f"; broker CPU {med(app, 'broker_cpu_s') / med(app, 'events') * 1e6:.3g} µs/event (ready -> done)"
+        note += (f"; broker CPU {med(app, 'broker_cpu_s') / med(app, 'events') * 1e6:.3g} µs/event (ready -> done), "
+                 f"its JIT {med(app, 'broker_jit_s') / med(app, 'events') * 1e6:.2g}")
         if capped:
             note += (f"; CAPPED: {int(med(app, 'events')):,} of {backlog.n:,} committed in {med(app, 'wall_s'):.0f} s, "
                      "rate = committed / time")

@@ -59,3 +59,20 @@ def test_a_sender_that_cannot_deliver_says_so(tmp_path) -> None:
             assert "1 messages not acknowledged" in str(exc)
         else:
             raise AssertionError("flush returned with a message undelivered")
+
+
+def test_the_broker_jit_reading_counts_the_compiler_threads_only(kafka) -> None:
+    """The latency bench warms its broker until HotSpot's compiler threads go quiet (bench/latency.py warm_up):
+    read from /proc, their CPU is a part of the broker's, it grows while the broker first serves requests, and a
+    process without such threads (this one) reads 0."""
+    import os
+
+    from bench.common import cpu_s, jit_cpu_s
+
+    jit0 = jit_cpu_s(kafka.pid)
+    config = unique_config(kafka.bootstrap, partitions=8)
+    run(create_topics(kafka.bootstrap, [config.steps_topic], partitions=8))
+    jit1, total = jit_cpu_s(kafka.pid), cpu_s(kafka.pid)
+    assert 0 < jit0 <= jit1 < total  # compiled something at start (C1 at least), a part of the broker's CPU
+    assert jit_cpu_s(os.getpid()) == 0.0
+    assert jit_cpu_s(2**22 + 7) != jit_cpu_s(2**22 + 7)  # no such process: nan, not 0
