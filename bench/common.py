@@ -107,20 +107,25 @@ def machine_note() -> str:
             f"Python {platform.python_version()}")
 
 
+def _ticks(stat: str) -> int:
+    """utime + stime, in clock ticks, of a /proc ``stat`` file (a process's or one of its threads')."""
+    with open(stat) as f:
+        fields = f.read().rpartition(")")[2].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def cpu_s(pid: int) -> float:
     """CPU seconds (user + system) a process has used so far, from /proc; nan if gone."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
+        return _ticks(f"/proc/{pid}/stat") / os.sysconf("SC_CLK_TCK")
     except OSError:
         return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def jit_cpu_s(pid: int) -> float:
     """CPU seconds a JVM's JIT compiler threads have used so far (HotSpot names them "C1 CompilerThreadN" and
     "C2 CompilerThreadN"; Linux keeps 15 characters of a thread's name), from /proc; nan if not readable."""
-    total, hz = 0, os.sysconf("SC_CLK_TCK")
+    total = 0
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -128,14 +133,11 @@ def jit_cpu_s(pid: int) -> float:
     for tid in tasks:
         try:
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                if not f.read().startswith(("C1 CompilerThre", "C2 CompilerThre")):
-                    continue
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
+                if f.read().startswith(("C1 CompilerThre", "C2 CompilerThre")):
+                    total += _ticks(f"/proc/{pid}/task/{tid}/stat")
         except OSError:  # the thread ended meanwhile (HotSpot stops idle compiler threads)
             continue
-        total += int(fields[11]) + int(fields[12])
-    return total / hz
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def rss_kb(pid: int) -> dict[str, int]:

@@ -322,10 +322,8 @@ def warm_up(kafka, workdir: Path, rate: float, runs: tuple[int, int] = WARMUP_RU
                  f"the broker {share:.0%} of a core, its JIT {jit:.0%}")
         if len(shares) < max(runs[0], 2):
             continue
-        if jit == jit:  # read from /proc
-            if jit <= JIT_QUIET:
-                break
-        elif abs(share - shares[-2][0]) <= 0.1 * shares[-2][0]:
+        warm = jit <= JIT_QUIET if jit == jit else abs(share - shares[-2][0]) <= 0.1 * shares[-2][0]  # nan: no /proc
+        if warm:
             break
     return shares
 

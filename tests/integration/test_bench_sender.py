@@ -4,9 +4,11 @@ looks for its run, stamped with the time it was due, at the pace asked."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import Counter
 
+from bench.common import cpu_s, jit_cpu_s
 from bench.ingest import create_topics
 from bench.sender import Sender
 from loopwarden.streams.assignment import partition_of
@@ -65,10 +67,6 @@ def test_the_broker_jit_reading_counts_the_compiler_threads_only(kafka) -> None:
     """The latency bench warms its broker until HotSpot's compiler threads go quiet (bench/latency.py warm_up):
     read from /proc, their CPU is a part of the broker's, it grows while the broker first serves requests, and a
     process without such threads (this one) reads 0."""
-    import os
-
-    from bench.common import cpu_s, jit_cpu_s
-
     jit0 = jit_cpu_s(kafka.pid)
     config = unique_config(kafka.bootstrap, partitions=8)
     run(create_topics(kafka.bootstrap, [config.steps_topic], partitions=8))
