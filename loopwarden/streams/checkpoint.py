@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaProducer, TopicPartition
@@ -61,15 +62,16 @@ class Checkpoint:
         self.router = router
 
     async def commit(self, result: FoldResult, deadletters: list[Output], *, offsets_record: bytes | None = None,
-                     group_offsets: dict[str, int] | None = None) -> Committed:
+                     group_offsets: dict[str, int] | None = None, begun: Awaitable[None] | None = None) -> Committed:
         """In order: begin; the outputs, the dead letters, the changelog; the offsets; commit.
 
         ``offsets_record``: the input offsets (``recovery.encode_offsets``), written to the changelog as the
         engine's record; ``group_offsets``: input topic -> offset, also committed as the group's inside the
-        transaction (AddOffsetsToTxn, TxnOffsetCommit), or None."""
+        transaction (AddOffsetsToTxn, TxnOffsetCommit), or None; ``begun``: the producer's ``begin_transaction()``
+        already under way (:meth:`OwnedPartition.begin_next`), or None to begin it here."""
         began = time.monotonic()
         p, producer = self.partition, self.producer
-        await producer.begin_transaction()
+        await (begun if begun is not None else producer.begin_transaction())
         outbox = _Outbox(producer)
         route, put = self.router.partition, outbox.put
         for o in result.outputs:
@@ -149,6 +151,23 @@ class _Outbox:
         self.open.clear()
 
     async def delivered(self) -> list[tuple[str, int, object]]:
-        """Wait for every batch's ack; (topic, records, RecordMetadata of its first record)."""
-        metas = await asyncio.gather(*(f for _, _, f in self.sent))
-        return [(topic, n, meta) for (topic, n, _), meta in zip(self.sent, metas)]
+        """Wait for every batch's ack; (topic, records, RecordMetadata of its first record).
+
+        Each future awaited in turn, not gathered: one Produce reply settles them all, and ``gather`` would add a
+        turn of the event loop to the commit (bench/HISTORY.md, "Inside a commit"). On the first error the others'
+        are retrieved too, as ``gather`` does, so none is logged as never retrieved."""
+        metas = []
+        try:
+            for topic, n, future in self.sent:
+                metas.append((topic, n, await future))
+        except BaseException:
+            for _, _, future in self.sent:
+                future.add_done_callback(retrieved)
+            raise
+        return metas
+
+
+def retrieved(future: asyncio.Future) -> None:
+    """A done callback that reads the future's error, so that asyncio does not log it as never retrieved."""
+    if not future.cancelled():
+        future.exception()

@@ -180,7 +180,7 @@ class Engine:
             a = self.assigned.get(part.number)
             record, offsets = part.offsets_record(a.committed if a is not None else {}, result.offsets, records)
         try:
-            committed = await checkpoint.commit(result, dead, offsets_record=record,
+            committed = await checkpoint.commit(result, dead, offsets_record=record, begun=part.take_begun(),
                                                 group_offsets=offsets if c.commit_offsets_ms == 0 else None)
         except ProducerFenced:
             part.after_abort(result)
@@ -191,6 +191,7 @@ class Engine:
             await self.partitions.failed(part, exc)
             return
         part.committed_at = time.monotonic()
+        part.begin_next()
         part.after_commit(result, committed)
         committed.record(self.metrics, result)
         a = self.assigned.get(part.number)

@@ -260,3 +260,96 @@ def test_the_watch_shows_the_lag_of_every_turn_and_drops_a_forgotten_partitions_
     assert lag() is None
     watch.check({2: a})
     assert lag() == 0
+
+
+def test_the_outbox_hands_back_each_batchs_ack_in_order_and_on_an_error_raises_it_and_reads_the_others() -> None:
+    """delivered(): (topic, records, metadata) per batch sent, in order; a failed batch's error is raised, and a
+    second failed batch's error is read too, so asyncio logs no "exception was never retrieved"."""
+    import asyncio
+    import gc
+    import logging
+
+    from loopwarden.streams.checkpoint import _Outbox
+
+    async def go() -> tuple:
+        loop = asyncio.get_running_loop()
+        ok = _Outbox(None)  # type: ignore[arg-type]
+        late = loop.create_future()
+        ok.sent = [("health", 3, loop.create_future()), ("changelog", 2, late)]
+        ok.sent[0][2].set_result("meta-h")
+        loop.call_later(0.01, late.set_result, "meta-c")
+        metas = await ok.delivered()
+        bad = _Outbox(None)  # type: ignore[arg-type]
+        first, second = loop.create_future(), loop.create_future()
+        bad.sent = [("health", 1, first), ("changelog", 1, second)]
+        loop.call_later(0.01, first.set_exception, RuntimeError("first batch failed"))
+        loop.call_later(0.02, second.set_exception, RuntimeError("second batch failed"))
+        try:
+            await bad.delivered()
+        except RuntimeError as exc:
+            raised = str(exc)
+        await asyncio.sleep(0.05)  # the second fails after the first was raised
+        return metas, raised
+
+    logged: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("asyncio").addHandler(handler)
+    try:
+        metas, raised = asyncio.run(go())
+        gc.collect()  # a future never retrieved logs when it is freed
+    finally:
+        logging.getLogger("asyncio").removeHandler(handler)
+    assert metas == [("health", 3, "meta-h"), ("changelog", 2, "meta-c")]
+    assert raised == "first batch failed"
+    assert not [m for m in logged if "never retrieved" in m], logged
+
+
+class _Producer:
+    """begin_transaction as aiokafka's: a coroutine that waits turns of the loop; counted, as is stop."""
+
+    def __init__(self) -> None:
+        self.begun = self.stopped = 0
+
+    async def begin_transaction(self) -> None:
+        import asyncio
+
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        self.begun += 1
+
+    async def stop(self) -> None:
+        self.stopped += 1
+
+
+class _Quiet:
+    def dropped(self, part) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def test_a_partition_begins_its_next_transaction_once_and_a_drop_cancels_a_begin_under_way() -> None:
+    """begin_next() starts begin_transaction at once; take_begun() hands it over once; close() cancels one not
+    done (its producer stops) and leaves none behind."""
+    import asyncio
+
+    from loopwarden.streams.partition import OwnedPartition
+
+    async def go() -> tuple:
+        producer = _Producer()
+        part = OwnedPartition(0, _Quiet(), None, _Quiet(), producer, None)  # type: ignore[arg-type]
+        assert part.take_begun() is None  # a partition just owned: its first commit begins its own
+        part.begin_next()
+        begun = part.take_begun()
+        assert part.take_begun() is None
+        await begun  # type: ignore[misc]
+        done = producer.begun
+        part.begin_next()
+        pending = part.begun
+        await part.close()
+        await asyncio.sleep(0.01)
+        return done, pending, part.begun, producer
+
+    done, pending, left, producer = asyncio.run(go())
+    assert done == 1 and pending.cancelled() and left is None
+    assert producer.begun == 1 and producer.stopped == 1
