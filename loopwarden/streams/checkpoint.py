@@ -154,7 +154,7 @@ class _Outbox:
         """Wait for every batch's ack; (topic, records, RecordMetadata of its first record).
 
         Each future awaited in turn, not gathered: one Produce reply settles them all, and ``gather`` would add a
-        turn of the event loop to the commit (bench/HISTORY.md, "Inside a commit"). On the first error the others'
+        turn of the event loop to the commit (bench/HISTORY.md, "A commit step by step"). On the first error the others'
         are retrieved too, as ``gather`` does, so none is logged as never retrieved."""
         metas = []
         try:
