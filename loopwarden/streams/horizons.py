@@ -22,6 +22,10 @@ class Horizons:
     def __init__(self, engine) -> None:
         self.engine = engine  # its config, its group's consumer (committed offsets), its tracked input topics
         self.probe: AIOKafkaConsumer | None = None  # read_committed, no group: end offsets, the first record not consumed
+        # read_uncommitted, no group: an old partition's high watermark. Its last stable offset would hide a producer's
+        # record appended while another partition's forwarding transaction to it is open (old partitions are new
+        # partitions' targets too): the partition would read as forwarded with that record still on it.
+        self.tip: AIOKafkaConsumer | None = None
         self.lock = asyncio.Lock()  # partitions' pipelines share the probe
         self.started = False
 
@@ -43,8 +47,9 @@ class Horizons:
                         part.number, type(exc).__name__, exc)
 
     async def stop(self) -> None:
-        if self.probe is not None and self.started:
-            await quietly(self.probe.stop(), "stopping a consumer", " during shutdown")
+        if self.started:
+            for consumer in (self.probe, self.tip):
+                await quietly(consumer.stop(), "stopping a consumer", " during shutdown")  # type: ignore[union-attr]
 
     async def settle(self, partition: int, s: Settling, in_hand: dict[str, int] | None) -> None:
         """Before a fold: read a horizon for the old partitions ``s`` waits for; make it the task's once the
@@ -61,15 +66,16 @@ class Horizons:
         async with self.lock:
             engine = self.engine
             if self.probe is None:
-                self.probe = AIOKafkaConsumer(**client_options(engine.config), group_id=None, enable_auto_commit=False,
-                                              isolation_level="read_committed", auto_offset_reset="earliest")
-            probe, topics = self.probe, tuple(engine.partitions.tracked)
+                options = dict(client_options(engine.config), group_id=None, enable_auto_commit=False)
+                self.probe = AIOKafkaConsumer(**options, isolation_level="read_committed", auto_offset_reset="earliest")
+                self.tip = AIOKafkaConsumer(**options, isolation_level="read_uncommitted")
+            probe, tip, topics = self.probe, self.tip, tuple(engine.partitions.tracked)
             if not self.started:  # started by the first reading (under the lock: pipelines run concurrently)
-                await probe.start()
+                await asyncio.gather(probe.start(), tip.start())  # type: ignore[union-attr]
                 self.started = True
             read_ms = int(time.time() * 1000)
             tps = [TopicPartition(t, p) for p in sorted(old) for t in topics]
-            ends = await probe.end_offsets(tps)
+            ends = await tip.end_offsets(tps)  # type: ignore[union-attr]  # high watermarks: every record on them
             waiting: dict[int, list[int]] = {p: [] for p in old}  # old partition -> first timestamps not consumed
             for tp in tps:
                 committed = await engine.consumer.committed(tp) or 0
