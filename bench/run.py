@@ -18,7 +18,7 @@ from bench.common import Report, machine_note, progress
 
 FULL = dict(core_runs=20_000, core_repeats=5, state_runs=20_000, heap_runs=10_000,
             kafka_runs=20_000, kafka_rounds=2, txn_count=200, paced_runs=300, paced_s=8, pace_eps=5000.0, timer_sizes=(5_000, 50_000), timer_rounds=200,
-            ingest_events=200_000, ingest_rounds=3, ingest_warmup=1, latency_s=8.0, latency_rounds=3, warmup_runs=(2, 16),
+            ingest_events=600_000, ingest_rounds=3, ingest_warmup=1, latency_s=8.0, latency_rounds=3, warmup_runs=(2, 16),
             fold_memory_runs=(10_000, 40_000))
 QUICK = dict(core_runs=5_000, core_repeats=3, state_runs=5_000, heap_runs=5_000,
              kafka_runs=1_000, kafka_rounds=1, txn_count=60, paced_runs=150, paced_s=4, pace_eps=5000.0, timer_sizes=(5_000, 50_000), timer_rounds=100,
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alt-env", action="append", default=[], metavar="LOOPWARDEN_NAME=VALUE",
                         help="worker-alt's setting (repeatable): the worker with and without it, side by side")
     parser.add_argument("--rounds", type=int, default=None, help="the ingest bench's rounds (default 3, 1 with --quick)")
-    parser.add_argument("--events", type=int, default=None, help="the ingest bench's backlog (default 200,000)")
+    parser.add_argument("--events", type=int, default=None, help="the ingest bench's backlog (default 600,000)")
     parser.add_argument("--keep", action="store_true", help="keep the broker and worker logs (path printed)")
     args = parser.parse_args(argv)
     size = QUICK if args.quick else FULL
