@@ -62,15 +62,25 @@ async def _send(config, events: list[dict]) -> None:
 
 
 async def _auto_create(config, topic: str) -> None:
-    """What any client asking for ``topic``'s metadata does on a broker with auto.create.topics.enable: its default count."""
-    async with AIOKafkaProducer(bootstrap_servers=config.broker) as producer:
-        for _ in range(100):
+    """What any client asking for ``topic``'s metadata does on a broker with auto.create.topics.enable: its default count.
+
+    Called just after ``delete_topics``: the broker applies a deletion to its metadata a little after the
+    controller answers, so a metadata request at once may still see the old topic (and create nothing), and
+    the worker's own producers may create it first. It asks only while the topic is missing, and returns once
+    the topic is back with the broker's default count, 1."""
+    counts: dict[str, int] = {}
+    for _ in range(100):
+        counts = await _admin(config, lambda admin: existing_counts(admin, [topic]))  # never creates it
+        if counts.get(topic) == 1:
+            return
+        if topic not in counts:
             try:
-                if await producer.partitions_for(topic):
-                    return
+                async with AIOKafkaProducer(bootstrap_servers=config.broker) as producer:
+                    await producer.partitions_for(topic)
             except Exception:  # noqa: BLE001 - not there yet
                 pass
-            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{topic} not back with 1 partition 10 s after it was deleted: {counts}")
 
 
 def test_agent_health_deleted_while_running_blocks_clearly_and_recovers_once_it_is_back(kafka, tmp_path) -> None:
@@ -168,7 +178,8 @@ def test_a_worker_stopped_while_its_output_topic_has_the_wrong_count_exits_clean
             await sending
 
         run(delete_while_sending())
-        wait_for(lambda: f"{topic} has 1 partitions".encode() in worker.get("/readyz")[1])
+        wait_for(lambda: f"{topic} has 1 partitions".encode() in worker.get("/readyz")[1],
+                 why=lambda: f"/readyz {worker.get('/readyz')}\n{worker.log_tail()}")
         time.sleep(2)
         stopping = time.monotonic()
         worker.stop(timeout_s=30)

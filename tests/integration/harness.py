@@ -284,15 +284,16 @@ def final_states(ts: list[dict]) -> dict[str, str]:
     return {k: v[1] for k, v in best.items()}
 
 
-def wait_for(check, timeout_s: float = 30, every_s: float = 0.2):
-    """Poll ``check()`` until it returns something true; that value (TimeoutError after ``timeout_s``)."""
+def wait_for(check, timeout_s: float = 30, every_s: float = 0.2, why=None):
+    """Poll ``check()`` until it returns something true; that value (TimeoutError after ``timeout_s``, with
+    ``why()`` in its message when given: what was seen instead)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         got = check()
         if got:
             return got
         time.sleep(every_s)
-    raise TimeoutError("condition not met")
+    raise TimeoutError("condition not met" + (f"; instead:\n{why()}" if why is not None else ""))
 
 
 def as_json(event: dict) -> bytes:
