@@ -23,6 +23,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.errors import UnknownTopicOrPartitionError
 
 from loopwarden.streams.stage import FoldResult, Output
 from loopwarden.streams.store import OFFSETS_KEY
@@ -137,12 +138,26 @@ class _Outbox:
             if self.put(topic, partition, key, value, headers):
                 return
         # Larger than a batch on its own (a dead letter near the size limit).
+        await self._known(topic, partition)
         future = await self.producer.send(topic, value, key=key, partition=partition, headers=list(headers))
         self.sent.append((topic, 1, future))
 
     async def _send(self, topic: str, partition: int, batch) -> None:
+        await self._known(topic, partition)
         n = batch.record_count()
         self.sent.append((topic, n, await self.producer.send_batch(batch, topic, partition=partition)))
+
+    async def _known(self, topic: str, partition: int) -> None:
+        """Refuse a partition the producer's metadata does not have, as a Kafka error the engine recovers from.
+
+        An output deleted and auto-created with fewer partitions, seen by a producer owned after the router
+        learned the old count: aiokafka's ``send`` would fail an ``assert`` there, which the engine takes for
+        a bug of its own and stops on; this way the transaction aborts and the layout guard holds the
+        partitions (loopwarden.streams.layoutguard). One look-up per batch, not per record."""
+        if partition not in await self.producer.partitions_for(topic):
+            raise UnknownTopicOrPartitionError(
+                f"{topic} has no partition {partition} in this producer's metadata "
+                f"(re-created with fewer partitions?)")
 
     async def flush(self) -> None:
         for (topic, partition), batch in self.open.items():
