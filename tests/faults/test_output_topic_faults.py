@@ -83,6 +83,11 @@ async def _auto_create(config, topic: str) -> None:
     raise AssertionError(f"{topic} not back with 1 partition 10 s after it was deleted: {counts}")
 
 
+def _said(worker):
+    """For wait_for's ``why``: what the worker's /readyz answers now, and the end of its log."""
+    return lambda: f"/readyz {worker.get('/readyz')}\n{worker.log_tail()}"
+
+
 def test_agent_health_deleted_while_running_blocks_clearly_and_recovers_once_it_is_back(kafka, tmp_path) -> None:
     """agent.health deleted (auto-created with 1 partition) under transactions: /readyz 503 naming it; once the
     operator's delete + `topics repair` bring it back it recovers by itself, each run's seqs gap-free and once."""
@@ -112,7 +117,8 @@ def test_agent_health_deleted_while_running_blocks_clearly_and_recovers_once_it_
 
         run(delete_while_sending())
         deleted_at = time.monotonic()
-        status, body = wait_for(lambda: (lambda r: r if r[0] == 503 and b"layout" in r[1] else None)(worker.get("/readyz")))
+        status, body = wait_for(lambda: (lambda r: r if r[0] == 503 and b"layout" in r[1] else None)(worker.get("/readyz")),
+                                why=_said(worker))
         layout = json.loads(body)["layout"]
         assert layout and config.health_topic in layout, body
         assert time.monotonic() - deleted_at < 15
@@ -146,7 +152,7 @@ def test_agent_health_deleted_while_running_blocks_clearly_and_recovers_once_it_
             assert s == list(range(s[0], last + 1)), (r, s)  # in order, each once, no gap, up to replay's last
             if r.startswith("late-"):
                 assert s[0] == 1, (r, s)  # started after the topic was back: its whole life is there
-        assert wait_for(lambda: worker.get("/readyz")[0] == 200)
+        assert wait_for(lambda: worker.get("/readyz")[0] == 200, why=_said(worker))
         assert b"loopwarden_topology_blocked 0.0" in worker.get("/metrics")[1]
         stopping = time.monotonic()
         worker.stop()
@@ -178,8 +184,7 @@ def test_a_worker_stopped_while_its_output_topic_has_the_wrong_count_exits_clean
             await sending
 
         run(delete_while_sending())
-        wait_for(lambda: f"{topic} has 1 partitions".encode() in worker.get("/readyz")[1],
-                 why=lambda: f"/readyz {worker.get('/readyz')}\n{worker.log_tail()}")
+        wait_for(lambda: f"{topic} has 1 partitions".encode() in worker.get("/readyz")[1], why=_said(worker))
         time.sleep(2)
         stopping = time.monotonic()
         worker.stop(timeout_s=30)
@@ -212,7 +217,7 @@ def test_topics_repair_recreates_an_empty_wrong_count_output_and_refuses_one_hol
                 await producer.send_and_wait(config.health_topic, b"a transition on the auto-created topic", key=b"x")
 
         run(auto_create_both())
-        wait_for(lambda: f"{config.health_topic} has 1 partitions".encode() in worker.get("/readyz")[1])
+        wait_for(lambda: f"{config.health_topic} has 1 partitions".encode() in worker.get("/readyz")[1], why=_said(worker))
         res = lw(config, "topics", "repair", "--yes")
         assert res.returncode == 1, res.stdout
         assert (f"output {config.health_topic} has 1 partitions, expected 4, and holds records (1 offsets). A worker "
@@ -228,7 +233,7 @@ def test_topics_repair_recreates_an_empty_wrong_count_output_and_refuses_one_hol
         assert f"delete and recreate {config.deadletter_topic} with 4 partitions (it has 1; it holds no records)" in res.stdout
         counts = run(_admin(config, lambda a: existing_counts(a, [config.health_topic, config.deadletter_topic])))
         assert counts == {config.health_topic: 4, config.deadletter_topic: 4}
-        assert wait_for(lambda: worker.get("/readyz")[0] == 200)
+        assert wait_for(lambda: worker.get("/readyz")[0] == 200, why=_said(worker))
         events = [started(run="after", ts=t0 + 10), step(0, run="after", ts=t0 + 20), ended("natural_finish", 1, run="after", ts=t0 + 30)]
         run(publish(config, [("steps", b"after", as_json(e)) for e in events]))
         got = transitions(run(read_topic(config, config.health_topic, lambda recs: any(
@@ -287,9 +292,9 @@ def test_a_worker_joining_while_an_output_is_broken_stays_blocked_with_the_first
             await _auto_create(config, config.health_topic)
 
         run(break_health())
-        wait_for(lambda: f"{config.health_topic} has 1 partitions".encode() in a.get("/readyz")[1])
+        wait_for(lambda: f"{config.health_topic} has 1 partitions".encode() in a.get("/readyz")[1], why=_said(a))
         b.start(ready=False)  # joins the group: a rebalance while A is blocked
-        status, body = wait_for(lambda: (lambda r: r if b"has 1 partitions" in r[1] else None)(b.get("/readyz")))
+        status, body = wait_for(lambda: (lambda r: r if b"has 1 partitions" in r[1] else None)(b.get("/readyz")), why=_said(b))
         assert status == 503 and config.health_topic in json.loads(body)["layout"], body
         run(publish(config, [("steps", e["run_id"].encode(), as_json(e)) for e in second]))
         time.sleep(4)  # both blocked through the rebalance: nothing folded, nothing produced to the 1-partition topic
@@ -299,7 +304,8 @@ def test_a_worker_joining_while_an_output_is_broken_stays_blocked_with_the_first
 
         res = lw(config, "topics", "repair", "--yes")  # empty: recreated with 4 without --recreate-outputs
         assert res.returncode == 0, res.stderr
-        assert wait_for(lambda: a.get("/readyz")[0] == 200 and b.get("/readyz")[0] == 200, timeout_s=60)
+        assert wait_for(lambda: a.get("/readyz")[0] == 200 and b.get("/readyz")[0] == 200, timeout_s=60,
+                        why=lambda: _said(a)() + "\n" + _said(b)())
         def owned():
             mine = [json.loads(w.get("/readyz")[1]).get("partitions") or [] for w in (a, b)]
             return mine if sorted(mine[0] + mine[1]) == [0, 1, 2, 3] else None
