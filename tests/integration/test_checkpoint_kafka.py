@@ -13,7 +13,7 @@ from loopwarden.streams.manager import RECOVERABLE
 from loopwarden.streams.recovery import transactional_producer
 from loopwarden.streams.stage import Output
 from loopwarden.streams.topics import Router, existing_counts
-from tests.integration.harness import run, unique_config
+from tests.integration.harness import delete_topic, run, unique_config
 
 
 def test_an_output_re_created_with_fewer_partitions_fails_the_commit_as_a_kafka_error(kafka) -> None:
@@ -34,11 +34,7 @@ def test_an_output_re_created_with_fewer_partitions_fails_the_commit_as_a_kafka_
             router = Router(4, keyed_like_input=frozenset({health}))
             await router.learn(first, [health])
             assert router.counts == {health: 4}
-            await admin.delete_topics([health])
-            for _ in range(100):  # the deletion shows in the broker's metadata a little after the answer
-                if health not in await admin.list_topics():
-                    break
-                await asyncio.sleep(0.1)
+            await delete_topic(config, health)  # and wait until the broker no longer lists it
             await admin.create_topics([NewTopic(health, 1, 1)])
             for _ in range(100):
                 if await existing_counts(admin, [health]) == {health: 1}:
@@ -63,4 +59,3 @@ def test_an_output_re_created_with_fewer_partitions_fails_the_commit_as_a_kafka_
     assert isinstance(raised, UnknownTopicOrPartitionError), repr(raised)
     assert isinstance(raised, RECOVERABLE)
     assert f"{health} has no partition 2 in this producer's metadata" in str(raised)
-
