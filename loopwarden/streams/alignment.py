@@ -9,15 +9,25 @@ record of one input stamped later than everything the other has shown while that
 other input still holds records on the broker: they would meet out of order. The
 task holds such records back (``Task.holding``); this class tells it which inputs
 lag (their consumed position is short of the end: the last stable offset), and after
-``max_idle_ms`` of holding it lets the fold go on without waiting (``max.task.idle.ms``).
+``max_idle_ms`` it lets the fold go on without waiting (``max.task.idle.ms``). That clock
+starts again whenever the input waited for sends records written more than ``max_idle_ms``
+ago: it is draining a backlog, not idle, however many batches that takes (Kafka Streams,
+too, counts idle time only while the lagging input has nothing buffered). Fresh records of
+a live input do not start it again, so a record stamped ahead of a live input's stream time
+(a producer's clock running fast) waits ``max_idle_ms`` at most. A task holding
+``HOLD_MAX`` records folds them without waiting too: the bound on what holding costs.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+
+# Records a partition's task holds for a lagging input at most (the default batch's worth, ~14 MB of
+# records and decoded events); past it, they are folded as they are.
+HOLD_MAX = 20_000
 
 
 class Alignment:
@@ -29,12 +39,16 @@ class Alignment:
         self.roles = roles  # tracked input topic -> role
         self.max_idle_s = max_idle_ms / 1000
         self.enabled = max_idle_ms > 0
-        self.holding_since: float | None = None  # monotonic time the task began holding records back
+        # Monotonic time since which the task has held records and the input it waits for has sent no backlog.
+        self.idle_since: float | None = None
+        self.full = False  # the task holds HOLD_MAX records or more
 
     def overdue(self, now: float | None = None) -> bool:
-        """The task has held records for ``max_idle_ms``: fold them now, the lagging input notwithstanding."""
-        since = self.holding_since
-        return since is not None and (time.monotonic() if now is None else now) - since >= self.max_idle_s
+        """The task has held records with no backlog from the input it waits for in ``max_idle_ms``, or holds
+        ``HOLD_MAX``: fold them now, the lagging input notwithstanding."""
+        since = self.idle_since
+        return self.full or (
+            since is not None and (time.monotonic() if now is None else now) - since >= self.max_idle_s)
 
     async def lagging(self, since: Collection[str]) -> tuple[bool, set[str]]:
         """Whether every tracked input is consumed to its end with the batch just taken, and the roles known to
@@ -59,12 +73,35 @@ class Alignment:
         """The lagging roles the task should wait for in this fold (none once overdue or when disabled)."""
         return lagging if self.enabled and not overdue else set()
 
-    def folded(self, holding: int) -> None:
-        """After a fold: start (or keep) the idle clock while the task holds records, stop it when it holds none."""
+    def folded(self, holding: int, records: Sequence, fed: Collection[str], waited: Collection[str],
+               now: float | None = None, wall_ms: int | None = None) -> None:
+        """After a fold of ``records`` (of the topics ``fed``) that waited for the roles ``waited``: stop the idle
+        clock when the task holds nothing; while it holds records, start it, or start it again when the input
+        waited for is draining a backlog (:meth:`draining`). ``now`` (monotonic s), ``wall_ms``: for tests."""
+        self.full = holding >= HOLD_MAX
         if not holding:
-            self.holding_since = None
-        elif self.holding_since is None:
-            self.holding_since = time.monotonic()
+            self.idle_since = None
+        elif self.idle_since is None or self.draining(records, fed, waited, wall_ms):
+            self.idle_since = time.monotonic() if now is None else now
+
+    def draining(self, records: Sequence, fed: Collection[str], waited: Collection[str],
+                 wall_ms: int | None = None) -> bool:
+        """Whether the last of ``records`` from an input in ``waited`` was written (its Kafka timestamp) more than
+        ``max_idle_ms`` before ``wall_ms``: that input is catching up on a backlog, in as many batches as it takes
+        (a pre-loaded one in batches of 50 took over 1 s on a loaded 2-core machine)."""
+        topics = {topic for topic in fed if self.roles.get(topic) in waited}
+        if not topics:
+            return False
+        for rec in reversed(records):
+            if rec.topic in topics:
+                wall = time.time() * 1000 if wall_ms is None else wall_ms
+                return rec.timestamp < wall - self.max_idle_s * 1000
+        return False
+
+    def forget(self) -> None:
+        """The records buffered and held are dropped (a rebalance): nothing waits."""
+        self.idle_since = None
+        self.full = False
 
 
 # The roles of the inputs a task merges in event time: steps, receipts, and receipts from the verifiers'

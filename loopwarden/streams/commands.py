@@ -53,7 +53,8 @@ def add_commands(sub) -> None:
                         "(LOOPWARDEN_COMMIT_GAP_MS; default 6)")
     p.add_argument("--align-max-ms", dest="align_max_ms", type=int,
                    help="records of one input stamped after all the other, lagging, input has shown wait for it "
-                        "this long at most; 0: never (LOOPWARDEN_ALIGN_MAX_MS; default 1000)")
+                        "while it sends a backlog, and this long after it last did; 0: never (LOOPWARDEN_ALIGN_MAX_MS; "
+                        "default 1000)")
     p.add_argument("--stall-timeout-s", dest="stall_timeout_s", type=float,
                    help="a partition with lag and no progress this long is stalled (LOOPWARDEN_STALL_TIMEOUT_S; default 60)")
     p.add_argument("--max-message-bytes", dest="max_message_bytes", type=int,

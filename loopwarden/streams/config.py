@@ -105,7 +105,8 @@ class Config:
     commit_offsets_ms: int = 1000
     # Records of one input stamped later than all the other input has shown, while that one holds
     # more on the broker than has been consumed, wait for it (so steps and receipts meet in event
-    # time across batches), this long at most; 0: no waiting.
+    # time across batches) while that input sends a backlog, and this long after it last did (or until
+    # 20,000 are held); 0: no waiting.
     align_max_ms: int = 1000
     # How often the worker reads the topic layout again (and at every rebalance): a co-partitioned topic
     # grown alone, or an output deleted or re-created, stops processing until the layout is right again.

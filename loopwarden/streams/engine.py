@@ -151,16 +151,16 @@ class Engine:
             if not self.partitions.owns(part):  # dropped (failed, fenced): consumed again once owned
                 return
             overdue = part.alignment.overdue()
-            records, punctuate = part.take()
+            records, fed, punctuate = part.take()
             if not records and not punctuate and not overdue:  # what the task holds waits for the other input
                 return
             await self.horizons.before_fold(part, self.assigned.get(part.number), records)
             caught_up, lagging = await part.alignment.lagging(part.buffered_topics)
             if not self.partitions.owns(part):
                 return
-            result = part.task.fold(records, punctuate=punctuate, caught_up=caught_up,
-                                    lagging=part.alignment.wait_for(lagging, overdue))
-            part.alignment.folded(part.task.holding)
+            waited = part.alignment.wait_for(lagging, overdue)
+            result = part.task.fold(records, punctuate=punctuate, caught_up=caught_up, lagging=waited)
+            part.alignment.folded(part.task.holding, records, fed, waited)
             if result:
                 await self._commit(part, result, records)
             else:
@@ -242,7 +242,7 @@ class Engine:
     def _forget_buffered(self) -> None:
         for part in self.owned_partitions().values():
             part.take()
-            part.alignment.holding_since = None
+            part.alignment.forget()
 
     async def drain(self) -> None:
         """Wait for every pipeline in flight (each ends once its buffer is empty); then commit the group's offsets

@@ -102,12 +102,11 @@ class OwnedPartition:
             self.buffered += records
             self.buffered_topics.add(topic)
 
-    def take(self) -> tuple[list, bool]:
-        """The records buffered and whether to punctuate, handed to the next fold."""
-        records, punctuate = self.buffered, self.punctuate
-        self.buffered, self.punctuate = [], False
-        self.buffered_topics = set()
-        return records, punctuate
+    def take(self) -> tuple[list, set[str], bool]:
+        """The records buffered, their input topics and whether to punctuate, handed to the next fold."""
+        records, topics, punctuate = self.buffered, self.buffered_topics, self.punctuate
+        self.buffered, self.buffered_topics, self.punctuate = [], set(), False
+        return records, topics, punctuate
 
     def begin_next(self) -> None:
         """Begin the next transaction now, off the next batch's path: aiokafka's ``begin_transaction`` waits

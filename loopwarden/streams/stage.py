@@ -36,8 +36,9 @@ and :meth:`Task.committed` / :meth:`Task.discard`. The engine calls, per partiti
 are consumed to their end (a task may hold timers back while a backlog drains);
 ``lagging`` — roles of tracked inputs that hold more than has been consumed: a task that
 aligns its inputs in stream time may hold records stamped later than a lagging input's
-stream time (it reports how many in ``holding``; the engine folds it again after
-``align_max_ms`` with no ``lagging``, as Kafka Streams' ``max.task.idle.ms``). A task that
+stream time (it reports how many in ``holding``; once the input it waits for has sent no backlog
+for ``align_max_ms``, or it holds ``alignment.HOLD_MAX``, the engine folds it again with no
+``lagging``, as Kafka Streams' ``max.task.idle.ms``). A task that
 does not align ignores ``lagging`` and keeps ``holding = 0``.
 
 A task shaped like that (the health stage's ``PartitionTask``, the OpenTelemetry

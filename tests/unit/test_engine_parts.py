@@ -356,3 +356,42 @@ def test_a_partition_begins_its_next_transaction_once_and_a_drop_cancels_a_begin
     done, pending, left, producer = asyncio.run(go())
     assert done == 1 and pending.cancelled() and left is None
     assert producer.begun == 1 and producer.stopped == 1
+
+
+
+def test_the_idle_clock_of_alignment_runs_until_the_input_waited_for_sends_a_backlog() -> None:
+    """``max.task.idle.ms``: records held while the lagging input drains a backlog (records written more than
+    ``align_max_ms`` ago, in as many small batches as it takes) wait as long as that takes; held with nothing
+    from it, or with only fresh records of a live input, for ``align_max_ms``, or ``HOLD_MAX`` of them, they
+    are folded without waiting. (Counting from when holding began let a backlog slower than 1 s to drain fold
+    its receipts before their runs' steps: 95 of 400 runs took another path on a loaded machine.)"""
+    from collections import namedtuple
+
+    from loopwarden.streams.alignment import HOLD_MAX, Alignment
+
+    rec = namedtuple("rec", "topic timestamp")
+    wall = 1_700_000_000_000
+    old, fresh = rec("agent.steps", wall - 60_000), rec("agent.steps", wall - 200)
+    a = Alignment(None, 0, {"agent.steps": "steps", "agent.outcomes": "outcomes", "ticks": "ticks"}, 1000)
+
+    def fold(holding, records, at, waited=("steps",)):
+        a.folded(holding, records, {r.topic for r in records}, set(waited), now=at, wall_ms=wall)
+
+    fold(3, [rec("agent.outcomes", wall - 60_000)], 100.0)  # receipts held for the steps topic
+    assert not a.overdue(100.9) and a.overdue(101.0)
+    for t in range(1, 10):  # the steps topic draining its backlog, a batch every 0.5 s, receipts still held
+        fold(3, [old, rec("ticks", wall)], 100.0 + t / 2)
+        assert not a.overdue(100.0 + t / 2 + 0.9)
+    fold(3, [rec("agent.outcomes", wall - 60_000), rec("ticks", wall)], 106.0)  # no steps: the clock runs on
+    assert not a.overdue(105.4) and a.overdue(105.5)
+    fold(3, [fresh], 107.0)  # steps live, not a backlog: the clock runs on too
+    assert a.overdue(105.5)
+    fold(3, [old], 108.0, waited=())  # steps of a topic not waited for (overdue, or caught up): runs on
+    assert a.overdue(105.5)
+    fold(0, [old], 109.0)  # nothing held: nothing waits
+    assert a.idle_since is None and not a.overdue(1e9)
+    fold(HOLD_MAX, [old], 110.0)  # held the most it may: fold them now
+    assert a.overdue(110.0) and a.wait_for({"steps"}, a.overdue(110.0)) == set()
+    a.forget()
+    assert not a.overdue(1e9)
+    assert Alignment(None, 0, {"agent.steps": "steps"}, 0).wait_for({"steps"}, False) == set()  # 0: no waiting
