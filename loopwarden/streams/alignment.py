@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Mapping, Sequence
+from itertools import islice
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -114,19 +115,31 @@ class StreamTime:
 
     ``seen_ts``: role -> highest event ts folded (its stream time). ``held``: input topic ->
     ``[(record, decoded)]`` a fold held back, offset order, folded first by the next fold.
-    A decoded item is ``(role, event, record)`` (anything else, a dead letter, has no ts)."""
+    A decoded item is ``(role, event, record)`` (anything else, a dead letter, has no ts).
+    ``shown``: role -> highest ts :meth:`limits` has read, held records' included, so that a
+    later fold reads only the records new to it: a backlog drained in small batches holds
+    thousands of receipts across hundreds of folds (bench e: 2,600 a fold on average)."""
 
-    __slots__ = ("roles", "aligned", "seen_ts", "held")
+    __slots__ = ("roles", "aligned", "seen_ts", "held", "shown", "taken")
 
     def __init__(self, roles: Mapping[str, str], aligned: tuple[str, ...]) -> None:
         self.roles = roles  # topic -> role
         self.aligned = aligned  # the roles that wait for each other
         self.seen_ts: dict[str, int] = {}
         self.held: dict[str, list] = {}
+        self.shown: dict[str, int] = {}
+        self.taken: dict[str, int] = {}  # topic -> how many held items the fold began with (read by limits already)
 
     def take_held(self) -> dict[str, list]:
         held, self.held = self.held, {}
+        self.taken = {topic: len(items) for topic, items in held.items()}
         return held
+
+    def discard(self) -> None:
+        """The fold's transaction failed: what it held is consumed again, from offsets that stop before it."""
+        self.held.clear()
+        self.shown.clear()
+        self.taken = {}
 
     @property
     def holding(self) -> int:
@@ -172,20 +185,24 @@ class StreamTime:
         return inputs
 
     def limits(self, per_topic: dict[str, list], lagging: Collection[str]) -> dict[str, int]:
-        """role -> the latest ts it may apply now: the lowest stream time (highest ts seen, folded or in this
-        batch) of the other, lagging, aligned inputs, less 1 ms for one that comes first on a tie; -1 (or -2)
-        when one of those has shown nothing yet."""
+        """role -> the latest ts it may apply now: the lowest stream time (highest ts seen, folded, held or in
+        this batch) of the other, lagging, aligned inputs, less 1 ms for one that comes first on a tie; -1 (or
+        -2) when one of those has shown nothing yet. Held items were read by the fold that held them (``shown``
+        has their ts): only those after them are read (tests/unit/test_engine_parts.py checks it against
+        reading them all)."""
         stream_ts = dict(self.seen_ts)
+        shown, taken = self.shown, self.taken
         for topic, items in per_topic.items():
             role = self.roles[topic]
-            high = stream_ts.get(role, -1)
-            for _rec, item in items:  # one look-up per topic, not per record: ~1 % of the worker under a backlog
+            high = max(stream_ts.get(role, -1), shown.get(role, -1))
+            start = taken.get(topic, 0)
+            for _rec, item in islice(items, start, None) if start else items:  # a look-up per topic, not record
                 if item.__class__ is tuple:
                     ts = item[1].ts
                     if ts > high:
                         high = ts
             if high >= 0:
-                stream_ts[role] = high
+                stream_ts[role] = shown[role] = high
         limits = {}
         for i, role in enumerate(self.aligned):
             # A role that comes first on a tie (ready()'s order) may still send a record of its stream time: a

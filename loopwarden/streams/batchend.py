@@ -93,7 +93,7 @@ class BatchEnd:
 
         Timer entries it queued are checked against the committed state when they fall due."""
         self._forget_batch()
-        self.stream.held.clear()  # consumed again from the committed offsets, which stop before them
+        self.stream.discard()  # what it held is consumed again from the committed offsets, which stop before it
         if self.settling is not None:
             self.settling.discard()
         self.clock = self._clock_before

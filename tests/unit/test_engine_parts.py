@@ -395,3 +395,62 @@ def test_the_idle_clock_of_alignment_runs_until_the_input_waited_for_sends_a_bac
     a.forget()
     assert not a.overdue(1e9)
     assert Alignment(None, 0, {"agent.steps": "steps"}, 0).wait_for({"steps"}, False) == set()  # 0: no waiting
+
+
+def _limits_reading_everything(seen_ts: dict, roles: dict, per_topic: dict, lagging) -> dict:
+    """StreamTime.limits as it was before ``shown``: every item of every topic read at every fold."""
+    from loopwarden.streams.alignment import ALIGNED
+
+    stream_ts = dict(seen_ts)
+    for topic, items in per_topic.items():
+        role = roles[topic]
+        high = stream_ts.get(role, -1)
+        for _rec, item in items:
+            if item.__class__ is tuple and item[1].ts > high:
+                high = item[1].ts
+        if high >= 0:
+            stream_ts[role] = high
+    limits = {}
+    for i, role in enumerate(ALIGNED):
+        others = [stream_ts.get(o, -1) - (j < i) for j, o in enumerate(ALIGNED) if o != role and o in lagging]
+        if others:
+            limits[role] = min(others)
+    return limits
+
+
+def test_stream_time_reads_held_records_once_and_gives_the_limits_of_reading_them_all() -> None:
+    """Generated folds (records of three aligned inputs and dead letters, random lagging inputs, failed
+    transactions): the limits read from ``shown`` and the new records only are those of reading every held
+    record again, and no record past its limit is applied."""
+    import random
+    from collections import namedtuple
+
+    from loopwarden.streams.alignment import ALIGNED, StreamTime
+    from loopwarden.streams.batch import Batch
+    from loopwarden.streams.stage import DeadLetter
+
+    ev, rec = namedtuple("ev", "ts"), namedtuple("rec", "topic offset")
+    roles = {"s": "steps", "o": "outcomes", "v": "verified_outcomes"}
+    for seed in range(200):
+        rng = random.Random(seed)
+        stream = StreamTime(roles, ALIGNED)
+        offsets = dict.fromkeys(roles, 0)
+        clock = dict.fromkeys(roles, 1_000)
+        for _fold in range(rng.randint(1, 25)):
+            if rng.random() < 0.08:
+                stream.discard()
+                continue
+            per_topic = stream.take_held()
+            for topic in rng.sample(list(roles), rng.randint(0, 3)):
+                items = per_topic.setdefault(topic, [])
+                for _ in range(rng.randint(0, 6)):
+                    clock[topic] += rng.randint(-30, 120)
+                    r = rec(topic, offsets[topic])
+                    offsets[topic] += 1
+                    decoded = DeadLetter(r, "undecodable", "x") if rng.random() < 0.1 else (roles[topic], ev(clock[topic]), r)
+                    items.append((r, decoded))
+            lagging = set(rng.sample(list(ALIGNED), rng.randint(0, 3)))
+            want = _limits_reading_everything(stream.seen_ts, roles, per_topic, lagging)
+            assert stream.limits(per_topic, lagging) == want, (seed, _fold)
+            for role, items in stream.ready(per_topic, lagging, Batch()).items():  # none past its limit applied
+                assert all(item[1].ts <= want[role] for item in items) if role in want else True
