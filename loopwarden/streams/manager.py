@@ -21,7 +21,7 @@ from aiokafka.errors import KafkaError
 from loopwarden.streams.alignment import Alignment
 from loopwarden.streams.config import Config
 from loopwarden.streams.metrics import Metrics
-from loopwarden.streams.partition import AssignedPartition, OwnedPartition
+from loopwarden.streams.partition import AssignedPartition, OwnedPartition, Stopping
 from loopwarden.streams.recovery import restore, seek_committed, transactional_producer
 from loopwarden.streams.stage import Stage
 from loopwarden.streams.store import open_partition
@@ -46,6 +46,7 @@ class PartitionManager:
         self.restorer: AIOKafkaConsumer | None = None
         self.seeks = 0  # times :meth:`own` sought inputs: a batch the loop got across one may predate the seek
         self.markers_at = 0.0  # monotonic time of the next :meth:`pass_markers`
+        self.stopping = Stopping(metrics.producers_stopping)  # dropped partitions' producers still stopping
 
     def owned(self) -> dict[int, OwnedPartition]:
         return {p: a.owned for p, a in self.assigned.items() if a.owned is not None}
@@ -100,7 +101,7 @@ class PartitionManager:
         part, a.owned = a.owned, None
         if self.consumer is not None:
             self.consumer.pause(*(TopicPartition(topic, p) for topic in self.topics))
-        await part.close()
+        await part.close(self.stopping)
 
     async def pass_markers(self, every_s: float = 0.5) -> list[OwnedPartition]:
         """At most every ``every_s``: the owned partitions whose committed offsets moved over the transaction
@@ -178,7 +179,7 @@ class PartitionManager:
         for a in assigned.values():
             if a.owned is not None:
                 part, a.owned = a.owned, None
-                await part.close()
+                await part.close(self.stopping)
         return list(assigned)
 
     async def retry(self, p: int, a: AssignedPartition, at: float) -> None:

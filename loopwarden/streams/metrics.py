@@ -151,6 +151,11 @@ class Metrics:
             "loopwarden_topology_blocked",
             "1 while the topic layout stops processing (a co-partitioned topic grown alone, an output deleted or "
             "re-created; /readyz says which), else 0.", registry=r)
+        self.producers_stopping = Gauge(
+            "loopwarden_producers_stopping",
+            "Producers of dropped partitions still stopping: sends waiting for a partition that is gone (an output "
+            "deleted) keep one, asking for that topic, until they time out (30 s). Repair an output once it is 0.",
+            registry=r)
         self.repartitioned = Counter(
             "loopwarden_repartitioned_events_total",
             "Input records of runs that moved with `loopwarden topics expand`: copied (its copy is on the new "

@@ -58,6 +58,27 @@ class AssignedPartition:
             self.progress_at = time.monotonic()
 
 
+class Stopping:
+    """Producers of dropped partitions still stopping (``OwnedPartition.close``): each kept referenced until it is
+    done (the event loop holds tasks weakly), and counted on ``gauge`` (``loopwarden_producers_stopping``)."""
+
+    def __init__(self, gauge=None) -> None:
+        self.stops: set[asyncio.Future] = set()
+        self.gauge = gauge
+
+    def add(self, stop: asyncio.Future) -> None:
+        self.stops.add(stop)
+        if self.gauge is not None:
+            self.gauge.inc()
+        stop.add_done_callback(self._done)
+
+    def _done(self, stop: asyncio.Future) -> None:
+        retrieved(stop)
+        self.stops.discard(stop)
+        if self.gauge is not None:
+            self.gauge.dec()
+
+
 class OwnedPartition:
     """Everything an owned partition has: task, store, producer, buffered records, alignment, its pipeline."""
 
@@ -167,16 +188,27 @@ class OwnedPartition:
         self.task.discard()
         self.stage.aborted(self, result)
 
-    async def close(self) -> None:
-        """Drop the partition: the stage hears of it, the producer stops, the store closes (RocksDB stays on disk)."""
+    async def close(self, stopping: Stopping | None = None, wait_s: float = 5.0) -> None:
+        """Drop the partition: the stage hears of it, the producer stops, the store closes (RocksDB stays on disk).
+
+        A producer whose sends wait for a partition that is gone (an output deleted) stops only once they time
+        out (its request timeout, 30 s), asking for that topic's metadata meanwhile (a broker with
+        auto.create.topics.enable creates it again). Its stop is never abandoned half-way, which would leave it
+        asking for ever: after ``wait_s`` it goes on in the background, in ``stopping`` until done
+        (``loopwarden_producers_stopping``)."""
         self.buffered, self.buffered_topics = [], set()
         begun = self.take_begun()
         if begun is not None:  # its producer stops below: the begin is of no use, and its outcome not news
             begun.cancel()
             begun.add_done_callback(retrieved)
         self.stage.dropped(self)
+        stop = asyncio.ensure_future(self.producer.stop())
+        (stopping or Stopping()).add(stop)
         try:
-            await asyncio.wait_for(self.producer.stop(), timeout=5)
+            await asyncio.wait_for(asyncio.shield(stop), timeout=wait_s)
+        except asyncio.TimeoutError:
+            log.warning("partition %d: its producer is still stopping after %.0f s (sends wait for a partition that "
+                        "is gone until they time out); it goes on stopping in the background", self.number, wait_s)
         except Exception:  # a fenced or disconnected producer: nothing of it is needed any more
             log.debug("stopping the producer of partition %d failed", self.number, exc_info=True)
         self.store.close()

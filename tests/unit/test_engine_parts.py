@@ -214,7 +214,7 @@ def test_a_transaction_of_an_ownership_already_dropped_leaves_the_current_one_al
         def __init__(self, number: int) -> None:
             self.number, self.closed = number, False
 
-        async def close(self) -> None:
+        async def close(self, stopping=None) -> None:
             self.closed = True
 
     metrics = Metrics()
@@ -454,3 +454,47 @@ def test_stream_time_reads_held_records_once_and_gives_the_limits_of_reading_the
             assert stream.limits(per_topic, lagging) == want, (seed, _fold)
             for role, items in stream.ready(per_topic, lagging, Batch()).items():  # none past its limit applied
                 assert all(item[1].ts <= want[role] for item in items) if role in want else True
+
+
+def test_a_producer_slow_to_stop_is_left_stopping_in_the_background_never_cut_off() -> None:
+    """close() waits ``wait_s`` for the producer's stop, then returns with the stop still running, referenced and
+    counted on the gauge until it ends. (It used to cancel the stop half-way: aiokafka's producer then counts
+    as closed but its sender goes on, asking for a deleted output's metadata, so that a broker with
+    auto.create.topics.enable creates it again at once: `topics repair` lost 5 attempts of 5 to it in CI.)"""
+    import asyncio
+
+    from prometheus_client import CollectorRegistry, Gauge
+
+    from loopwarden.streams.partition import OwnedPartition, Stopping
+
+    class Slow(_Producer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.release = asyncio.Event()
+            self.cancelled = False
+
+        async def stop(self) -> None:
+            try:
+                await self.release.wait()  # sends waiting for a partition that is gone, until they time out
+            except asyncio.CancelledError:
+                self.cancelled = True
+                raise
+            self.stopped += 1
+
+    registry = CollectorRegistry()
+    gauge = Gauge("stopping", "test", registry=registry)
+
+    async def go() -> tuple:
+        producer = Slow()
+        stopping = Stopping(gauge)
+        part = OwnedPartition(0, _Quiet(), None, _Quiet(), producer, None)  # type: ignore[arg-type]
+        await part.close(stopping, wait_s=0.05)
+        left = (len(stopping.stops), registry.get_sample_value("stopping"), producer.stopped)
+        producer.release.set()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        return left, (len(stopping.stops), registry.get_sample_value("stopping"), producer.stopped, producer.cancelled)
+
+    left, after = asyncio.run(go())
+    assert left == (1, 1.0, 0)  # close() returned; the stop goes on, held and counted
+    assert after == (0, 0.0, 1, False)  # it ended by itself, never cancelled
