@@ -26,8 +26,8 @@ from itertools import islice
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-# Records a partition's task holds for a lagging input at most (the default batch's worth, ~14 MB of
-# records and decoded events); past it, they are folded as they are.
+# Records a partition's task holds for a lagging input at most (the default batch's worth of records and
+# their decoded events); past it, they are folded as they are.
 HOLD_MAX = 20_000
 
 

@@ -153,8 +153,8 @@ class Metrics:
             "re-created; /readyz says which), else 0.", registry=r)
         self.producers_stopping = Gauge(
             "loopwarden_producers_stopping",
-            "Producers of dropped partitions still stopping: sends waiting for a partition that is gone (an output "
-            "deleted) keep one, asking for that topic, until they time out (30 s). Repair an output once it is 0.",
+            "Producers of dropped partitions still stopping: one whose sends wait for a partition that is gone (an "
+            "output deleted) stops once that output is back, asking for the topic every few ms meanwhile.",
             registry=r)
         self.repartitioned = Counter(
             "loopwarden_repartitioned_events_total",

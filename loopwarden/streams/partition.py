@@ -191,11 +191,11 @@ class OwnedPartition:
     async def close(self, stopping: Stopping | None = None, wait_s: float = 5.0) -> None:
         """Drop the partition: the stage hears of it, the producer stops, the store closes (RocksDB stays on disk).
 
-        A producer whose sends wait for a partition that is gone (an output deleted) stops only once they time
-        out (its request timeout, 30 s), asking for that topic's metadata meanwhile (a broker with
-        auto.create.topics.enable creates it again). Its stop is never abandoned half-way, which would leave it
-        asking for ever: after ``wait_s`` it goes on in the background, in ``stopping`` until done
-        (``loopwarden_producers_stopping``)."""
+        A producer whose sends wait for a partition that is gone (an output deleted) stops only once they are
+        delivered (aiokafka cannot close one without: in a test it outlasted 60 s), asking for that topic's
+        metadata meanwhile (a broker with auto.create.topics.enable creates it again). Its stop is never cut off
+        half-way, which would leave its sender asking for good: after ``wait_s`` it goes on in the background,
+        in ``stopping`` until done (``loopwarden_producers_stopping``)."""
         self.buffered, self.buffered_topics = [], set()
         begun = self.take_begun()
         if begun is not None:  # its producer stops below: the begin is of no use, and its outcome not news
@@ -208,7 +208,7 @@ class OwnedPartition:
             await asyncio.wait_for(asyncio.shield(stop), timeout=wait_s)
         except asyncio.TimeoutError:
             log.warning("partition %d: its producer is still stopping after %.0f s (sends wait for a partition that "
-                        "is gone until they time out); it goes on stopping in the background", self.number, wait_s)
+                        "is gone); it goes on stopping in the background", self.number, wait_s)
         except Exception:  # a fenced or disconnected producer: nothing of it is needed any more
             log.debug("stopping the producer of partition %d failed", self.number, exc_info=True)
         self.store.close()
