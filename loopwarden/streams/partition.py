@@ -188,7 +188,7 @@ class OwnedPartition:
         self.task.discard()
         self.stage.aborted(self, result)
 
-    async def close(self, stopping: Stopping | None = None, wait_s: float = 5.0) -> None:
+    async def close(self, stopping: Stopping, wait_s: float = 5.0) -> None:
         """Drop the partition: the stage hears of it, the producer stops, the store closes (RocksDB stays on disk).
 
         A producer whose sends wait for a partition that is gone (an output deleted) stops only once they are
@@ -203,7 +203,7 @@ class OwnedPartition:
             begun.add_done_callback(retrieved)
         self.stage.dropped(self)
         stop = asyncio.ensure_future(self.producer.stop())
-        (stopping or Stopping()).add(stop)
+        stopping.add(stop)
         try:
             await asyncio.wait_for(asyncio.shield(stop), timeout=wait_s)
         except asyncio.TimeoutError:

@@ -336,7 +336,7 @@ def test_a_partition_begins_its_next_transaction_once_and_a_drop_cancels_a_begin
     done (its producer stops) and leaves none behind."""
     import asyncio
 
-    from loopwarden.streams.partition import OwnedPartition
+    from loopwarden.streams.partition import OwnedPartition, Stopping
 
     async def go() -> tuple:
         producer = _Producer()
@@ -349,14 +349,13 @@ def test_a_partition_begins_its_next_transaction_once_and_a_drop_cancels_a_begin
         done = producer.begun
         part.begin_next()
         pending = part.begun
-        await part.close()
+        await part.close(Stopping())
         await asyncio.sleep(0.01)
         return done, pending, part.begun, producer
 
     done, pending, left, producer = asyncio.run(go())
     assert done == 1 and pending.cancelled() and left is None
     assert producer.begun == 1 and producer.stopped == 1
-
 
 
 def test_the_idle_clock_of_alignment_runs_until_the_input_waited_for_sends_a_backlog() -> None:
@@ -475,7 +474,7 @@ def test_a_producer_slow_to_stop_is_left_stopping_in_the_background_never_cut_of
 
         async def stop(self) -> None:
             try:
-                await self.release.wait()  # sends waiting for a partition that is gone, until they time out
+                await self.release.wait()  # sends waiting for a partition that is gone, until it is back
             except asyncio.CancelledError:
                 self.cancelled = True
                 raise
