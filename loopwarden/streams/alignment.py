@@ -15,7 +15,8 @@ ago: it is draining a backlog, not idle, however many batches that takes (Kafka 
 too, counts idle time only while the lagging input has nothing buffered). Fresh records of
 a live input do not start it again, so a record stamped ahead of a live input's stream time
 (a producer's clock running fast) waits ``max_idle_ms`` at most. A task holding
-``HOLD_MAX`` records folds them without waiting too: the bound on what holding costs.
+``HOLD_MAX`` records folds them without waiting too, and so does every task holding records
+when what they hold fills the worker's ``input_buffer_max_bytes`` (:meth:`Alignment.give_up`).
 """
 
 from __future__ import annotations
@@ -99,6 +100,10 @@ class Alignment:
                 return rec.timestamp < wall - self.max_idle_s * 1000
         return False
 
+    def give_up(self) -> None:
+        """Records held fill the worker's ``input_buffer_max_bytes``: the next fold takes them as they are."""
+        self.full = True
+
     def forget(self) -> None:
         """The records buffered and held are dropped (a rebalance): nothing waits."""
         self.idle_since = None
@@ -120,24 +125,28 @@ class StreamTime:
     later fold reads only the records new to it: a backlog drained in small batches holds
     thousands of receipts across hundreds of folds (bench e: 2,600 a fold on average)."""
 
-    __slots__ = ("roles", "aligned", "seen_ts", "held", "shown", "taken")
+    __slots__ = ("roles", "aligned", "seen_ts", "held", "held_bytes", "topic_bytes", "shown", "taken")
 
     def __init__(self, roles: Mapping[str, str], aligned: tuple[str, ...]) -> None:
         self.roles = roles  # topic -> role
         self.aligned = aligned  # the roles that wait for each other
         self.seen_ts: dict[str, int] = {}
         self.held: dict[str, list] = {}
+        self.held_bytes = 0  # the held records' values' bytes (input_buffer_max_bytes counts them)
+        self.topic_bytes: dict[str, int] = {}  # the same, by input topic
         self.shown: dict[str, int] = {}
         self.taken: dict[str, int] = {}  # topic -> how many held items the fold began with (read by limits already)
 
     def take_held(self) -> dict[str, list]:
-        held, self.held = self.held, {}
-        self.taken = {topic: len(items) for topic, items in held.items()}
+        held, self.held, self.held_bytes = self.held, {}, 0
+        self.taken = {topic: len(items) for topic, items in held.items()}  # their bytes: still in topic_bytes
         return held
 
     def discard(self) -> None:
         """The fold's transaction failed: what it held is consumed again, from offsets that stop before it."""
         self.held.clear()
+        self.held_bytes = 0
+        self.topic_bytes.clear()
         self.shown.clear()
         self.taken = {}
 
@@ -172,17 +181,31 @@ class StreamTime:
                     ts = item[1].ts
                     if limit is not None and ts > limit:  # later than all the lagging topic has shown: wait for it
                         self.held[topic] = items[used:]
+                        self._count_held(topic, items, used)
                         break
                     applied.append(item)
                     if ts > high:
                         high = seen_ts[role] = ts
                 used += 1
+            if topic not in self.held:
+                self.topic_bytes.pop(topic, None)
             if used:
                 out.consumed += used
                 out.offsets[topic] = items[used - 1][0].offset + 1
         if len(inputs) > 1:  # in ALIGNED's order, whichever topic the batch began with: the merge's tie order
             return {role: inputs[role] for role in self.aligned if role in inputs}
         return inputs
+
+    def _count_held(self, topic: str, items: list, used: int) -> None:
+        """``items[used:]`` of ``topic`` are held: their bytes, reading only the items new to this fold and those
+        applied (the first ``taken`` items were held before: their bytes are in ``topic_bytes``)."""
+        start = self.taken.get(topic, 0)
+        if used >= start:
+            held = _value_bytes(items, used, len(items))
+        else:
+            held = self.topic_bytes.get(topic, 0) - _value_bytes(items, 0, used) + _value_bytes(items, start, len(items))
+        self.topic_bytes[topic] = held
+        self.held_bytes += held
 
     def limits(self, per_topic: dict[str, list], lagging: Collection[str]) -> dict[str, int]:
         """role -> the latest ts it may apply now: the lowest stream time (highest ts seen, folded, held or in
@@ -213,6 +236,10 @@ class StreamTime:
             if others:
                 limits[role] = min(others)
         return limits
+
+
+def _value_bytes(items: list, start: int, end: int) -> int:
+    return sum(len(rec.value) for rec, _ in islice(items, start, end) if rec.value is not None)
 
 
 def merge_by_ts(first: list, second: list) -> list:

@@ -9,9 +9,9 @@ its own previous commit (it needs those states). Everything a partition has is o
 :mod:`loopwarden.streams.recovery`; what a stage is, :mod:`loopwarden.streams.stage`; the
 group's committed offsets follow the transactions from :mod:`loopwarden.streams.groupcommit`.
 
-A transaction that fails drops its partition and owns it again from the changelog and
-the committed offsets (its batch is consumed again); one that is fenced drops the
-partition until the group assigns it again or two session timeouts pass.
+A transaction that fails drops its partition and owns it again from the changelog and the committed offsets
+(its batch is consumed again); one fenced drops it until the group assigns it again or two session timeouts pass.
+What waits in memory is bounded by :mod:`loopwarden.streams.inputbound`.
 
 **A batch across a seek** (docs/decisions.md): aiokafka fetches for a new assignment while
 :meth:`assign` owns it, so ``getmany`` can return records from before the seek to the changelog's
@@ -39,6 +39,7 @@ from loopwarden.streams.metrics import Metrics
 from loopwarden.streams.partition import AssignedPartition, OwnedPartition
 from loopwarden.streams.security import client_options
 from loopwarden.streams.horizons import Horizons
+from loopwarden.streams.inputbound import InputBound
 from loopwarden.streams.stage import FoldResult, Stage
 from loopwarden.streams.topics import Router
 from loopwarden.streams.watch import Watch
@@ -81,6 +82,7 @@ class Engine:
         self.guard = LayoutGuard(self)  # re-reads the layout, pauses or holds partitions while it is wrong
         self.horizons = Horizons(self)  # after an expansion: how far old partitions were forwarded
         self.group = GroupCommitter(self)  # the group's offsets, after the transactions (groupcommit.py)
+        self.bound = InputBound(config.input_buffer_max_bytes, self.metrics)  # what input waits in memory
 
     @property
     def assigned(self) -> dict[int, AssignedPartition]:
@@ -103,7 +105,7 @@ class Engine:
                 async with self.lock:
                     self.partitions.hand_out(batch, seeks)
                     if self.blocked is None:  # nothing is folded on a layout that broke co-partitioning
-                        self.punctuate()
+                        self.partitions.punctuate(self.stage.punctuate_every_s)
                         await self.process()
                     for part in await self.partitions.pass_markers():  # idle ones' offsets over transaction markers
                         self.group.behind(part)
@@ -113,18 +115,29 @@ class Engine:
         finally:
             await self.shutdown()
 
-    def punctuate(self) -> None:
-        """Mark each owned partition due for timers once per ``punctuate_every_s``, each at its own phase of the
-        interval (the i-th of n at i/n of it), so that their timer-firing folds do not all come at once."""
-        now, every = time.monotonic(), self.stage.punctuate_every_s
-        owned = self.owned_partitions()
-        for i, p in enumerate(sorted(owned)):
-            owned[p].punctuate_if_due(now, every, i * every / len(owned))
-
     async def process(self) -> None:
-        """Start the pipeline of each partition with work; with ``batch_max_records`` buffered, wait for one."""
+        """Start the pipeline of each partition with work; while ``batch_max_records`` records are buffered, or
+        what waits fills ``input_buffer_max_bytes`` (:mod:`loopwarden.streams.inputbound`), wait for one."""
+        parts, bound = self.owned_partitions().values(), self.bound
+        self._start(parts)
+        while True:
+            full = bound.full(parts)  # by bytes, and below by number
+            if not full and sum(len(part.buffered) for part in parts) < self.config.batch_max_records:
+                return
+            running = [part.pipeline for part in parts if part.pipeline is not None and not part.pipeline.done()]
+            if not running:
+                if full and bound.unhold(parts):  # held records fill it alone: folded as they are
+                    self._start(parts)
+                    continue
+                return
+            if full:
+                bound.waited()
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+
+    def _start(self, parts) -> None:
         now = time.monotonic()
-        parts = self.owned_partitions().values()
         for part in parts:
             if part.buffered or part.punctuate or part.alignment.overdue(now):
                 running = part.pipeline
@@ -132,13 +145,6 @@ class Engine:
                     if running is not None:
                         running.result()  # a bug of ours in a pipeline stops the worker, as in the loop itself
                     part.pipeline = asyncio.create_task(self._pipeline(part))
-        while sum(len(part.buffered) for part in parts) >= self.config.batch_max_records:
-            running = [part.pipeline for part in parts if part.pipeline is not None and not part.pipeline.done()]
-            if not running:
-                break
-            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                task.result()
 
     async def _pipeline(self, part: OwnedPartition) -> None:
         """Fold and commit ``part``'s buffered records until none are left."""
@@ -233,16 +239,11 @@ class Engine:
         """Partitions are about to be reassigned: finish the pipelines in flight, then drop every partition."""
         async with self.lock:
             self.ready = False
-            self._forget_buffered()  # consumed again from the committed offsets by whoever owns them next
+            self.partitions.forget_buffered()  # consumed again from the committed offsets by whoever owns them next
             await self.drain()
             for p in await self.partitions.revoke():
                 if self.watch is not None:
                     self.watch.forget(p)
-
-    def _forget_buffered(self) -> None:
-        for part in self.owned_partitions().values():
-            part.take()
-            part.alignment.forget()
 
     async def drain(self) -> None:
         """Wait for every pipeline in flight (each ends once its buffer is empty); then commit the group's offsets
@@ -263,15 +264,12 @@ class Engine:
             auto_offset_reset="earliest")
         await restorer.start()
         self.consumer = AIOKafkaConsumer(
-            **client_options(c), group_id=c.app_id, enable_auto_commit=False,
-            auto_offset_reset="earliest", isolation_level="read_committed",
-            partition_assignment_strategy=(self.assignor,),
+            **client_options(c), group_id=c.app_id, enable_auto_commit=False, auto_offset_reset="earliest",
+            isolation_level="read_committed", partition_assignment_strategy=(self.assignor,),
             session_timeout_ms=int(c.session_timeout_s * 1000),
             heartbeat_interval_ms=max(100, int(c.session_timeout_s * 1000 / 6)),
             max_partition_fetch_bytes=max(1_048_576, c.max_message_bytes + 65536),
-            fetch_max_bytes=64 * 1_048_576,
-            fetch_max_wait_ms=50,
-        )
+            fetch_max_bytes=64 * 1_048_576, fetch_max_wait_ms=50)
         self.partitions.consumer = self.consumer
         self.watch = Watch(self.consumer, self.partitions.tracked, self.metrics, c.stall_timeout_s, c.malloc_trim_s)
         self.consumer.subscribe(list(self.partitions.topics), listener=_Rebalance(self))
@@ -289,7 +287,7 @@ class Engine:
         await self.group.stop()  # drain commits what is behind, once
         async with self.lock:
             self.ready = False
-            self._forget_buffered()
+            self.partitions.forget_buffered()
             await quietly(self.drain(), "finishing the transactions in flight", " during shutdown")
             for p in list(self.assigned):
                 await quietly(self.partitions.drop(p), f"stopping partition {p}", " during shutdown")

@@ -51,6 +51,19 @@ class PartitionManager:
     def owned(self) -> dict[int, OwnedPartition]:
         return {p: a.owned for p, a in self.assigned.items() if a.owned is not None}
 
+    def punctuate(self, every: float) -> None:
+        """Mark each owned partition due for timers once per ``every`` seconds, each at its own phase of the
+        interval (the i-th of n at i/n of it), so that their timer-firing folds do not all come at once."""
+        now, owned = time.monotonic(), self.owned()
+        for i, p in enumerate(sorted(owned)):
+            owned[p].punctuate_if_due(now, every, i * every / len(owned))
+
+    def forget_buffered(self) -> None:
+        """Drop what every owned partition buffered or held: consumed again from the committed offsets."""
+        for part in self.owned().values():
+            part.take()
+            part.alignment.forget()
+
     def owns(self, part: OwnedPartition) -> bool:
         a = self.assigned.get(part.number)
         return a is not None and a.owned is part

@@ -156,6 +156,16 @@ class Metrics:
             "Producers of dropped partitions still stopping: one whose sends wait for a partition that is gone (an "
             "output deleted) stops once that output is back, asking for the topic every few ms meanwhile.",
             registry=r)
+        self.input_waiting_bytes = Gauge(
+            "loopwarden_input_waiting_bytes",
+            "Bytes of input record values fetched and not folded yet, or held for stream-time alignment "
+            "(bounded by input_buffer_max_bytes).", registry=r)
+        self.input_buffer_full = Counter(
+            "loopwarden_input_buffer_full_total",
+            "Times the input records waiting reached input_buffer_max_bytes: the loop waited for its pipelines "
+            "(waited), or records held for alignment were folded as they are (unaligned).", ["then"], registry=r)
+        for then in ("waited", "unaligned"):
+            self.input_buffer_full.labels(then)
         self.repartitioned = Counter(
             "loopwarden_repartitioned_events_total",
             "Input records of runs that moved with `loopwarden topics expand`: copied (its copy is on the new "

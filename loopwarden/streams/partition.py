@@ -25,7 +25,7 @@ from loopwarden.streams.alignment import Alignment
 from loopwarden.streams.checkpoint import retrieved
 from loopwarden.streams.marks import Mark, marks_of
 from loopwarden.streams.recovery import encode_offsets
-from loopwarden.streams.stage import FoldResult, Stage, Task
+from loopwarden.streams.stage import FoldResult, Stage, Task, value_bytes
 from loopwarden.streams.store import PartitionStore
 
 if TYPE_CHECKING:
@@ -91,6 +91,7 @@ class OwnedPartition:
         self.producer = producer
         self.alignment = alignment
         self.buffered: list = []  # records consumed, not folded yet
+        self.buffered_bytes = 0  # their values' bytes (the engine bounds them with what the task holds)
         self.buffered_topics: set[str] = set()  # the input topics of ``buffered``'s records (Alignment.lagging reads it)
         self.next_offsets: dict[str, int] = {}  # input topic -> the offset its next record must have (from the seek)
         self.marks: dict[str, Mark] = {}  # input topic -> a record consumed before its committed offset (marks.py)
@@ -121,12 +122,13 @@ class OwnedPartition:
         if records:
             self.next_offsets[topic] = records[-1].offset + 1
             self.buffered += records
+            self.buffered_bytes += value_bytes(records)
             self.buffered_topics.add(topic)
 
     def take(self) -> tuple[list, set[str], bool]:
         """The records buffered, their input topics and whether to punctuate, handed to the next fold."""
         records, topics, punctuate = self.buffered, self.buffered_topics, self.punctuate
-        self.buffered, self.buffered_topics, self.punctuate = [], set(), False
+        self.buffered, self.buffered_topics, self.punctuate, self.buffered_bytes = [], set(), False, 0
         return records, topics, punctuate
 
     def begin_next(self) -> None:
@@ -196,7 +198,7 @@ class OwnedPartition:
         metadata meanwhile (a broker with auto.create.topics.enable creates it again). Its stop is never cut off
         half-way, which would leave its sender asking for good: after ``wait_s`` it goes on in the background,
         in ``stopping`` until done (``loopwarden_producers_stopping``)."""
-        self.buffered, self.buffered_topics = [], set()
+        self.buffered, self.buffered_topics, self.buffered_bytes = [], set(), 0
         begun = self.take_begun()
         if begun is not None:  # its producer stops below: the begin is of no use, and its outcome not news
             begun.cancel()

@@ -39,7 +39,8 @@ aligns its inputs in stream time may hold records stamped later than a lagging i
 stream time (it reports how many in ``holding``; once the input it waits for has sent no backlog
 for ``align_max_ms``, or it holds ``alignment.HOLD_MAX``, the engine folds it again with no
 ``lagging``, as Kafka Streams' ``max.task.idle.ms``). A task that
-does not align ignores ``lagging`` and keeps ``holding = 0``.
+does not align ignores ``lagging`` and keeps ``holding = held_bytes = 0``. What waits in memory, records
+buffered and held, is bounded by ``input_buffer_max_bytes`` (the engine's :meth:`Engine.process`).
 
 A task shaped like that (the health stage's ``PartitionTask``, the OpenTelemetry
 bridge's task) plugs in with a few lines: see ``tests/engine/counter_stage.py`` and
@@ -65,6 +66,11 @@ class Record(Protocol):
     key: bytes | None
     value: bytes | None
     headers: object
+
+
+def value_bytes(records) -> int:
+    """The bytes of ``records``' values (a tombstone's: 0): what ``input_buffer_max_bytes`` counts."""
+    return sum(len(rec.value) for rec in records if rec.value is not None)
 
 
 def header(headers, name: str) -> str | None:
@@ -120,6 +126,8 @@ class Task(Protocol):
 
     @property
     def holding(self) -> int: ...  # records held back for a lagging input (0 if the task does not align)
+    @property
+    def held_bytes(self) -> int: ...  # their values' bytes (stage.value_bytes; 0 if the task does not align)
 
     def rebuild(self) -> object: ...
     def fold(self, records: Iterable[Any], *, punctuate: bool, caught_up: bool,

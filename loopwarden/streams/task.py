@@ -264,6 +264,10 @@ class PartitionTask(BatchEnd):
         """Records held back by the last fold, waiting for the other input."""
         return self.stream.holding
 
+    @property
+    def held_bytes(self) -> int:
+        return self.stream.held_bytes
+
     def fire_due(self, now_ms: int, out: Batch) -> None:
         """Fire every due timer of the partition in deadline order: O(due timers)."""
         timers, before = self.timers, self._before

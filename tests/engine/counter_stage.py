@@ -32,7 +32,7 @@ class Counted:
 
 
 class CounterTask:
-    holding = 0  # it does not align inputs
+    holding = held_bytes = 0  # it does not align inputs
 
     def __init__(self, store: Mapping[bytes, bytes], out_topic: str) -> None:
         self.store, self.out_topic = store, out_topic

@@ -41,7 +41,7 @@ def env_for(config: Config) -> dict[str, str]:
                  "shutdown_timeout_s", "stall_timeout_s", "session_timeout_s", "max_message_bytes", "batch_max_records",
                  "max_future_skew_s", "seq_memory_s", "retention_s", "malloc_trim_s", "commit_gap_ms", "commit_offsets_ms", "batch_wait_ms", "align_max_ms",
                  "otel_topic", "otel_partitions", "topology_check_s",
-                 "expand_window_s", "expand_settle_ms"):
+                 "expand_window_s", "expand_settle_ms", "input_buffer_max_bytes"):
         env["LOOPWARDEN_" + name.upper()] = str(getattr(config, name))
     for name in ("token", "security_protocol", "sasl_mechanism", "sasl_username", "sasl_password", "ssl_cafile",
                  "ssl_certfile", "ssl_keyfile"):

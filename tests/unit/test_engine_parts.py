@@ -150,6 +150,7 @@ def test_each_partition_punctuates_once_per_interval_at_its_own_phase() -> None:
 class _Record:
     topic: str
     offset: int
+    value: bytes | None = b"{}"
 
 
 def test_an_owned_partition_takes_each_offset_once_from_where_it_resumed() -> None:
@@ -428,7 +429,7 @@ def test_stream_time_reads_held_records_once_and_gives_the_limits_of_reading_the
     from loopwarden.streams.batch import Batch
     from loopwarden.streams.stage import DeadLetter
 
-    ev, rec = namedtuple("ev", "ts"), namedtuple("rec", "topic offset")
+    ev, rec = namedtuple("ev", "ts"), namedtuple("rec", "topic offset value")
     roles = {"s": "steps", "o": "outcomes", "v": "verified_outcomes"}
     for seed in range(200):
         rng = random.Random(seed)
@@ -444,7 +445,7 @@ def test_stream_time_reads_held_records_once_and_gives_the_limits_of_reading_the
                 items = per_topic.setdefault(topic, [])
                 for _ in range(rng.randint(0, 6)):
                     clock[topic] += rng.randint(-30, 120)
-                    r = rec(topic, offsets[topic])
+                    r = rec(topic, offsets[topic], None if rng.random() < 0.05 else b"v" * rng.randint(0, 300))
                     offsets[topic] += 1
                     decoded = DeadLetter(r, "undecodable", "x") if rng.random() < 0.1 else (roles[topic], ev(clock[topic]), r)
                     items.append((r, decoded))
@@ -453,6 +454,8 @@ def test_stream_time_reads_held_records_once_and_gives_the_limits_of_reading_the
             assert stream.limits(per_topic, lagging) == want, (seed, _fold)
             for role, items in stream.ready(per_topic, lagging, Batch()).items():  # none past its limit applied
                 assert all(item[1].ts <= want[role] for item in items) if role in want else True
+            held = [r for items in stream.held.values() for r, _ in items]  # what input_buffer_max_bytes counts
+            assert stream.held_bytes == sum(len(r.value) for r in held if r.value is not None), (seed, _fold)
 
 
 def test_a_producer_slow_to_stop_is_left_stopping_in_the_background_never_cut_off() -> None:
@@ -497,3 +500,60 @@ def test_a_producer_slow_to_stop_is_left_stopping_in_the_background_never_cut_of
     left, after = asyncio.run(go())
     assert left == (1, 1.0, 0)  # close() returned; the stop goes on, held and counted
     assert after == (0, 0.0, 1, False)  # it ended by itself, never cancelled
+
+
+def test_an_owned_partition_counts_the_bytes_it_buffers_until_a_fold_takes_them() -> None:
+    """``buffered_bytes``: the values' bytes of the records buffered (a tombstone's 0, records not taken not
+    counted); a fold's take() and a drop leave none."""
+    import asyncio
+
+    from loopwarden.streams.partition import OwnedPartition, Stopping
+
+    class Producer:
+        async def stop(self) -> None: ...
+
+    part = OwnedPartition(0, _Quiet(), None, _Quiet(), Producer(), None)  # type: ignore[arg-type]
+    part.next_offsets = {"in": 2}
+    part.accept("in", [_Record("in", o, b"x" * 100) for o in range(0, 4)])  # 0 and 1: behind, not taken
+    part.accept("in", [_Record("in", 4, None), _Record("in", 5, b"y" * 7)])
+    assert part.buffered_bytes == 2 * 100 + 0 + 7
+    records, _, _ = part.take()
+    assert len(records) == 4 and part.buffered_bytes == 0
+    part.accept("in", [_Record("in", 6, b"z" * 50)])
+    assert part.buffered_bytes == 50
+    asyncio.run(part.close(Stopping()))
+    assert part.buffered_bytes == 0 and part.buffered == []
+
+
+def test_the_input_bound_sums_what_waits_and_unholds_only_tasks_that_hold() -> None:
+    """InputBound: buffered and held bytes over every partition against ``input_buffer_max_bytes``; when held
+    records fill it with nothing running, the tasks holding records (only those) fold them as they are."""
+    from prometheus_client import CollectorRegistry
+
+    from loopwarden.streams.alignment import Alignment
+    from loopwarden.streams.inputbound import InputBound
+    from loopwarden.streams.metrics import Metrics
+
+    class Task:
+        def __init__(self, holding: int, held_bytes: int) -> None:
+            self.holding, self.held_bytes = holding, held_bytes
+
+    class Part:
+        def __init__(self, number: int, buffered_bytes: int, holding: int, held_bytes: int) -> None:
+            self.number, self.buffered_bytes, self.task = number, buffered_bytes, Task(holding, held_bytes)
+            self.alignment = Alignment(None, number, {}, 1000)  # type: ignore[arg-type]
+
+    metrics = Metrics(CollectorRegistry())
+    bound = InputBound(1000, metrics)
+    parts = [Part(0, 300, 0, 0), Part(1, 0, 2, 600), Part(2, 99, 0, 0)]
+    assert bound.waiting(parts) == 999 and not bound.full(parts)
+    assert metrics.registry.get_sample_value("loopwarden_input_waiting_bytes") == 999
+    parts[2].buffered_bytes = 100
+    assert bound.full(parts)
+    bound.waited()
+    assert bound.unhold(parts)
+    assert [p.alignment.overdue() for p in parts] == [False, True, False]  # only the one holding records
+    assert not bound.unhold([Part(0, 5000, 0, 0)])  # nothing held: nothing to give up
+    sample = metrics.registry.get_sample_value
+    assert sample("loopwarden_input_buffer_full_total", {"then": "unaligned"}) == 1
+    assert sample("loopwarden_input_buffer_full_total", {"then": "waited"}) == 1

@@ -372,6 +372,7 @@ def test_a_held_record_holds_the_rest_of_its_topic_and_its_offset() -> None:
     part = Partition(0)
     first = part.task.fold(outcomes + steps[:-1], lagging={"steps"})  # the run_ended is not consumed yet
     assert part.task.holding == 2
+    assert part.task.held_bytes == len(receipt.value) + len(b"not json")  # what input_buffer_max_bytes counts
     assert first.offsets == {TOPICS["steps"]: len(steps) - 1} and not first.deadletters
     assert [t.to_state for t in first.transitions] == ["RUNNING"]
     part.store.write(first.changes, None)
@@ -379,7 +380,7 @@ def test_a_held_record_holds_the_rest_of_its_topic_and_its_offset() -> None:
     second = part.task.fold(steps[-1:])  # held records first, then these
     assert [t.to_state for t in second.transitions] == ["VERIFYING", "VERIFIED_COMPLETE"]
     assert second.offsets == {TOPICS["outcomes"]: 2, TOPICS["steps"]: len(steps)}
-    assert len(second.deadletters) == 1 and part.task.holding == 0
+    assert len(second.deadletters) == 1 and part.task.holding == 0 and part.task.held_bytes == 0
 
 
 def test_a_failed_transaction_forgets_what_was_held() -> None:
@@ -388,9 +389,9 @@ def test_a_failed_transaction_forgets_what_was_held() -> None:
     receipt = next(m for m in run if m.topic == "outcomes")
     part = Partition(0)
     part.task.fold([Rec(TOPICS["outcomes"], 0, 0, receipt.key, receipt.value)], lagging={"steps"})
-    assert part.task.holding == 1
+    assert part.task.holding == 1 and part.task.held_bytes == len(receipt.value)
     part.task.discard()
-    assert part.task.holding == 0
+    assert part.task.holding == 0 and part.task.held_bytes == 0
 
 
 def test_the_worker_folds_what_producers_must_also_tell_as_replay_does() -> None:

@@ -1,0 +1,62 @@
+"""The bound on input records waiting in a worker's memory (``input_buffer_max_bytes``).
+
+Two kinds wait: records the consumer handed over that no fold has taken yet
+(``OwnedPartition.buffered``), and records a task holds for stream-time alignment
+(``Task.holding``). Both are counted by their values' bytes (``stage.value_bytes``), over all
+of a worker's partitions. ``batch_max_records`` bounds their number; this bounds their size,
+which a count alone does not (an event may be 256 KiB: 20,000 of them are 5 GiB). Kafka
+Streams bounds the same with ``input.buffer.max.bytes`` (KIP-770).
+
+While the bound is reached the engine's loop waits for its pipelines instead of taking more
+from the consumer. Held records cannot wait that out: the input they wait for is not
+consumed meanwhile. When they fill the bound alone, :meth:`InputBound.unhold` has their tasks
+fold them as they are, as after ``align_max_ms``. aiokafka's own fetch buffer is outside the
+bound (``max_partition_fetch_bytes`` a partition, the engine's ``fetch_max_bytes`` a fetch).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+from loopwarden.streams.metrics import Metrics
+
+if TYPE_CHECKING:
+    from loopwarden.streams.partition import OwnedPartition
+
+log = logging.getLogger("loopwarden.worker")
+
+
+class InputBound:
+    """``input_buffer_max_bytes`` over a worker's owned partitions (``loopwarden_input_waiting_bytes``)."""
+
+    def __init__(self, max_bytes: int, metrics: Metrics) -> None:
+        self.max_bytes = max_bytes
+        self.metrics = metrics
+
+    def waiting(self, parts: Collection[OwnedPartition]) -> int:
+        """Bytes of the input records buffered and held now (and the gauge set to them)."""
+        waiting = sum(part.buffered_bytes + part.task.held_bytes for part in parts)
+        self.metrics.input_waiting_bytes.set(waiting)
+        return waiting
+
+    def full(self, parts: Collection[OwnedPartition]) -> bool:
+        return self.waiting(parts) >= self.max_bytes
+
+    def waited(self) -> None:
+        """The loop waits for a pipeline because the bound is reached."""
+        self.metrics.input_buffer_full.labels("waited").inc()
+
+    def unhold(self, parts: Collection[OwnedPartition]) -> bool:
+        """Nothing runs and the bound is reached: the tasks holding records fold them as they are (whether any
+        holds; none: nothing waits but records the loop hands out next)."""
+        holding = [part for part in parts if part.task.holding]
+        if not holding:
+            return False
+        log.warning("records held for stream-time alignment fill input_buffer_max_bytes (%d B): partitions %s fold "
+                    "them as they are", self.max_bytes, [part.number for part in holding])
+        self.metrics.input_buffer_full.labels("unaligned").inc()
+        for part in holding:
+            part.alignment.give_up()
+        return True
