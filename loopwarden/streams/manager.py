@@ -59,7 +59,7 @@ class PartitionManager:
             owned[p].punctuate_if_due(now, every, i * every / len(owned))
 
     def forget_buffered(self) -> None:
-        """Drop what every owned partition buffered or held: consumed again from the committed offsets."""
+        """Drop what every owned partition buffered, and stop its alignment's clock: consumed again later."""
         for part in self.owned().values():
             part.take()
             part.alignment.forget()
