@@ -82,7 +82,7 @@ class Engine:
         self.guard = LayoutGuard(self)  # re-reads the layout, pauses or holds partitions while it is wrong
         self.horizons = Horizons(self)  # after an expansion: how far old partitions were forwarded
         self.group = GroupCommitter(self)  # the group's offsets, after the transactions (groupcommit.py)
-        self.bound = InputBound(config.input_buffer_max_bytes, self.metrics)  # what input waits in memory
+        self.bound = InputBound(config.input_buffer_max_bytes, self.metrics, stage.name)  # what waits in memory
 
     @property
     def assigned(self) -> dict[int, AssignedPartition]:

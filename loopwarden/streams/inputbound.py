@@ -29,16 +29,18 @@ log = logging.getLogger("loopwarden.worker")
 
 
 class InputBound:
-    """``input_buffer_max_bytes`` over a worker's owned partitions (``loopwarden_input_waiting_bytes``)."""
+    """``input_buffer_max_bytes`` over an engine's owned partitions (``loopwarden_input_waiting_bytes``). Each
+    engine has its own: ``worker --otel`` runs two (the health stage's and the bridge's), each bounded alone."""
 
-    def __init__(self, max_bytes: int, metrics: Metrics) -> None:
+    def __init__(self, max_bytes: int, metrics: Metrics, stage: str) -> None:
         self.max_bytes = max_bytes
-        self.metrics = metrics
+        self.gauge = metrics.input_waiting_bytes.labels(stage)
+        self.counts = {then: metrics.input_buffer_full.labels(stage, then) for then in ("waited", "unaligned")}
 
     def waiting(self, parts: Collection[OwnedPartition]) -> int:
         """Bytes of the input records buffered and held now (and the gauge set to them)."""
         waiting = sum(part.buffered_bytes + part.task.held_bytes for part in parts)
-        self.metrics.input_waiting_bytes.set(waiting)
+        self.gauge.set(waiting)
         return waiting
 
     def full(self, parts: Collection[OwnedPartition]) -> bool:
@@ -46,7 +48,7 @@ class InputBound:
 
     def waited(self) -> None:
         """The loop waits for a pipeline because the bound is reached."""
-        self.metrics.input_buffer_full.labels("waited").inc()
+        self.counts["waited"].inc()
 
     def unhold(self, parts: Collection[OwnedPartition]) -> bool:
         """Nothing runs and the bound is reached: the tasks holding records fold them as they are (whether any
@@ -56,7 +58,7 @@ class InputBound:
             return False
         log.warning("records held for stream-time alignment fill input_buffer_max_bytes (%d B): partitions %s fold "
                     "them as they are", self.max_bytes, [part.number for part in holding])
-        self.metrics.input_buffer_full.labels("unaligned").inc()
+        self.counts["unaligned"].inc()
         for part in holding:
             part.alignment.give_up()
         return True

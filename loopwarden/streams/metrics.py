@@ -159,13 +159,11 @@ class Metrics:
         self.input_waiting_bytes = Gauge(
             "loopwarden_input_waiting_bytes",
             "Bytes of input record values fetched and not folded yet, or held for stream-time alignment "
-            "(bounded by input_buffer_max_bytes).", registry=r)
+            "(bounded by input_buffer_max_bytes), by stage (health; otel: the bridge).", ["stage"], registry=r)
         self.input_buffer_full = Counter(
             "loopwarden_input_buffer_full_total",
             "Times the input records waiting reached input_buffer_max_bytes: the loop waited for its pipelines "
-            "(waited), or records held for alignment were folded as they are (unaligned).", ["then"], registry=r)
-        for then in ("waited", "unaligned"):
-            self.input_buffer_full.labels(then)
+            "(waited), or records held for alignment were folded as they are (unaligned).", ["stage", "then"], registry=r)
         self.repartitioned = Counter(
             "loopwarden_repartitioned_events_total",
             "Input records of runs that moved with `loopwarden topics expand`: copied (its copy is on the new "

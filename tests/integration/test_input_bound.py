@@ -52,7 +52,7 @@ class _Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.wait(0.05):
-            self.peak = max(self.peak, _metric(self.worker, "loopwarden_input_waiting_bytes"))
+            self.peak = max(self.peak, _metric(self.worker, "loopwarden_input_waiting_bytes", {"stage": "health"}))
 
 
 def _metric(worker, name: str, labels: dict | None = None) -> float:
@@ -91,13 +91,13 @@ def test_a_backlog_of_large_events_waits_within_the_byte_bound_and_reaches_repla
         wait_consumed(worker, len(events), timeout_s=180)
         run(tick(worker.config, last + ADVANCE_MS))
         assert final_states(wait_final(worker.config, expected, timeout_s=120)) == expected
-        waited = _metric(worker, "loopwarden_input_buffer_full_total", {"then": "waited"})
-        unaligned = _metric(worker, "loopwarden_input_buffer_full_total", {"then": "unaligned"})
+        waited = _metric(worker, "loopwarden_input_buffer_full_total", {"stage": "health", "then": "waited"})
+        unaligned = _metric(worker, "loopwarden_input_buffer_full_total", {"stage": "health", "then": "unaligned"})
         print(f"peak waiting {sampler.peak:,.0f} B; waited {waited:.0f}, unaligned {unaligned:.0f}")
         assert waited >= 1 and unaligned >= 1
         fetch = Config().max_message_bytes + 65536  # the consumer's max_partition_fetch_bytes
         assert 0 < sampler.peak <= bound + 4 * fetch
-        assert _metric(worker, "loopwarden_input_waiting_bytes") == 0  # nothing left waiting
+        assert _metric(worker, "loopwarden_input_waiting_bytes", {"stage": "health"}) == 0  # nothing left waiting
     finally:
         sampler.stop.set()
         worker.stop()

@@ -544,10 +544,10 @@ def test_the_input_bound_sums_what_waits_and_unholds_only_tasks_that_hold() -> N
             self.alignment = Alignment(None, number, {}, 1000)  # type: ignore[arg-type]
 
     metrics = Metrics(CollectorRegistry())
-    bound = InputBound(1000, metrics)
+    bound = InputBound(1000, metrics, "health")
     parts = [Part(0, 300, 0, 0), Part(1, 0, 2, 600), Part(2, 99, 0, 0)]
     assert bound.waiting(parts) == 999 and not bound.full(parts)
-    assert metrics.registry.get_sample_value("loopwarden_input_waiting_bytes") == 999
+    assert metrics.registry.get_sample_value("loopwarden_input_waiting_bytes", {"stage": "health"}) == 999
     parts[2].buffered_bytes = 100
     assert bound.full(parts)
     bound.waited()
@@ -555,5 +555,5 @@ def test_the_input_bound_sums_what_waits_and_unholds_only_tasks_that_hold() -> N
     assert [p.alignment.overdue() for p in parts] == [False, True, False]  # only the one holding records
     assert not bound.unhold([Part(0, 5000, 0, 0)])  # nothing held: nothing to give up
     sample = metrics.registry.get_sample_value
-    assert sample("loopwarden_input_buffer_full_total", {"then": "unaligned"}) == 1
-    assert sample("loopwarden_input_buffer_full_total", {"then": "waited"}) == 1
+    assert sample("loopwarden_input_buffer_full_total", {"stage": "health", "then": "unaligned"}) == 1
+    assert sample("loopwarden_input_buffer_full_total", {"stage": "health", "then": "waited"}) == 1
