@@ -24,12 +24,16 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Mapping, Sequence
 from itertools import islice
+from operator import itemgetter
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from loopwarden.streams.stage import value_bytes
 
 # Records a partition's task holds for a lagging input at most (the default batch's worth of records and
 # their decoded events); past it, they are folded as they are.
 HOLD_MAX = 20_000
+_record_of = itemgetter(0)  # of a (record, decoded) item
 
 
 class Alignment:
@@ -125,27 +129,25 @@ class StreamTime:
     later fold reads only the records new to it: a backlog drained in small batches holds
     thousands of receipts across hundreds of folds (bench e: 2,600 a fold on average)."""
 
-    __slots__ = ("roles", "aligned", "seen_ts", "held", "held_bytes", "topic_bytes", "shown", "taken")
+    __slots__ = ("roles", "aligned", "seen_ts", "held", "topic_bytes", "shown", "taken")
 
     def __init__(self, roles: Mapping[str, str], aligned: tuple[str, ...]) -> None:
         self.roles = roles  # topic -> role
         self.aligned = aligned  # the roles that wait for each other
         self.seen_ts: dict[str, int] = {}
         self.held: dict[str, list] = {}
-        self.held_bytes = 0  # the held records' values' bytes (input_buffer_max_bytes counts them)
-        self.topic_bytes: dict[str, int] = {}  # the same, by input topic
+        self.topic_bytes: dict[str, int] = {}  # input topic -> its held records' values' bytes (see held_bytes)
         self.shown: dict[str, int] = {}
         self.taken: dict[str, int] = {}  # topic -> how many held items the fold began with (read by limits already)
 
     def take_held(self) -> dict[str, list]:
-        held, self.held, self.held_bytes = self.held, {}, 0
+        held, self.held = self.held, {}
         self.taken = {topic: len(items) for topic, items in held.items()}  # their bytes: still in topic_bytes
         return held
 
     def discard(self) -> None:
         """The fold's transaction failed: what it held is consumed again, from offsets that stop before it."""
         self.held.clear()
-        self.held_bytes = 0
         self.topic_bytes.clear()
         self.shown.clear()
         self.taken = {}
@@ -153,6 +155,11 @@ class StreamTime:
     @property
     def holding(self) -> int:
         return sum(map(len, self.held.values()))
+
+    @property
+    def held_bytes(self) -> int:
+        """The held records' values' bytes (what input_buffer_max_bytes counts of them)."""
+        return sum(self.topic_bytes[topic] for topic in self.held)
 
     def ready(self, per_topic: dict[str, list], lagging: Collection[str], out) -> dict[str, list]:
         """role -> the decoded items to apply now, offset order per topic; ``per_topic`` as the task decoded it.
@@ -205,7 +212,6 @@ class StreamTime:
         else:
             held = self.topic_bytes.get(topic, 0) - _value_bytes(items, 0, used) + _value_bytes(items, start, len(items))
         self.topic_bytes[topic] = held
-        self.held_bytes += held
 
     def limits(self, per_topic: dict[str, list], lagging: Collection[str]) -> dict[str, int]:
         """role -> the latest ts it may apply now: the lowest stream time (highest ts seen, folded, held or in
@@ -239,7 +245,7 @@ class StreamTime:
 
 
 def _value_bytes(items: list, start: int, end: int) -> int:
-    return sum(len(rec.value) for rec, _ in islice(items, start, end) if rec.value is not None)
+    return value_bytes(map(_record_of, islice(items, start, end)))
 
 
 def merge_by_ts(first: list, second: list) -> list:

@@ -3,7 +3,7 @@
 Two kinds wait: records the consumer handed over that no fold has taken yet
 (``OwnedPartition.buffered``), and records a task holds for stream-time alignment
 (``Task.holding``). Both are counted by their values' bytes (``stage.value_bytes``), over all
-of a worker's partitions. ``batch_max_records`` bounds their number; this bounds their size,
+of an engine's partitions. ``batch_max_records`` bounds their number; this bounds their size,
 which a count alone does not (an event may be 256 KiB: 20,000 of them are 5 GiB). Kafka
 Streams bounds the same with ``input.buffer.max.bytes`` (KIP-770).
 

@@ -198,7 +198,7 @@ class OwnedPartition:
         metadata meanwhile (a broker with auto.create.topics.enable creates it again). Its stop is never cut off
         half-way, which would leave its sender asking for good: after ``wait_s`` it goes on in the background,
         in ``stopping`` until done (``loopwarden_producers_stopping``)."""
-        self.buffered, self.buffered_topics, self.buffered_bytes = [], set(), 0
+        self.take()  # what it buffered is consumed again by its next owner
         begun = self.take_begun()
         if begun is not None:  # its producer stops below: the begin is of no use, and its outcome not news
             begun.cancel()
