@@ -62,7 +62,7 @@ from loopwarden.streams.store import OFFSETS_KEY
 BENCH = "e ingest"
 PARTITIONS = 8
 REPO = Path(__file__).resolve().parent.parent
-APPS = ("bare", "decode", "quix", "quix1s", "kstreams", "worker")  # the default set
+APPS = ("bare", "decode", "quix", "quix1s", "kstreams", "engine", "worker")  # the default set
 EXTRA_APPS = ("faust", "worker-alt")  # --apps only: Faust (a slow no-op baseline), the worker with --alt-env
 LABELS = {
     "bare": "bare aiokafka consumer (getmany, no decode)",
@@ -71,6 +71,7 @@ LABELS = {
     "quix1s": "Quix Streams as above, commit every 1 s",
     "kstreams": "Kafka Streams 4.4: count per run + output, exactly_once_v2, 1 thread, no cache",
     "faust": "Faust agent doing nothing per event",
+    "engine": "loopwarden's engine: count per run + output (bench/peers/engine_app.py), the worker's defaults",
     "worker": "loopwarden worker",
     "worker-alt": "loopwarden worker, --alt-env",
 }
@@ -698,7 +699,7 @@ async def _rounds(bootstrap: str, broker_pid: int, workdir: Path, events: int, r
                      + (f"  broker JIT {res.broker_jit_s / res.wall_s:.0%} of a core"
                         if res.broker_jit_s == res.broker_jit_s and res.wall_s > 0 else "")
                      + (f"  CAPPED at {res.events:,} of {backlog.n:,}" if res.capped else ""))
-            if app in ("quix", "quix1s", "kstreams"):
+            if app in ("quix", "quix1s", "kstreams", "engine"):
                 progress(f"[e]   {'':<8} steady read at its commits (outputs)  {si(res.committed_steady_eps, 'ev/s'):>11} "
                          f"{res.committed_steady_cpu_us:6.1f} µs CPU/event {res.committed_steady_s:5.1f} s "
                          f"(at handling / at commit {res.steady_eps / res.committed_steady_eps:.3f}x); "
@@ -787,7 +788,7 @@ def _report(report: Report, backlog: Backlog, results: dict[str, list[Result]], 
                        f"{duration(med(app, 'group_steady_s'))}, rounds {spread(app, 'group_steady_eps')}; "
                        f"the changelog's reading / this one: {by_round(app, 'steady_eps', 'group_steady_eps')}; "
                        f"the bench's own CPU {med(app, 'bench_cpu_us'):.2f} µs/event (its readers)")
-        if app in ("quix", "quix1s", "kstreams"):
+        if app in ("quix", "quix1s", "kstreams", "engine"):
             at_commit = med(app, "committed_steady_eps")
             report.add(BENCH, label + ", steady state read at its commits", si(at_commit, "ev/s"),
                        f"its outputs (one per input) seen read_committed, as the worker is read; the same rounds; "
@@ -855,6 +856,14 @@ def _report(report: Report, backlog: Backlog, results: dict[str, list[Result]], 
                 report.add(BENCH, f"capacity on one core (1 / CPU per event): worker : {peer}", x(w_cap / cap),
                            f"worker {si(w_cap, 'ev/s')}, {peer} {si(cap, 'ev/s')}; steady state; "
                            f"CPU of all the app's threads (JIT and GC included for the JVM)")
+    # The engine on the peers' own job: what the engine costs, apart from the health rules (the worker's
+    # fold). worker : engine is the rules' share; engine : quix and : kstreams compare engines on one job.
+    for a, b in (("engine", "quix"), ("engine", "kstreams"), ("engine", "bare"), ("worker", "engine")):
+        if results[a] and results[b]:
+            by = sorted(v for v in (div(x_.steady_eps, y.steady_eps) for x_, y in zip(results[a], results[b])) if v == v)
+            report.add(BENCH, f"ratio {a} : {b} (steady state both)", x(ratio(a, b, "steady_eps")),
+                       (f"{by[0]:.2f}-{by[-1]:.2f}x by round; " if len(by) > 1 else "")
+                       + f"CPU per event {x(ratio(a, b, 'steady_cpu_us'))} {b}'s")
     for app in ("quix", "kstreams", "faust", "worker-alt"):
         if results[app] and results["bare"]:
             report.add(BENCH, f"ratio {app} : bare consumer (steady ev/s)", x(ratio(app, "bare", "steady_eps")),

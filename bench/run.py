@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pace-eps", type=float, default=None,
                         help="rate of the kafka bench's paced (latency) phase; default half the ingest maximum")
     parser.add_argument("--apps", default=None,
-                        help="the ingest bench's apps, comma-separated (default bare,decode,quix,quix1s,kstreams,worker; "
+                        help="the ingest bench's apps, comma-separated (default bare,decode,quix,quix1s,kstreams,engine,worker; "
                              "also faust, and worker-alt: the worker with --alt-env)")
     parser.add_argument("--alt-env", action="append", default=[], metavar="LOOPWARDEN_NAME=VALUE",
                         help="worker-alt's setting (repeatable): the worker with and without it, side by side")
