@@ -17,30 +17,17 @@ import asyncio
 import os
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 import msgspec
 
 from bench.peers import Progress
 from loopwarden.streams.config import Config
 from loopwarden.streams.engine import Engine
-from loopwarden.streams.stage import DeadLetter, Input, Output, StageBase
+from loopwarden.streams.stage import DeadLetter, Folded, Input, Output, StageBase
 
 PARTITIONS = 8
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
-
-
-@dataclass
-class Counted:
-    outputs: list[Output] = field(default_factory=list)
-    deadletters: list[DeadLetter] = field(default_factory=list)
-    changes: dict[bytes, bytes | None] = field(default_factory=dict)
-    offsets: dict[str, int] = field(default_factory=dict)
-    consumed: int = 0
-
-    def __bool__(self) -> bool:
-        return bool(self.outputs or self.deadletters or self.changes or self.offsets)
 
 
 class CountTask:
@@ -52,8 +39,8 @@ class CountTask:
     def rebuild(self) -> None:
         pass
 
-    def fold(self, records, *, punctuate: bool, caught_up: bool, lagging) -> Counted:
-        out = Counted()
+    def fold(self, records, *, punctuate: bool, caught_up: bool, lagging) -> Folded:
+        out = Folded()
         changes, offsets, outputs, store, topic = out.changes, out.offsets, out.outputs, self.store, self.output
         tick = self.progress.tick
         for r in records:
@@ -71,7 +58,7 @@ class CountTask:
         out.consumed = len(records)
         return out
 
-    def committed(self, result: Counted) -> None:
+    def committed(self, result: Folded) -> None:
         pass
 
     def discard(self) -> None:

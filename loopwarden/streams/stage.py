@@ -50,7 +50,7 @@ bridge's task) plugs in with a few lines: see ``tests/engine/counter_stage.py`` 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
@@ -119,6 +119,20 @@ class FoldResult(Protocol):
     consumed: int  # input records
 
     def __bool__(self) -> bool: ...  # anything to commit
+
+
+@dataclass
+class Folded:
+    """A plain :class:`FoldResult`, for a stage whose fold needs nothing more (tests/engine/counter_stage.py)."""
+
+    outputs: list[Output] = field(default_factory=list)
+    deadletters: list[DeadLetter] = field(default_factory=list)
+    changes: dict[bytes, bytes | None] = field(default_factory=dict)
+    offsets: dict[str, int] = field(default_factory=dict)
+    consumed: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.outputs or self.deadletters or self.changes or self.offsets)
 
 
 class Task(Protocol):

@@ -14,21 +14,8 @@ import asyncio
 import os
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
-from loopwarden.streams.stage import DeadLetter, Input, Output, StageBase
-
-
-@dataclass
-class Counted:
-    outputs: list[Output] = field(default_factory=list)
-    deadletters: list[DeadLetter] = field(default_factory=list)
-    changes: dict[bytes, bytes | None] = field(default_factory=dict)
-    offsets: dict[str, int] = field(default_factory=dict)
-    consumed: int = 0
-
-    def __bool__(self) -> bool:
-        return bool(self.outputs or self.deadletters or self.changes or self.offsets)
+from loopwarden.streams.stage import DeadLetter, Folded, Input, Output, StageBase
 
 
 class CounterTask:
@@ -40,8 +27,8 @@ class CounterTask:
     def rebuild(self) -> None:
         pass  # nothing beyond the store
 
-    def fold(self, records, *, punctuate: bool, caught_up: bool, lagging) -> Counted:
-        out = Counted()
+    def fold(self, records, *, punctuate: bool, caught_up: bool, lagging) -> Folded:
+        out = Folded()
         for r in records:
             out.offsets[r.topic] = r.offset + 1
             out.consumed += 1
@@ -53,7 +40,7 @@ class CounterTask:
             out.outputs.append(Output(self.out_topic, r.key, b"%d %d:%d" % (n, r.partition, r.offset)))
         return out
 
-    def committed(self, result: Counted) -> None:
+    def committed(self, result: Folded) -> None:
         pass  # the engine wrote the changes to the store
 
     def discard(self) -> None:
