@@ -32,6 +32,7 @@ _encode = msgspec.json.encode
 
 class CountTask:
     holding = held_bytes = 0  # does not align its inputs (the peers do not either)
+    held_topics = ()
 
     def __init__(self, store: Mapping[bytes, bytes], output: str, progress: Progress) -> None:
         self.store, self.output, self.progress = store, output, progress

@@ -80,6 +80,7 @@ class BridgeBatch:
 class BridgeTask:
     """One partition of ``otlp_spans``: its traces' committed states (``store``) and their last activity."""
 
+    held_topics = ()
     holding = held_bytes = 0  # one input: nothing is held back for another (the engine's stream-time alignment)
 
     def __init__(self, partition: int, store: Mapping[bytes, bytes], *, steps_topic: str,

@@ -1,26 +1,27 @@
 """Stream-time alignment of a partition's tracked inputs (Kafka Streams ``PartitionGroup.readyToProcess``).
 
-Two halves, one here: :class:`Alignment` is the engine's (which inputs lag, how long the
-task has held records), :class:`StreamTime` the task's (each input's stream time, which
-records to hold back, and the records held).
+Two halves, one here: :class:`Alignment` is the engine's (which inputs lag, how long the task has held
+records, which inputs it paused), :class:`StreamTime` the task's (each input's stream time, which records
+to hold back, and the records held).
 
-A task that merges two inputs in event time (steps and receipts) must not apply a
-record of one input stamped later than everything the other has shown while that
-other input still holds records on the broker: they would meet out of order. The
-task holds such records back (``Task.holding``); this class tells it which inputs
-lag (their consumed position is short of the end: the last stable offset), and after
-``max_idle_ms`` it lets the fold go on without waiting (``max.task.idle.ms``). That clock
-starts again whenever the input waited for sends records written more than ``max_idle_ms``
-ago: it is draining a backlog, not idle, however many batches that takes (Kafka Streams,
-too, counts idle time only while the lagging input has nothing buffered). Fresh records of
-a live input do not start it again, so a record stamped ahead of a live input's stream time
-(a producer's clock running fast) waits ``max_idle_ms`` at most. A task holding
-``HOLD_MAX`` records folds them without waiting too, and so does every task holding records
-when what they hold fills the worker's ``input_buffer_max_bytes`` (:meth:`Alignment.give_up`).
+A task that merges two inputs in event time (steps and receipts) must not apply a record of one input
+stamped later than everything the other has shown while that other input still holds records on the
+broker: they would meet out of order. The task holds such records back (``Task.holding``); this class
+tells it which inputs lag (consumed short of the last stable offset), and after ``max_idle_ms`` lets the
+fold go on without waiting (``max.task.idle.ms``). That clock starts again whenever the input waited for
+sends records written more than ``max_idle_ms`` ago: it is draining a backlog, not idle (Kafka Streams,
+too, counts idle time only while the lagging input has nothing buffered). Fresh records of a live input
+do not, so a record stamped ahead of a live input's stream time (a fast producer clock) waits
+``max_idle_ms`` at most. A task holding ``HOLD_MAX`` records, or records that fill the worker's
+``input_buffer_max_bytes`` with nothing else to fold, holds no more: the inputs it holds records of are
+paused (:meth:`Alignment.pause_ahead`, ``loopwarden.streams.pauses``) until it holds none of them, so the
+input it waits for catches up and the order is kept (Kafka Streams pauses a partition whose buffer is
+full). Only with nothing to pause are they folded without waiting (:meth:`Alignment.give_up`).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
 from itertools import islice
@@ -28,30 +29,34 @@ from operator import itemgetter
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from loopwarden.streams.pauses import Pauses
 from loopwarden.streams.stage import value_bytes
 
-# Records a partition's task holds for a lagging input at most (the default batch's worth of records and
-# their decoded events); past it, they are folded as they are.
+# Records a partition's task holds for a lagging input at most (the default batch's worth): past it, it pauses.
 HOLD_MAX = 20_000
 _record_of = itemgetter(0)  # of a (record, decoded) item
+log = logging.getLogger("loopwarden.worker")
 
 
 class Alignment:
     """One partition's view of its tracked inputs: which lag, whether its task has held records too long."""
 
-    def __init__(self, consumer: AIOKafkaConsumer, partition: int, roles: dict[str, str], max_idle_ms: int) -> None:
+    def __init__(self, consumer: AIOKafkaConsumer, partition: int, roles: dict[str, str], max_idle_ms: int,
+                 pauses: Pauses | None = None) -> None:
         self.consumer = consumer
+        self.pauses = pauses  # the engine's one switch over the fetch (None: nothing is paused, records fold as they are)
         self.tps = {topic: TopicPartition(topic, partition) for topic in roles}
         self.roles = roles  # tracked input topic -> role
         self.max_idle_s = max_idle_ms / 1000
         self.enabled = max_idle_ms > 0
         # Monotonic time since which the task has held records and the input it waits for has sent no backlog.
         self.idle_since: float | None = None
-        self.full = False  # the task holds HOLD_MAX records or more
+        self.full = False  # the task holds more than it may, with no input to pause: fold what it holds now
+        self.ahead: set[str] = set()  # input topics paused because the task holds all it may of them
 
     def overdue(self, now: float | None = None) -> bool:
-        """The task has held records with no backlog from the input it waits for in ``max_idle_ms``, or holds
-        ``HOLD_MAX``: fold them now, the lagging input notwithstanding."""
+        """The task has held records with no backlog from the input it waits for in ``max_idle_ms``, or holds more
+        than it may with no input to pause: fold them now, the lagging input notwithstanding."""
         since = self.idle_since
         return self.full or (
             since is not None and (time.monotonic() if now is None else now) - since >= self.max_idle_s)
@@ -80,11 +85,14 @@ class Alignment:
         return lagging if self.enabled and not overdue else set()
 
     def folded(self, holding: int, records: Sequence, fed: Collection[str], waited: Collection[str],
-               now: float | None = None, wall_ms: int | None = None) -> None:
-        """After a fold of ``records`` (of the topics ``fed``) that waited for the roles ``waited``: stop the idle
-        clock when the task holds nothing; while it holds records, start it, or start it again when the input
-        waited for is draining a backlog (:meth:`draining`). ``now`` (monotonic s), ``wall_ms``: for tests."""
-        self.full = holding >= HOLD_MAX
+               now: float | None = None, wall_ms: int | None = None, held: Collection[str] = ()) -> None:
+        """After a fold of ``records`` (of the topics ``fed``) that waited for the roles ``waited`` and holds
+        ``holding`` records of the topics ``held``: resume the inputs paused and not held now; pause those held at
+        ``HOLD_MAX``. The idle clock: stopped when nothing is held, started (again) while the input waited for
+        drains a backlog (:meth:`draining`). ``now`` (monotonic s), ``wall_ms``: for tests."""
+        if self.ahead:
+            self.resume_ahead(held)
+        self.full = holding >= HOLD_MAX and self.pause_ahead(held) is None
         if not holding:
             self.idle_since = None
         elif self.idle_since is None or self.draining(records, fed, waited, wall_ms):
@@ -104,14 +112,35 @@ class Alignment:
                 return rec.timestamp < wall - self.max_idle_s * 1000
         return False
 
+    def pause_ahead(self, held: Collection[str]) -> list[TopicPartition] | None:
+        """The task may hold no more: pause the inputs ``held`` names (it holds records of them) until it holds none
+        of them. The partitions paused now (those paused already are not again), or None: none can be."""
+        tps = [tp for topic, tp in self.tps.items() if topic in held]
+        if self.pauses is None or not tps:
+            return None
+        newly = self.pauses.pause("ahead", tps)
+        self.ahead.update(tp.topic for tp in tps)
+        if newly:
+            log.info("partition %d: holding all it may of %s for alignment: paused until the other input caught "
+                     "up", tps[0].partition, sorted(tp.topic for tp in newly))
+        return newly
+
+    def resume_ahead(self, held: Collection[str] = ()) -> None:
+        """Fetch again the inputs paused by :meth:`pause_ahead` that the task holds no record of now."""
+        done = [topic for topic in self.ahead if topic not in held]
+        if done and self.pauses is not None:
+            self.ahead.difference_update(done)
+            self.pauses.resume("ahead", [self.tps[topic] for topic in done])
+
     def give_up(self) -> None:
-        """Records held fill the worker's ``input_buffer_max_bytes``: the next fold takes them as they are."""
+        """Held records fill ``input_buffer_max_bytes`` and no input can be paused: folded as they are next."""
         self.full = True
 
     def forget(self) -> None:
-        """The records buffered and held are dropped (a rebalance): nothing waits."""
+        """The records buffered and held are dropped (a rebalance): nothing waits, nothing is paused for them."""
         self.idle_since = None
         self.full = False
+        self.resume_ahead()
 
 
 # The roles of the inputs a task merges in event time: steps, receipts, and receipts from the verifiers'
@@ -246,32 +275,3 @@ class StreamTime:
 
 def _value_bytes(items: list, start: int, end: int) -> int:
     return value_bytes(map(_record_of, islice(items, start, end)))
-
-
-def merge_by_ts(first: list, second: list) -> list:
-    """``list(heapq.merge(first, second, key=lambda item: item[1].ts))``: two inputs' decoded items in event-time
-    order, ties to ``first``. A copy of heapq.merge for two lists: 0.05 µs an item instead of 0.11
-    (tests/unit/test_task_fast_paths.py checks it against heapq.merge)."""
-    if not second:
-        return first
-    if not first:
-        return second
-    out: list = []
-    take = out.append
-    i = j = 0
-    ends = len(first), len(second)
-    head = second[0]
-    head_ts = head[1].ts
-    for item in first:
-        while head_ts < item[1].ts:
-            take(head)
-            j += 1
-            if j == ends[1]:
-                out += first[i:]
-                return out
-            head = second[j]
-            head_ts = head[1].ts
-        take(item)
-        i += 1
-    out += second[j:]
-    return out

@@ -108,7 +108,7 @@ class Config:
     # Bytes of input records (their values) a worker keeps before folding them, over all its partitions:
     # fetched and not folded yet, or held for stream-time alignment. At this bound the loop takes nothing
     # more from the consumer until its pipelines have folded what waits; held records filling it alone
-    # are folded as they are (as after align_max_ms). In memory a record takes more: ~4x for a 290 B event.
+    # pause the input they came from until the other caught up. In memory a record takes ~4x (290 B events).
     input_buffer_max_bytes: int = 64 * 1_048_576
     # A partition's next transaction starts at least this long after its last commit: the broker
     # writes the commit markers meanwhile (one begun sooner meets CONCURRENT_TRANSACTIONS and
@@ -123,8 +123,8 @@ class Config:
     commit_offsets_ms: int = 1000
     # Records of one input stamped later than all the other input has shown, while that one holds
     # more on the broker than has been consumed, wait for it (so steps and receipts meet in event
-    # time across batches) while that input sends a backlog, and this long after it last did (or until
-    # 20,000 are held); 0: no waiting.
+    # time across batches) while that input sends a backlog, and this long after it last did; past 20,000
+    # held the input they came from is paused meanwhile; 0: no waiting.
     align_max_ms: int = 1000
     # How often the worker reads the topic layout again (and at every rebalance): a co-partitioned topic
     # grown alone, or an output deleted or re-created, stops processing until the layout is right again.

@@ -126,7 +126,7 @@ class Engine:
                 return
             running = [part.pipeline for part in parts if part.pipeline is not None and not part.pipeline.done()]
             if not running:
-                if full and bound.unhold(parts):  # held records fill it alone: folded as they are
+                if full and bound.unhold(parts):  # held records fill it alone: paused, or folded as they are
                     self._start(parts)
                     continue
                 return
@@ -166,7 +166,7 @@ class Engine:
                 return
             waited = part.alignment.wait_for(lagging, overdue)
             result = part.task.fold(records, punctuate=punctuate, caught_up=caught_up, lagging=waited)
-            part.alignment.folded(part.task.holding, records, fed, waited)
+            part.alignment.folded(part.task.holding, records, fed, waited, held=part.task.held_topics)
             if result:
                 await self._commit(part, result, records)
             else:
@@ -218,6 +218,7 @@ class Engine:
     # -- rebalance and lifecycle ------------------------------------------------------
     async def assign(self, partitions: set[int]) -> None:
         async with self.lock:
+            self.partitions.pauses.assigned()  # aiokafka fetches every partition of a new assignment
             self.partitions.assigned = {p: AssignedPartition(p) for p in sorted(partitions)}
             t0 = time.monotonic()
             try:
@@ -270,7 +271,7 @@ class Engine:
             heartbeat_interval_ms=max(100, int(c.session_timeout_s * 1000 / 6)),
             max_partition_fetch_bytes=max(1_048_576, c.max_message_bytes + 65536),
             fetch_max_bytes=64 * 1_048_576, fetch_max_wait_ms=50)
-        self.partitions.consumer = self.consumer
+        self.partitions.consumer = self.partitions.pauses.consumer = self.consumer
         self.watch = Watch(self.consumer, self.partitions.tracked, self.metrics, c.stall_timeout_s, c.malloc_trim_s)
         self.consumer.subscribe(list(self.partitions.topics), listener=_Rebalance(self))
         await self.consumer.start()

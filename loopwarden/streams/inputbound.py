@@ -9,8 +9,10 @@ Streams bounds the same with ``input.buffer.max.bytes`` (KIP-770).
 
 While the bound is reached the engine's loop waits for its pipelines instead of taking more
 from the consumer. Held records cannot wait that out: the input they wait for is not
-consumed meanwhile. When they fill the bound alone, :meth:`InputBound.unhold` has their tasks
-fold them as they are, as after ``align_max_ms``. aiokafka's own fetch buffer is outside the
+consumed meanwhile. When they fill the bound alone, :meth:`InputBound.unhold` pauses the inputs
+they came from (``Alignment.pause_ahead``) and the loop goes on fetching the others, so the
+input waited for catches up and the held records fold in order; a task with nothing to pause
+folds them as they are, as after ``align_max_ms``. aiokafka's own fetch buffer is outside the
 bound (``max_partition_fetch_bytes`` a partition, the engine's ``fetch_max_bytes`` a fetch).
 """
 
@@ -35,7 +37,7 @@ class InputBound:
     def __init__(self, max_bytes: int, metrics: Metrics, stage: str) -> None:
         self.max_bytes = max_bytes
         self.gauge = metrics.input_waiting_bytes.labels(stage)
-        self.counts = {then: metrics.input_buffer_full.labels(stage, then) for then in ("waited", "unaligned")}
+        self.counts = {then: metrics.input_buffer_full.labels(stage, then) for then in ("waited", "paused", "unaligned")}
 
     def waiting(self, parts: Collection[OwnedPartition]) -> int:
         """Bytes of the input records buffered and held now (and the gauge set to them)."""
@@ -51,14 +53,24 @@ class InputBound:
         self.counts["waited"].inc()
 
     def unhold(self, parts: Collection[OwnedPartition]) -> bool:
-        """Nothing runs and the bound is reached: the tasks holding records fold them as they are (whether any
-        holds; none: nothing waits but records the loop hands out next)."""
-        holding = [part for part in parts if part.task.holding]
-        if not holding:
-            return False
-        log.warning("records held for stream-time alignment fill input_buffer_max_bytes (%d B): partitions %s fold "
-                    "them as they are", self.max_bytes, [part.number for part in holding])
-        self.counts["unaligned"].inc()
-        for part in holding:
-            part.alignment.give_up()
-        return True
+        """Nothing runs and the bound is reached: each task holding records has the inputs it holds them of
+        paused, or, with none to pause, folds them as they are. Whether any is to fold them now (False: the loop
+        fetches the inputs not paused; nothing waits but records it hands out next)."""
+        paused, unaligned = [], []
+        for part in parts:
+            if part.task.holding:
+                newly = part.alignment.pause_ahead(part.task.held_topics)
+                if newly is None:
+                    part.alignment.give_up()
+                    unaligned.append(part.number)
+                elif newly:
+                    paused.append(part.number)
+        if paused:
+            log.warning("records held for stream-time alignment fill input_buffer_max_bytes (%d B): partitions %s "
+                        "fetch only the input they wait for until it caught up", self.max_bytes, paused)
+            self.counts["paused"].inc()
+        if unaligned:
+            log.warning("records held for stream-time alignment fill input_buffer_max_bytes (%d B): partitions %s fold "
+                        "them as they are", self.max_bytes, unaligned)
+            self.counts["unaligned"].inc()
+        return bool(unaligned)

@@ -80,9 +80,9 @@ class LayoutGuard:
             return
         e.assignor.outputs = dict(self.watch.expected_outputs)  # type: ignore[attr-defined] # advertised at a rejoin
         blocked = None if verdict.ok else verdict.reason()
-        tps = [TopicPartition(t, p) for p in e.owned_partitions() for t in e.partitions.topics]
+        pauses = e.partitions.pauses
         if blocked is not None:  # at every check: partitions owned after a rebalance are paused too
-            e.consumer.pause(*tps)  # type: ignore[union-attr]
+            pauses.pause("layout", [TopicPartition(t, p) for p in e.owned_partitions() for t in e.partitions.topics])
         if blocked != e.blocked:
             e.blocked = blocked
             e.metrics.topology_blocked.set(blocked is not None)
@@ -91,7 +91,7 @@ class LayoutGuard:
                 log.error("topic layout: %s; processing stopped until the layout is right again", blocked)
             else:
                 log.warning("topic layout is right again: processing resumes")
-                e.consumer.resume(*tps)  # type: ignore[union-attr]
+                pauses.resume("layout", pauses.paused("layout"))
         if not verdict.produce:
             await self.hold()  # at each check: a rebalance meanwhile may have owned partitions again
         elif self.held:

@@ -22,6 +22,7 @@ from loopwarden.streams.alignment import Alignment
 from loopwarden.streams.config import Config
 from loopwarden.streams.metrics import Metrics
 from loopwarden.streams.partition import AssignedPartition, OwnedPartition, Stopping
+from loopwarden.streams.pauses import Pauses
 from loopwarden.streams.recovery import restore, seek_committed, transactional_producer
 from loopwarden.streams.stage import Stage
 from loopwarden.streams.store import open_partition
@@ -47,6 +48,8 @@ class PartitionManager:
         self.seeks = 0  # times :meth:`own` sought inputs: a batch the loop got across one may predate the seek
         self.markers_at = 0.0  # monotonic time of the next :meth:`pass_markers`
         self.stopping = Stopping(metrics.producers_stopping)  # dropped partitions' producers still stopping
+        # Why input partitions are not fetched (dropped, layout, ahead): the one owner of pause and resume.
+        self.pauses = Pauses(lambda reason: metrics.inputs_paused.labels(stage.name, reason))
 
     def owned(self) -> dict[int, OwnedPartition]:
         return {p: a.owned for p, a in self.assigned.items() if a.owned is not None}
@@ -87,6 +90,8 @@ class PartitionManager:
             offsets, marks = await seek_committed(self.consumer, self.topics, partitions, stores, behind,
                                                   reader=self.restorer)
             self.seeks += 1  # counted as soon as they are sought (all or none: no await among the seeks)
+            # Fetched again if given up before (drop); a layout pause stays until the layout is right.
+            self.pauses.resume("dropped", [TopicPartition(topic, p) for p in partitions for topic in self.topics])
         except BaseException:
             for p, producer in producers.items():
                 await quietly(producer.stop(), f"stopping the producer of partition {p}")
@@ -95,7 +100,7 @@ class PartitionManager:
             raise
         for p in partitions:
             part = OwnedPartition(p, stage, stage.task(p, stores[p]), stores[p], producers[p],
-                                  Alignment(self.consumer, p, self.tracked, c.align_max_ms))
+                                  Alignment(self.consumer, p, self.tracked, c.align_max_ms, self.pauses))
             a = self.assigned[p]
             a.committed, a.recover_at, a.owned = offsets[p], None, part
             part.next_offsets, part.marks = dict(offsets[p]), marks[p]
@@ -112,8 +117,8 @@ class PartitionManager:
         if a.owned is None:
             return
         part, a.owned = a.owned, None
-        if self.consumer is not None:
-            self.consumer.pause(*(TopicPartition(topic, p) for topic in self.topics))
+        self.pauses.pause("dropped", [TopicPartition(topic, p) for topic in self.topics])
+        self.pauses.resume("ahead", [TopicPartition(topic, p) for topic in self.topics])  # its held records go with it
         await part.close(self.stopping)
 
     async def pass_markers(self, every_s: float = 0.5) -> list[OwnedPartition]:

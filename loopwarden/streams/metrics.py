@@ -163,7 +163,14 @@ class Metrics:
         self.input_buffer_full = Counter(
             "loopwarden_input_buffer_full_total",
             "Times the input records waiting reached input_buffer_max_bytes: the loop waited for its pipelines "
-            "(waited), or records held for alignment were folded as they are (unaligned).", ["stage", "then"], registry=r)
+            "(waited), the inputs running ahead that records held for alignment came from were paused (paused), or, "
+            "with nothing to pause, those records were folded as they are (unaligned).", ["stage", "then"], registry=r)
+        self.inputs_paused = Gauge(
+            "loopwarden_inputs_paused",
+            "Input partitions not fetched now, by stage and reason: dropped (given up after a failure or a fence, "
+            "until owned again), layout (the topic layout is wrong), ahead (running ahead of the other input in "
+            "stream time while the task holds all it may of it: fetched again once the other input caught up).",
+            ["stage", "reason"], registry=r)
         self.repartitioned = Counter(
             "loopwarden_repartitioned_events_total",
             "Input records of runs that moved with `loopwarden topics expand`: copied (its copy is on the new "

@@ -157,7 +157,6 @@ async def seek_committed(consumer: AIOKafkaConsumer, topics: tuple[str, ...], pa
         log.debug("%s[%d]: resuming at %d (the group's committed offset %s, the changelog's record %s)", tp.topic,
                   tp.partition, offset, committed[tp], logged[tp.partition].get(tp.topic))
         consumer.seek(tp, offset)
-    consumer.resume(*tps)
     return offsets, marks
 
 

@@ -36,11 +36,12 @@ and :meth:`Task.committed` / :meth:`Task.discard`. The engine calls, per partiti
 are consumed to their end (a task may hold timers back while a backlog drains);
 ``lagging`` — roles of tracked inputs that hold more than has been consumed: a task that
 aligns its inputs in stream time may hold records stamped later than a lagging input's
-stream time (it reports how many in ``holding``; once the input it waits for has sent no backlog
-for ``align_max_ms``, or it holds ``alignment.HOLD_MAX``, the engine folds it again with no
-``lagging``, as Kafka Streams' ``max.task.idle.ms``). A task that
-does not align ignores ``lagging`` and keeps ``holding = held_bytes = 0``. What waits in memory, records
-buffered and held, is bounded by ``input_buffer_max_bytes`` (the engine's :meth:`Engine.process`).
+stream time (it reports how many in ``holding``, and of which topics in ``held_topics``; once the
+input it waits for has sent no backlog for ``align_max_ms``, the engine folds it again with no
+``lagging``, as Kafka Streams' ``max.task.idle.ms``; while it holds ``alignment.HOLD_MAX``, the topics
+it holds are not fetched). A task that does not align ignores ``lagging`` and keeps
+``holding = held_bytes = 0``, ``held_topics = ()``. What waits in memory, records buffered and held,
+is bounded by ``input_buffer_max_bytes`` (the engine's :meth:`Engine.process`).
 
 A task shaped like that (the health stage's ``PartitionTask``, the OpenTelemetry
 bridge's task) plugs in with a few lines: see ``tests/engine/counter_stage.py`` and
@@ -142,6 +143,9 @@ class Task(Protocol):
     def holding(self) -> int: ...  # records held back for a lagging input (0 if the task does not align)
     @property
     def held_bytes(self) -> int: ...  # their values' bytes (stage.value_bytes; 0 if the task does not align)
+
+    @property
+    def held_topics(self) -> Iterable[str]: ...  # the input topics of those records (none if the task does not align)
 
     def rebuild(self) -> object: ...
     def fold(self, records: Iterable[Any], *, punctuate: bool, caught_up: bool,

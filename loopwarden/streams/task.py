@@ -30,10 +30,11 @@ from operator import itemgetter
 from loopwarden.rules import RunState, Settings, decode_state
 from loopwarden.rules.machine import DEADLINE_KEEPING, Result, apply_into
 from loopwarden.rules.table import RunTable
-from loopwarden.streams.alignment import ALIGNED, StreamTime, merge_by_ts
+from loopwarden.streams.alignment import ALIGNED, StreamTime
 from loopwarden.streams.batchend import BatchEnd
 from loopwarden.streams.batch import CLOCK_KEY, Batch, _decode_clock, is_meta, wall_clock_ms  # noqa: F401
 from loopwarden.streams.inputs import Record, Tick, decode_input, decode_records, decode_tick, encode_tick, header  # noqa: F401
+from loopwarden.streams.inputs import merge_by_ts
 from loopwarden.streams.hotstates import LIMIT as HOT_RUNS, HotStates
 from loopwarden.streams.readmodel import RunsIndex
 from loopwarden.streams.settle import SETTLE_KEY, Settling, misplaced, settling_for
@@ -267,6 +268,11 @@ class PartitionTask(BatchEnd):
     @property
     def held_bytes(self) -> int:
         return self.stream.held_bytes
+
+    @property
+    def held_topics(self) -> Collection[str]:
+        """The input topics it holds records of."""
+        return self.stream.held.keys()
 
     def fire_due(self, now_ms: int, out: Batch) -> None:
         """Fire every due timer of the partition in deadline order: O(due timers)."""

@@ -20,6 +20,7 @@ from loopwarden.streams.stage import DeadLetter, Folded, Input, Output, StageBas
 
 class CounterTask:
     holding = held_bytes = 0  # it does not align inputs
+    held_topics = ()
 
     def __init__(self, store: Mapping[bytes, bytes], out_topic: str) -> None:
         self.store, self.out_topic = store, out_topic

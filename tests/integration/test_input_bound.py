@@ -66,10 +66,11 @@ def _metric(worker, name: str, labels: dict | None = None) -> float:
 
 
 def test_a_backlog_of_large_events_waits_within_the_byte_bound_and_reaches_replays_states(kafka, tmp_path: Path) -> None:
-    """~12 MB of 40-55 KB events pre-loaded, the bound at its least (1 MiB): the loop waits for its pipelines,
-    the receipts held for alignment are folded as they are once they fill the bound alone, what waits never
-    passes the bound by more than one fetch (4 input partitions of at most ~1 MiB each), and every run ends as
-    replay says."""
+    """~12 MB of 40-55 KB events pre-loaded, the bound at its least (1 MiB): the loop waits for its pipelines;
+    once the receipts held for alignment fill the bound alone, their input is paused (not folded out of order)
+    until the steps have caught up; what waits never passes the bound by more than one fetch (4 input
+    partitions of at most ~1 MiB each); every run takes replay's path. (Before the pause, the held receipts
+    were folded as they were: ahead of their runs' run_ended.)"""
     config = unique_config(kafka.bootstrap, partitions=2)
     events = _large_runs(40)
     sizes = [len(encode(e)) for e in events]
@@ -77,10 +78,10 @@ def test_a_backlog_of_large_events_waits_within_the_byte_bound_and_reaches_repla
     run(publish(config, [("outcomes" if e.__struct_config__.tag == "outcome_receipt" else "steps",
                           e.run_id.encode(), encode(e)) for e in events]))
     replay = Replay(keep_final=True)
-    for e in sorted(events, key=lambda e: e.ts):
-        replay.feed(e)
+    paths: dict[str, list[str]] = {}
     last = max(e.ts for e in events)
-    replay.advance_to(last + ADVANCE_MS)
+    for t in [t for e in sorted(events, key=lambda e: e.ts) for t in replay.feed(e)] + replay.advance_to(last + ADVANCE_MS):
+        paths.setdefault(t.run_id, []).append(t.to_state)
     expected = {run_id: t.to_state for run_id, t in replay.final.items()}
     assert set(expected.values()) == {"VERIFIED_COMPLETE"}
     bound = MIB
@@ -90,11 +91,17 @@ def test_a_backlog_of_large_events_waits_within_the_byte_bound_and_reaches_repla
     try:
         wait_consumed(worker, len(events), timeout_s=180)
         run(tick(worker.config, last + ADVANCE_MS))
-        assert final_states(wait_final(worker.config, expected, timeout_s=120)) == expected
-        waited = _metric(worker, "loopwarden_input_buffer_full_total", {"stage": "health", "then": "waited"})
-        unaligned = _metric(worker, "loopwarden_input_buffer_full_total", {"stage": "health", "then": "unaligned"})
-        print(f"peak waiting {sampler.peak:,.0f} B; waited {waited:.0f}, unaligned {unaligned:.0f}")
-        assert waited >= 1 and unaligned >= 1
+        transitions = wait_final(worker.config, expected, timeout_s=120)
+        assert final_states(transitions) == expected
+        got: dict[str, list[str]] = {}
+        for t in sorted(transitions, key=lambda t: (t["run_id"], t["seq"])):
+            got.setdefault(t["run_id"], []).append(t["to_state"])
+        assert got == paths  # the receipts after their runs' run_ended, as in replay
+        then = {k: _metric(worker, "loopwarden_input_buffer_full_total", {"stage": "health", "then": k})
+                for k in ("waited", "paused", "unaligned")}
+        print(f"peak waiting {sampler.peak:,.0f} B; {then}")
+        assert then["waited"] >= 1 and then["paused"] >= 1 and then["unaligned"] == 0
+        assert _metric(worker, "loopwarden_inputs_paused", {"stage": "health", "reason": "ahead"}) == 0
         fetch = Config().max_message_bytes + 65536  # the consumer's max_partition_fetch_bytes
         assert 0 < sampler.peak <= bound + 4 * fetch
         assert _metric(worker, "loopwarden_input_waiting_bytes", {"stage": "health"}) == 0  # nothing left waiting

@@ -527,7 +527,8 @@ def test_an_owned_partition_counts_the_bytes_it_buffers_until_a_fold_takes_them(
 
 def test_the_input_bound_sums_what_waits_and_unholds_only_tasks_that_hold() -> None:
     """InputBound: buffered and held bytes over every partition against ``input_buffer_max_bytes``; when held
-    records fill it with nothing running, the tasks holding records (only those) fold them as they are."""
+    records fill it with nothing running and no input can be paused (tests/unit/test_pauses.py: when one can),
+    the tasks holding records (only those) fold them as they are."""
     from prometheus_client import CollectorRegistry
 
     from loopwarden.streams.alignment import Alignment
@@ -536,7 +537,7 @@ def test_the_input_bound_sums_what_waits_and_unholds_only_tasks_that_hold() -> N
 
     class Task:
         def __init__(self, holding: int, held_bytes: int) -> None:
-            self.holding, self.held_bytes = holding, held_bytes
+            self.holding, self.held_bytes, self.held_topics = holding, held_bytes, ("in",) if holding else ()
 
     class Part:
         def __init__(self, number: int, buffered_bytes: int, holding: int, held_bytes: int) -> None:

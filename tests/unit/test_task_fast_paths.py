@@ -1,6 +1,6 @@
 """The health stage's fold keeps two shortcuts of its own (issue 17 item 4); each agrees with what it replaces.
 
-* ``alignment.merge_by_ts``: the two inputs in event-time order, a copy of ``heapq.merge`` for two lists;
+* ``inputs.merge_by_ts``: the two inputs in event-time order, a copy of ``heapq.merge`` for two lists;
 * the hot states (``streams/hotstates.py``): committed RunStates kept decoded between batches (``hot_runs``),
   taken out by a fold and put back on commit. A fold with them gives what a fold decoding every
   state from the store gives (``hot_runs=0``), batch by batch, through aborted transactions,
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from loopwarden.codecs import OutcomeExpected, OutcomeReceipt, encode
 from loopwarden.rules import Settings, decode_state, encode_state
 from loopwarden.streams.store import MemoryPartition
-from loopwarden.streams.alignment import merge_by_ts as _merge
+from loopwarden.streams.inputs import merge_by_ts as _merge
 from loopwarden.streams.task import PartitionTask, Tick, encode_tick
 from tests.strategies import fleet
 from tests.builders import Rec
