@@ -52,7 +52,6 @@ class Alignment:
         # Monotonic time since which the task has held records and the input it waits for has sent no backlog.
         self.idle_since: float | None = None
         self.full = False  # the task holds more than it may, with no input to pause: fold what it holds now
-        self.ahead: set[str] = set()  # input topics paused because the task holds all it may of them
 
     def overdue(self, now: float | None = None) -> bool:
         """The task has held records with no backlog from the input it waits for in ``max_idle_ms``, or holds more
@@ -90,7 +89,7 @@ class Alignment:
         ``holding`` records of the topics ``held``: resume the inputs paused and not held now; pause those held at
         ``HOLD_MAX``. The idle clock: stopped when nothing is held, started (again) while the input waited for
         drains a backlog (:meth:`draining`). ``now`` (monotonic s), ``wall_ms``: for tests."""
-        if self.ahead:
+        if self.pauses is not None and self.pauses.why:  # anything paused at all (for any reason, any partition)
             self.resume_ahead(held)
         self.full = holding >= HOLD_MAX and self.pause_ahead(held) is None
         if not holding:
@@ -119,18 +118,16 @@ class Alignment:
         if self.pauses is None or not tps:
             return None
         newly = self.pauses.pause("ahead", tps)
-        self.ahead.update(tp.topic for tp in tps)
         if newly:
             log.info("partition %d: holding all it may of %s for alignment: paused until the other input caught "
                      "up", tps[0].partition, sorted(tp.topic for tp in newly))
         return newly
 
     def resume_ahead(self, held: Collection[str] = ()) -> None:
-        """Fetch again the inputs paused by :meth:`pause_ahead` that the task holds no record of now."""
-        done = [topic for topic in self.ahead if topic not in held]
-        if done and self.pauses is not None:
-            self.ahead.difference_update(done)
-            self.pauses.resume("ahead", [self.tps[topic] for topic in done])
+        """Fetch again the inputs paused by :meth:`pause_ahead` that the task holds no record of now (``Pauses``
+        keeps which are: a resume of one not paused for this reason changes nothing)."""
+        if self.pauses is not None:
+            self.pauses.resume("ahead", [tp for topic, tp in self.tps.items() if topic not in held])
 
     def give_up(self) -> None:
         """Held records fill ``input_buffer_max_bytes`` and no input can be paused: folded as they are next."""

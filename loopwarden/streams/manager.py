@@ -117,8 +117,9 @@ class PartitionManager:
         if a.owned is None:
             return
         part, a.owned = a.owned, None
-        self.pauses.pause("dropped", [TopicPartition(topic, p) for topic in self.topics])
-        self.pauses.resume("ahead", [TopicPartition(topic, p) for topic in self.topics])  # its held records go with it
+        tps = [TopicPartition(topic, p) for topic in self.topics]
+        self.pauses.pause("dropped", tps)
+        self.pauses.resume("ahead", tps)  # its held records go with it
         await part.close(self.stopping)
 
     async def pass_markers(self, every_s: float = 0.5) -> list[OwnedPartition]:

@@ -74,7 +74,7 @@ def test_at_hold_max_the_input_held_is_paused_until_nothing_of_it_is_held() -> N
     a.folded(HOLD_MAX - 5, [rec(STEPS, 0)], {STEPS}, {"steps"}, now=10.5, wall_ms=0, held={OUTCOMES})
     assert consumer.paused == {TopicPartition(OUTCOMES, 3)}  # some still held: stays paused
     a.folded(0, [rec(STEPS, 0)], {STEPS}, {"steps"}, now=11.0, wall_ms=0, held=())
-    assert consumer.paused == set() and a.ahead == set()
+    assert consumer.paused == set() and pauses.paused("ahead") == []
     b = Alignment(None, 4, ROLES, 1000)  # type: ignore[arg-type] # no switch to pause with: folded as they are
     b.folded(HOLD_MAX, [rec(OUTCOMES, 0)], {OUTCOMES}, {"steps"}, now=10.0, wall_ms=0, held={OUTCOMES})
     assert b.overdue(10.0)
