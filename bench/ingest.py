@@ -225,6 +225,12 @@ def crossing(samples: list[tuple[float, float, float]], target: float) -> tuple[
     return None
 
 
+def allowed_us(times: float, peer_eps: float) -> float:
+    """The CPU per event (µs) at which one full core runs ``times`` the peer's rate: what a target "worker >= times x
+    peer" lets the worker spend, the worker being one Python thread (its rate is at most 1 / its CPU per event)."""
+    return 1e6 / (times * peer_eps) if times > 0 and peer_eps > 0 else float("nan")
+
+
 def steps_in_window(samples: list[tuple[float, float, float]], total: int) -> int:
     """How many times a sampled series moves between its 10 % and 90 % crossings: how finely it reads the window."""
     moves, last = 0, None
@@ -856,6 +862,17 @@ def _report(report: Report, backlog: Backlog, results: dict[str, list[Result]], 
                 report.add(BENCH, f"capacity on one core (1 / CPU per event): worker : {peer}", x(w_cap / cap),
                            f"worker {si(w_cap, 'ev/s')}, {peer} {si(cap, 'ev/s')}; steady state; "
                            f"CPU of all the app's threads (JIT and GC included for the JVM)")
+    # What each target lets the worker spend, against what it spends: the gap as a cut of CPU per event, which the
+    # machine's speed moves less than the rates (bench/README.md, "Reading them").
+    if results["worker"]:
+        spent = med("worker", "steady_cpu_us")
+        for peer, times in (("quix", 2.5), ("kstreams", 1.5), ("bare", 0.25)):
+            if results[peer]:
+                allowed = allowed_us(times, med(peer, "steady_eps"))
+                cut = 1 - allowed / spent
+                report.add(BENCH, f"the worker's CPU per event at {times:g}x {peer} (one full core)", f"{allowed:.3g} µs",
+                           f"{peer} {si(med(peer, 'steady_eps'), 'ev/s')} steady; the worker spends {spent:.3g} µs: "
+                           + (f"{cut:.0%} to cut" if cut > 0 else "within it"))
     # The engine on the peers' own job: what the engine costs, apart from the health rules (the worker's
     # fold). worker : engine is the rules' share; engine : quix and : kstreams compare engines on one job.
     for a, b in (("engine", "quix"), ("engine", "kstreams"), ("engine", "bare"), ("worker", "engine")):

@@ -105,3 +105,13 @@ def test_steps_in_window_counts_moves_between_the_marks():
 
     samples = [(0, 0, 0), (5, 1, 0), (20, 2, 0), (20, 3, 0), (50, 4, 0), (90, 5, 0), (100, 6, 0)]
     assert steps_in_window(samples, 100) == 3  # 20, 50, 90
+
+
+def test_allowed_us_is_the_cpu_per_event_one_core_needs_for_the_target_rate() -> None:
+    from bench.ingest import allowed_us
+
+    # 2.5x a peer at 25,500 ev/s is 63,750 ev/s: one core gives it at 15.7 µs an event
+    assert abs(allowed_us(2.5, 25_500) - 1e6 / 63_750) < 1e-9
+    assert round(allowed_us(1.5, 55_800), 2) == 11.95
+    assert allowed_us(0.25, 316_000) > allowed_us(0.5, 316_000)  # a lower line allows more
+    assert allowed_us(2.5, 0) != allowed_us(2.5, 0)  # no peer rate: nan, not a division error
