@@ -231,6 +231,14 @@ def allowed_us(times: float, peer_eps: float) -> float:
     return 1e6 / (times * peer_eps) if times > 0 and peer_eps > 0 else float("nan")
 
 
+def cut_note(allowed: float, spent: float) -> str:
+    """How much of the worker's CPU per event (``spent``) a target allowing ``allowed`` asks it to cut."""
+    if allowed != allowed or spent != spent or spent <= 0:
+        return "a reading is missing"
+    cut = 1 - allowed / spent
+    return f"{cut:.0%} to cut" if cut > 0 else "within it"
+
+
 def steps_in_window(samples: list[tuple[float, float, float]], total: int) -> int:
     """How many times a sampled series moves between its 10 % and 90 % crossings: how finely it reads the window."""
     moves, last = 0, None
@@ -869,10 +877,9 @@ def _report(report: Report, backlog: Backlog, results: dict[str, list[Result]], 
         for peer, times in (("quix", 2.5), ("kstreams", 1.5), ("bare", 0.25)):
             if results[peer]:
                 allowed = allowed_us(times, med(peer, "steady_eps"))
-                cut = 1 - allowed / spent
                 report.add(BENCH, f"the worker's CPU per event at {times:g}x {peer} (one full core)", f"{allowed:.3g} µs",
                            f"{peer} {si(med(peer, 'steady_eps'), 'ev/s')} steady; the worker spends {spent:.3g} µs: "
-                           + (f"{cut:.0%} to cut" if cut > 0 else "within it"))
+                           + cut_note(allowed, spent))
     # The engine on the peers' own job: what the engine costs, apart from the health rules (the worker's
     # fold). worker : engine is the rules' share; engine : quix and : kstreams compare engines on one job.
     for a, b in (("engine", "quix"), ("engine", "kstreams"), ("engine", "bare"), ("worker", "engine")):

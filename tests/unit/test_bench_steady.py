@@ -115,3 +115,11 @@ def test_allowed_us_is_the_cpu_per_event_one_core_needs_for_the_target_rate() ->
     assert round(allowed_us(1.5, 55_800), 2) == 11.95
     assert allowed_us(0.25, 316_000) > allowed_us(0.5, 316_000)  # a lower line allows more
     assert allowed_us(2.5, 0) != allowed_us(2.5, 0)  # no peer rate: nan, not a division error
+
+
+def test_cut_note_says_the_share_to_cut_or_that_a_reading_is_missing() -> None:
+    from bench.ingest import cut_note
+
+    assert cut_note(15.7, 17.1) == "8% to cut"
+    assert cut_note(16.0, 12.0) == "within it"
+    assert cut_note(float("nan"), 17.1) == cut_note(15.7, float("nan")) == "a reading is missing"
