@@ -863,22 +863,22 @@ def _report(report: Report, backlog: Backlog, results: dict[str, list[Result]], 
     # rates above follow the CPU each app gets (the worker's steady rate varied 17-102k ev/s over a day's
     # rounds while its CPU per event stayed within 9.4-12.5 µs); this one does not.
     if results["worker"]:
-        w_cap = 1e6 / med("worker", "steady_cpu_us")
+        spent = med("worker", "steady_cpu_us")
+        w_cap = 1e6 / spent
         for peer in ("quix", "kstreams"):
             if results[peer]:
                 cap = 1e6 / med(peer, "steady_cpu_us")
                 report.add(BENCH, f"capacity on one core (1 / CPU per event): worker : {peer}", x(w_cap / cap),
                            f"worker {si(w_cap, 'ev/s')}, {peer} {si(cap, 'ev/s')}; steady state; "
                            f"CPU of all the app's threads (JIT and GC included for the JVM)")
-    # What each target lets the worker spend, against what it spends: the gap as a cut of CPU per event, which the
-    # machine's speed moves less than the rates (bench/README.md, "Reading them").
-    if results["worker"]:
-        spent = med("worker", "steady_cpu_us")
+        # What each target lets the worker spend, against what it spends: the gap as a cut of CPU per event, which
+        # the machine's speed moves less than the rates (bench/README.md, "Reading them").
         for peer, times in (("quix", 2.5), ("kstreams", 1.5), ("bare", 0.25)):
             if results[peer]:
-                allowed = allowed_us(times, med(peer, "steady_eps"))
+                peer_eps = med(peer, "steady_eps")
+                allowed = allowed_us(times, peer_eps)
                 report.add(BENCH, f"the worker's CPU per event at {times:g}x {peer} (one full core)", f"{allowed:.3g} µs",
-                           f"{peer} {si(med(peer, 'steady_eps'), 'ev/s')} steady; the worker spends {spent:.3g} µs: "
+                           f"{peer} {si(peer_eps, 'ev/s')} steady; the worker spends {spent:.3g} µs: "
                            + cut_note(allowed, spent))
     # The engine on the peers' own job: what the engine costs, apart from the health rules (the worker's
     # fold). worker : engine is the rules' share; engine : quix and : kstreams compare engines on one job.
