@@ -2,7 +2,8 @@
 
 :meth:`Engine.run` is the loop: poll a batch, hand each owned partition its records
 and start its pipeline (fold, then one transaction: :mod:`loopwarden.streams.checkpoint`),
-punctuate on the stage's interval, watch lag and stalls, retry partitions not owned.
+punctuate on the stage's interval, watch lag and stalls, retry partitions not owned (beside the loop:
+:mod:`loopwarden.streams.reowning`).
 Partitions never wait for each other's transactions; a partition's next fold waits for
 its own previous commit (it needs those states). Everything a partition has is one
 :class:`~loopwarden.streams.partition.OwnedPartition`; owning one is
@@ -37,6 +38,8 @@ from loopwarden.streams.layoutguard import LayoutGuard
 from loopwarden.streams.manager import RECOVERABLE, PartitionManager, quietly
 from loopwarden.streams.metrics import Metrics
 from loopwarden.streams.partition import AssignedPartition, OwnedPartition
+from loopwarden.streams.recovery import restoring_consumer
+from loopwarden.streams.reowning import Reowning
 from loopwarden.streams.security import client_options
 from loopwarden.streams.horizons import Horizons
 from loopwarden.streams.inputbound import InputBound
@@ -83,6 +86,7 @@ class Engine:
         self.horizons = Horizons(self)  # after an expansion: how far old partitions were forwarded
         self.group = GroupCommitter(self)  # the group's offsets, after the transactions (groupcommit.py)
         self.bound = InputBound(config.input_buffer_max_bytes, self.metrics, stage.name)  # what waits in memory
+        self.reowning = Reowning(self)  # partitions owned again after a failure, each beside the loop
 
     @property
     def assigned(self) -> dict[int, AssignedPartition]:
@@ -111,7 +115,7 @@ class Engine:
                         self.group.behind(part)
                 self.watch.check(self.assigned)
                 self.group.check()
-                await self.retry_owning()
+                self.reowning.start_due()  # beside the loop (reowning.py)
         finally:
             await self.shutdown()
 
@@ -206,15 +210,6 @@ class Engine:
         if result.offsets and c.commit_offsets_ms != 0:
             self.group.behind(part)  # committed by the consumer within commit_offsets_ms, off this pipeline
 
-    async def retry_owning(self) -> None:
-        """Own again the assigned partitions whose retry time has come (after a failure or a fence)."""
-        now = time.monotonic()
-        for p, a in sorted(self.partitions.assigned.items()):
-            at = a.recover_at
-            if at is not None and now >= at and not self.stopping.is_set():
-                async with self.lock:
-                    await self.partitions.retry(p, a, at)
-
     # -- rebalance and lifecycle ------------------------------------------------------
     async def assign(self, partitions: set[int]) -> None:
         async with self.lock:
@@ -241,6 +236,7 @@ class Engine:
         async with self.lock:
             self.ready = False
             self.partitions.forget_buffered()  # consumed again from the committed offsets by whoever owns them next
+            await self.reowning.cancel()  # before the next owner can fence: no retry of ours starts a producer after
             await self.drain()
             for p in await self.partitions.revoke():
                 if self.watch is not None:
@@ -260,9 +256,7 @@ class Engine:
     async def start(self) -> None:
         c = self.config
         await self.stage.prepare()
-        restorer = self.partitions.restorer = AIOKafkaConsumer(
-            **client_options(c), group_id=None, enable_auto_commit=False, isolation_level="read_committed",
-            auto_offset_reset="earliest")
+        restorer = self.partitions.restorer = restoring_consumer(c)
         await restorer.start()
         self.consumer = AIOKafkaConsumer(
             **client_options(c), group_id=c.app_id, enable_auto_commit=False, auto_offset_reset="earliest",
@@ -289,6 +283,7 @@ class Engine:
         async with self.lock:
             self.ready = False
             self.partitions.forget_buffered()
+            await self.reowning.cancel()
             await quietly(self.drain(), "finishing the transactions in flight", " during shutdown")
             for p in list(self.assigned):
                 await quietly(self.partitions.drop(p), f"stopping partition {p}", " during shutdown")

@@ -101,6 +101,7 @@ class LayoutGuard:
         """Drop every owned partition: cancel its pipeline, abort its transaction, stop its producer."""
         e = self.engine
         async with e.lock:
+            await e.reowning.cancel()  # a retry under way would own a partition again behind the hold
             owned = e.partitions.owned()
             if owned:
                 log.error("partitions %s: an output topic's layout changed; aborting their transactions and "

@@ -1,11 +1,12 @@
 """The partitions a worker is assigned, and owning them (Kafka Streams' ``TaskManager``).
 
-Owning a partition (:meth:`PartitionManager.own`) fences its earlier producers,
-restores its store and seeks its inputs to the committed offsets
-(:mod:`loopwarden.streams.recovery`); the result is one
-:class:`~loopwarden.streams.partition.OwnedPartition`. A failed transaction or a fence
-drops ownership (:meth:`failed`, :meth:`fenced`: :meth:`drop`) and sets when to try again
-(:meth:`retry`); the group revoking a partition forgets its
+Owning a partition fences its earlier producers and restores its store (:meth:`PartitionManager.prepare`),
+then seeks its inputs to the committed offsets (:meth:`PartitionManager.install`; both
+:mod:`loopwarden.streams.recovery`'s); the result is one
+:class:`~loopwarden.streams.partition.OwnedPartition`. A rebalance does both under the engine's lock
+(:meth:`PartitionManager.own`). A failed transaction or a fence drops ownership (:meth:`failed`,
+:meth:`fenced`: :meth:`drop`) and sets when to try again, beside the loop
+(:mod:`loopwarden.streams.reowning`); the group revoking a partition forgets its
 :class:`~loopwarden.streams.partition.AssignedPartition`.
 """
 
@@ -15,7 +16,7 @@ import asyncio
 import logging
 import time
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from loopwarden.streams.alignment import Alignment
@@ -25,11 +26,26 @@ from loopwarden.streams.partition import AssignedPartition, OwnedPartition, Stop
 from loopwarden.streams.pauses import Pauses
 from loopwarden.streams.recovery import restore, seek_committed, transactional_producer
 from loopwarden.streams.stage import Stage
-from loopwarden.streams.store import open_partition
+from loopwarden.streams.store import PartitionStore, open_partition
 from loopwarden.streams.topics import Router
 
 log = logging.getLogger("loopwarden.worker")
 RECOVERABLE = (KafkaError, OSError, asyncio.TimeoutError)
+
+
+class Owning:
+    """Partitions :meth:`PartitionManager.prepare` fenced and restored, not yet sought nor handed batches."""
+
+    def __init__(self, producers: dict[int, AIOKafkaProducer]) -> None:
+        self.producers = producers  # partition -> its transactional producer (started by prepare)
+        self.stores: dict[int, PartitionStore] = {}
+
+    async def discard(self) -> None:
+        """Owning them failed or was given up: stop the producers, close the stores."""
+        for p, producer in self.producers.items():
+            await quietly(producer.stop(), f"stopping the producer of partition {p}")
+        for store in self.stores.values():
+            store.close()
 
 
 class PartitionManager:
@@ -72,34 +88,48 @@ class PartitionManager:
         return a is not None and a.owned is part
 
     async def own(self, partitions: list[int]) -> None:
-        """Own ``partitions``: fence earlier producers, restore their stores, resume at the committed offsets."""
+        """Own ``partitions`` (a rebalance's, under the engine's lock): :meth:`prepare` with the engine's restorer,
+        then :meth:`install`."""
         if not partitions:
             return
-        assert self.consumer is not None and self.restorer is not None
+        assert self.restorer is not None
+        await self.install(await self.prepare(partitions, self.restorer), self.restorer)
+
+    async def prepare(self, partitions: list[int], restorer: AIOKafkaConsumer) -> Owning:
+        """Fence ``partitions``' earlier producers and restore their stores with ``restorer`` (a consumer nothing
+        else uses meanwhile). Touches nothing the loop reads: a retry runs it beside the loop (reowning.py)."""
         c, stage = self.config, self.stage
-        producers = {p: transactional_producer(c, p) for p in partitions}
-        stores: dict = {}
+        owning = Owning({p: transactional_producer(c, p) for p in partitions})
         try:
             # InitProducerId fences earlier owners and completes their open transaction: the changelog
             # and the committed offsets read below are final.
-            await asyncio.gather(*(producer.start() for producer in producers.values()))
-            await self.router.learn(next(iter(producers.values())), (*stage.outputs, stage.deadletter_topic))
-            stores = {p: open_partition(c.store, c.data_dir, c.app_id, p, stage.store_name) for p in partitions}
-            self.metrics.restored.inc(await restore(self.restorer, stage.changelog_topic, stores))
+            await asyncio.gather(*(producer.start() for producer in owning.producers.values()))
+            await self.router.learn(next(iter(owning.producers.values())), (*stage.outputs, stage.deadletter_topic))
+            owning.stores = {p: open_partition(c.store, c.data_dir, c.app_id, p, stage.store_name) for p in partitions}
+            self.metrics.restored.inc(await restore(restorer, stage.changelog_topic, owning.stores))
+        except BaseException:
+            await owning.discard()
+            raise
+        return owning
+
+    async def install(self, owning: Owning, reader: AIOKafkaConsumer) -> None:
+        """Resume what :meth:`prepare` restored at the committed offsets and own it from now on (under the engine's
+        lock: no batch is handed out meanwhile; ``reader`` looks up the marks)."""
+        assert self.consumer is not None
+        partitions = sorted(owning.producers)
+        stores = owning.stores
+        try:
             behind: set[int] = set()  # the group's offsets behind the changelog's (after a crash): sent once idle
-            offsets, marks = await seek_committed(self.consumer, self.topics, partitions, stores, behind,
-                                                  reader=self.restorer)
+            offsets, marks = await seek_committed(self.consumer, self.topics, partitions, stores, behind, reader=reader)
             self.seeks += 1  # counted as soon as they are sought (all or none: no await among the seeks)
             # Fetched again if given up before (drop); a layout pause stays until the layout is right.
             self.pauses.resume("dropped", [TopicPartition(topic, p) for p in partitions for topic in self.topics])
         except BaseException:
-            for p, producer in producers.items():
-                await quietly(producer.stop(), f"stopping the producer of partition {p}")
-            for store in stores.values():
-                store.close()
+            await owning.discard()
             raise
+        c, stage = self.config, self.stage
         for p in partitions:
-            part = OwnedPartition(p, stage, stage.task(p, stores[p]), stores[p], producers[p],
+            part = OwnedPartition(p, stage, stage.task(p, stores[p]), stores[p], owning.producers[p],
                                   Alignment(self.consumer, p, self.tracked, c.align_max_ms, self.pauses))
             a = self.assigned[p]
             a.committed, a.recover_at, a.owned = offsets[p], None, part
@@ -200,17 +230,6 @@ class PartitionManager:
                 part, a.owned = a.owned, None
                 await part.close(self.stopping)
         return list(assigned)
-
-    async def retry(self, p: int, a: AssignedPartition, at: float) -> None:
-        """Own ``p`` again (its retry time ``at`` has come); on failure, back off (at most 30 s)."""
-        if self.assigned.get(p) is not a or a.owned is not None:
-            return
-        try:
-            await self.own([p])
-            log.info("partition %d recovered", p)
-        except RECOVERABLE as exc:
-            log.error("partition %d: recovery failed (%s: %s); retrying", p, type(exc).__name__, exc)
-            a.recover_at = time.monotonic() + min(30.0, 1.0 + (time.monotonic() - at))
 
 
 async def quietly(step, what: str, when: str = "") -> None:

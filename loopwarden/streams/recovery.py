@@ -66,6 +66,12 @@ def decode_offsets(raw: bytes | None) -> dict[str, int]:
     return {t: n for t, (n, _mark) in decode_logged(raw).items()}
 
 
+def restoring_consumer(config: Config) -> AIOKafkaConsumer:
+    """A consumer of no group that reads changelogs ``read_committed`` (:func:`restore`), not started."""
+    return AIOKafkaConsumer(**client_options(config), group_id=None, enable_auto_commit=False,
+                            isolation_level="read_committed", auto_offset_reset="earliest")
+
+
 def transactional_producer(config: Config, partition: int) -> AIOKafkaProducer:
     """The producer of one input partition's transactions (``<app id>-<partition>``), not started."""
     return AIOKafkaProducer(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
+
 from loopwarden.streams.assignment import partition_of
 from loopwarden.streams.deadletters import OVERHEAD, deadletter_output
 from loopwarden.streams.stage import DeadLetter, Output, StageBase
@@ -558,3 +560,108 @@ def test_the_input_bound_sums_what_waits_and_unholds_only_tasks_that_hold() -> N
     sample = metrics.registry.get_sample_value
     assert sample("loopwarden_input_buffer_full_total", {"stage": "health", "then": "unaligned"}) == 1
     assert sample("loopwarden_input_buffer_full_total", {"stage": "health", "then": "waited"}) == 1
+
+
+def test_owning_again_runs_beside_the_loop_once_a_partition_and_lets_go_when_given_up() -> None:
+    """A due partition gets one retry task (not two), its restore runs without the engine's lock and only the
+    install takes it; a rebalance cancelling it mid-restore, or the partition given up while it waited for the
+    lock, leaves nothing installed and what it held let go; a Kafka error backs off; a bug of ours surfaces in
+    the loop's next turn."""
+    import asyncio
+    import time
+
+    from aiokafka.errors import KafkaConnectionError
+
+    from loopwarden.streams.config import Config
+    from loopwarden.streams.partition import AssignedPartition
+    from loopwarden.streams.reowning import Reowning
+
+    class Restorer:
+        def __init__(self, config) -> None:
+            self.stopped = False
+
+        async def start(self) -> None:
+            pass
+
+        async def stop(self) -> None:
+            self.stopped = True
+
+    class Owning:
+        def __init__(self) -> None:
+            self.discarded = False
+
+        async def discard(self) -> None:
+            self.discarded = True
+
+    class Manager:
+        def __init__(self, engine) -> None:
+            self.engine, self.assigned, self.installed, self.owning = engine, {}, [], []
+            self.gate = asyncio.Event()  # prepare's restore ends when set
+            self.error: BaseException | None = None
+
+        async def prepare(self, partitions, restorer):
+            assert not self.engine.lock.locked()  # beside the loop
+            await self.gate.wait()
+            if self.error is not None:
+                raise self.error
+            self.owning.append(Owning())
+            return self.owning[-1]
+
+        async def install(self, owning, reader) -> None:
+            assert self.engine.lock.locked()
+            self.installed.append(owning)
+            self.assigned[0].owned, self.assigned[0].recover_at = object(), None
+
+    class Engine:
+        def __init__(self) -> None:
+            self.config, self.lock, self.stopping = Config(), asyncio.Lock(), asyncio.Event()
+            self.partitions = Manager(self)
+
+        @property
+        def assigned(self):
+            return self.partitions.assigned
+
+    async def scenario() -> None:
+        engine = Engine()
+        reowning = Reowning(engine, restorer=Restorer)  # type: ignore[arg-type]
+        a = engine.assigned[0] = AssignedPartition(0)
+        engine.assigned[1] = AssignedPartition(1)  # owned or not due: left alone
+        a.recover_at = time.monotonic()
+        reowning.start_due()
+        reowning.start_due()
+        assert list(reowning.tasks) == [0] and a.recover_at is None
+        await asyncio.sleep(0)
+        # A rebalance cancels it mid-restore: nothing installed, nothing started again.
+        await reowning.cancel()
+        assert engine.partitions.installed == [] and a.owned is None
+        # Given up while it waited for the lock: what it restored is let go, not installed.
+        a.recover_at = time.monotonic()
+        reowning.start_due()
+        await asyncio.sleep(0)  # restoring
+        async with engine.lock:
+            engine.partitions.gate.set()
+            for _ in range(5):
+                await asyncio.sleep(0)
+            engine.assigned[0] = AssignedPartition(0)  # the group assigned it afresh meanwhile
+        await asyncio.gather(*reowning.tasks.values())
+        assert engine.partitions.installed == [] and engine.partitions.owning[-1].discarded
+        # Owned again: installed under the lock.
+        a = engine.assigned[0]
+        a.recover_at = time.monotonic()
+        reowning.start_due()
+        await asyncio.gather(*reowning.tasks.values())
+        assert engine.partitions.installed == [engine.partitions.owning[-1]] and a.owned is not None
+        assert not engine.partitions.owning[-1].discarded
+        # A Kafka error backs off; a bug of ours is raised in the loop's next turn.
+        a.owned, a.recover_at = None, time.monotonic()
+        engine.partitions.error = KafkaConnectionError("gone")
+        reowning.start_due()
+        await asyncio.gather(*reowning.tasks.values())
+        assert a.owned is None and a.recover_at is not None and a.recover_at > time.monotonic()
+        a.recover_at, engine.partitions.error = time.monotonic(), ValueError("a bug")
+        reowning.start_due()  # reaps the failed retry, starts the buggy one
+        await asyncio.gather(*reowning.tasks.values(), return_exceptions=True)
+        with pytest.raises(ValueError, match="a bug"):
+            reowning.start_due()
+
+    asyncio.run(scenario())
