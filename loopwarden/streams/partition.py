@@ -173,8 +173,7 @@ class OwnedPartition:
 
     # -- the observer places -------------------------------------------------------------
     def after_restore(self) -> None:
-        """The store holds the changelog's committed state: the task rebuilds from it."""
-        self.task.rebuild()
+        """The store holds the changelog's committed state and the task was rebuilt from it (``PartitionManager.prepare``)."""
         self.stage.restored(self)
 
     def after_commit(self, result: FoldResult, committed: Committed | None) -> None:

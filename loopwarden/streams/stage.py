@@ -26,7 +26,7 @@ A **task** folds one partition's records. It is pure apart from its store (a rea
 and :meth:`Task.committed` / :meth:`Task.discard`. The engine calls, per partition::
 
     task = stage.task(partition, store)   # after the store was restored from the changelog
-    task.rebuild()                        # timers etc. from the committed store
+    task.rebuild()                        # timers etc. from the committed store (or ``rebuild_steps()``, below)
     loop:
         result = task.fold(records, punctuate=…, caught_up=…, lagging=…)
         commit result.outputs + dead letters + result.changes + result.offsets in one transaction
@@ -147,6 +147,9 @@ class Task(Protocol):
     @property
     def held_topics(self) -> Iterable[str]: ...  # the input topics of those records (none if the task does not align)
 
+    # From the restored store, before the partition is handed batches. A task whose rebuild is long may also offer
+    # ``rebuild_steps()``, an iterator doing the same work a step at a time: the engine then serves the worker's
+    # other partitions between steps (a partition owned again after a failure: loopwarden.streams.reowning).
     def rebuild(self) -> object: ...
     def fold(self, records: Iterable[Any], *, punctuate: bool, caught_up: bool,
              lagging: Iterable[str]) -> FoldResult: ...

@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from operator import itemgetter
 
 from loopwarden.rules import RunState, Settings, decode_state
@@ -101,7 +101,12 @@ class PartitionTask(BatchEnd):
 
     # -- recovery -------------------------------------------------------------------
     def rebuild(self) -> int:
-        """Timer queue, state counts and clock from the committed store (after restore)."""
+        """Timer queue, state counts and clock from the committed store (after restore); the runs held."""
+        return sum(self.rebuild_steps())
+
+    def rebuild_steps(self, step: int = 4096) -> Iterator[int]:
+        """:meth:`rebuild` a few thousand runs at a time (~6 µs a run): yields how many each step read, so that an
+        owning beside the loop (loopwarden.streams.reowning) lets the other partitions go on between steps."""
         self.timers.clear()
         self.state_counts.clear()
         self.index.clear()
@@ -119,10 +124,13 @@ class PartitionTask(BatchEnd):
             self.state_counts[state.health] += 1
             self.timers.changed(state, True, run=key)  # the store's key object: shared
             self.index.add(key, state)
+            if n == step:
+                yield n
+                n = 0
         self.settling = settling_for(self.partition, self.placement, self.store.get(SETTLE_KEY), self._settle,
                                      lambda h: decode_input(h, self.roles[h.topic], 2**63, self.max_future_ms))
         self.index.merge()  # sorted now, during recovery, not by the first read
-        return n
+        yield n
 
     # -- state within a batch ---------------------------------------------------------
     def load(self, run_id: str) -> RunState | None:

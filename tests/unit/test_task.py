@@ -455,3 +455,43 @@ def test_the_store_and_the_timer_queue_share_each_runs_key_object() -> None:
             assert {id(k) for k in task.index.pending if not is_meta(k)} <= {id(k) for k in keys}  # none of its own
             assert len(task.index) == sum(1 for k in keys if task.index.get(k.decode()) is not None)
             task.rebuild()  # as after a restore: the queue is built from the store's own keys
+
+
+def test_a_rebuild_in_steps_yields_to_the_loop_and_ends_as_one_rebuild_does() -> None:
+    """``rebuild_steps`` reads the store a step of runs at a time (the engine's owning serves the other partitions
+    between steps, ``manager.rebuilt``) and leaves the task as ``rebuild`` does: counts, clock and due timers."""
+    import asyncio
+
+    from loopwarden.streams.manager import rebuilt
+
+    part = Partition(0)
+    for i in range(0, len(LOG[0]), 50):
+        part.batch(LOG[0][i:i + 50])
+    runs = sum(part.task.state_counts.values())
+    assert runs > 10
+    stepped = PartitionTask(0, part.store, ROLES, settings=Settings(), clock="event")
+    assert list(stepped.rebuild_steps(step=4)) == [4] * (runs // 4) + [runs % 4]
+    whole = PartitionTask(0, part.store, ROLES, settings=Settings(), clock="event")
+    assert whole.rebuild() == runs
+    assert stepped.state_counts == whole.state_counts == part.task.state_counts and stepped.clock == whole.clock
+    turns = []
+
+    async def count_turns() -> None:
+        while True:
+            turns.append(1)
+            await asyncio.sleep(0)
+
+    async def scenario() -> None:
+        ticker = asyncio.create_task(count_turns())
+        task = PartitionTask(0, part.store, ROLES, settings=Settings(), clock="event")
+        task.rebuild_steps = lambda: task.__class__.rebuild_steps(task, step=2)  # type: ignore[method-assign]
+        await rebuilt(task)
+        ticker.cancel()
+        assert task.state_counts == whole.state_counts
+
+    asyncio.run(scenario())
+    assert len(turns) >= runs // 2  # the loop ran between the steps
+    far = LAST_TS + 30 * 86_400_000  # past every timer: retention included
+    due = [t.fold([Rec("loopwarden.ticks", 0, 0, None, encode_tick(Tick(now_ms=far)))]) for t in (stepped, whole)]
+    fired = [(sorted((x.run_id, x.to_state) for x in d.transitions), sorted(d.changes.items())) for d in due]
+    assert fired[0][1] and fired[0] == fired[1]
