@@ -22,31 +22,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from loopwarden.publisher import Publisher
 from loopwarden.streams.assignment import partition_of
+from tests.engine.topics import counter_topics
 from tests.integration.harness import env_for, read_all, run, unique_config
 
 pytestmark = pytest.mark.timeout(400)
 
 IN_PARTITIONS, OUT_PARTITIONS = 4, 3
 KEYS = 60
-
-
-async def _topics(bootstrap: str, app_id: str, tag: str) -> tuple[str, str]:
-    in_topic, out_topic = f"count-in-{tag}", f"count-out-{tag}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([
-            NewTopic(in_topic, IN_PARTITIONS, 1), NewTopic(out_topic, OUT_PARTITIONS, 1),
-            NewTopic(f"{app_id}-counts-changelog", IN_PARTITIONS, 1, topic_configs={"cleanup.policy": "compact"}),
-            NewTopic(f"{app_id}-dead", IN_PARTITIONS, 1),
-        ])
-    finally:
-        await admin.close()
-    return in_topic, out_topic
 
 
 class Publishing:
@@ -90,7 +75,8 @@ def test_a_counter_stage_on_the_engine_is_exactly_once_under_sigkill(kafka, tmp_
     config = replace(unique_config(kafka.bootstrap, partitions=IN_PARTITIONS), batch_max_records=300,
                      data_dir=str(tmp_path / "data"), store=store, commit_offsets_ms=commit_offsets_ms,
                      batch_wait_ms=batch_wait_ms)
-    in_topic, out_topic = run(_topics(kafka.bootstrap, config.app_id, tag))
+    in_topic, out_topic = run(counter_topics(kafka.bootstrap, config.app_id, f"count-{tag}", IN_PARTITIONS,
+                                             OUT_PARTITIONS))
     env = {**env_for(config), "COUNTER_IN": in_topic, "COUNTER_OUT": out_topic, "PYTHONPATH": os.getcwd()}
     publishing = Publishing(kafka.bootstrap, in_topic, 6000)
     log = tmp_path / "counter.log"

@@ -18,30 +18,15 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from loopwarden.streams.engine import Engine
 from tests.engine.counter_stage import CounterStage
+from tests.engine.topics import counter_topics
 from tests.integration.harness import read_all, run, unique_config
 
 pytestmark = pytest.mark.timeout(300)
 
 FILLER = 400_000  # partition 0's changelog records: its restore must outlast a commit of partition 1
-
-
-async def _topics(bootstrap: str, app_id: str, tag: str) -> tuple[str, str]:
-    in_topic, out_topic = f"reown-in-{tag}", f"reown-out-{tag}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([
-            NewTopic(in_topic, 2, 1), NewTopic(out_topic, 2, 1),
-            NewTopic(f"{app_id}-counts-changelog", 2, 1, topic_configs={"cleanup.policy": "compact"}),
-            NewTopic(f"{app_id}-dead", 2, 1),
-        ])
-    finally:
-        await admin.close()
-    return in_topic, out_topic
 
 
 async def _fill_changelog(bootstrap: str, topic: str, n: int) -> None:
@@ -78,7 +63,7 @@ def test_a_partition_owned_again_after_a_fence_restores_while_the_others_commit(
     tag = uuid.uuid4().hex[:8]
     config = replace(unique_config(kafka.bootstrap, partitions=2), session_timeout_s=3.0,
                      data_dir=str(tmp_path / "data"), store="memory", batch_wait_ms=5)
-    in_topic, out_topic = run(_topics(kafka.bootstrap, config.app_id, tag))
+    in_topic, out_topic = run(counter_topics(kafka.bootstrap, config.app_id, f"reown-{tag}", 2, 2))
     run(_fill_changelog(kafka.bootstrap, f"{config.app_id}-counts-changelog", FILLER))
 
     async def scenario() -> dict:
