@@ -173,7 +173,8 @@ class OwnedPartition:
 
     # -- the observer places -------------------------------------------------------------
     def after_restore(self) -> None:
-        """The store holds the changelog's committed state and the task was rebuilt from it (``PartitionManager.prepare``)."""
+        """The store holds the changelog's committed state and the task was rebuilt from it
+        (``PartitionManager.prepare``): the stage hears of it."""
         self.stage.restored(self)
 
     def after_commit(self, result: FoldResult, committed: Committed | None) -> None:

@@ -7,9 +7,9 @@ inline in the loop, under the engine's lock, that stopped every other partition 
 Here each retry is a task of its own: the fencing and the restore run with a restorer consumer of its own
 (the engine's is the rebalances'), outside the lock, while the loop polls, folds and commits the other
 partitions; only the seek to the committed offsets and the hand-over take the lock
-(:meth:`PartitionManager.install`), as a rebalance's owning does. A rebalance or shutdown cancels the retries
-under way before it gives any partition up (:meth:`cancel`), so a retry never fences a producer of the next
-owner.
+(:meth:`PartitionManager.install`), as a rebalance's owning does. A rebalance, shutdown or the layout guard's
+hold cancels the retries under way before it gives up or holds any partition (:meth:`cancel`), so a retry never
+installs behind them nor fences a producer of the next owner.
 """
 
 from __future__ import annotations
