@@ -17,13 +17,14 @@ any other ``KafkaError``: abort, recover, consume the batch again).
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.errors import UnknownTopicOrPartitionError
+from aiokafka.errors import IllegalOperation, KafkaError, UnknownTopicOrPartitionError
 
 from loopwarden.streams.stage import FoldResult, Output
 from loopwarden.streams.store import OFFSETS_KEY
@@ -101,6 +102,10 @@ class Checkpoint:
         return Committed(max(ends) if ends else None, time.monotonic() - began, offsets_record)
 
 
+class TransactionLost(KafkaError):
+    """The producer left the transaction a batch was being sent in (its sender failed meanwhile): recover."""
+
+
 _NO_HEADERS: list = []  # BatchBuilder.append reads the list it is given, never keeps or changes it
 
 
@@ -139,13 +144,34 @@ class _Outbox:
                 return
         # Larger than a batch on its own (a dead letter near the size limit).
         await self._known(topic, partition)
-        future = await self.producer.send(topic, value, key=key, partition=partition, headers=list(headers))
+        future = await self._enqueued(self.producer.send(topic, value, key=key, partition=partition,
+                                                         headers=list(headers)))
         self.sent.append((topic, 1, future))
 
     async def _send(self, topic: str, partition: int, batch) -> None:
         await self._known(topic, partition)
         n = batch.record_count()
-        self.sent.append((topic, n, await self.producer.send_batch(batch, topic, partition=partition)))
+        self.sent.append((topic, n, await self._enqueued(self.producer.send_batch(batch, topic, partition=partition))))
+
+    async def _enqueued(self, send: Awaitable[asyncio.Future]) -> asyncio.Future:
+        """``send``'s delivery future; a transaction lost under this one between two of its sends, as its cause.
+
+        aiokafka's sender adds a batch's partition to the transaction in the background. If the broker refuses
+        that (a fence: another producer took the transactional id), the sender fails every batch it holds with
+        the cause (``ProducerFenced``) and leaves the transaction, and the next ``send`` raises
+        ``IllegalOperation`` ("not in transaction"), which is no Kafka error: the engine would take it for a bug of
+        its own and stop the worker. Raised here instead: the cause a batch sent before failed with, else a
+        :class:`TransactionLost` (a Kafka error: the partition is dropped and owned again)."""
+        try:
+            return await send
+        except IllegalOperation as exc:
+            for _, _, future in self.sent:
+                future.add_done_callback(retrieved)
+            causes = [f.exception() for _, _, f in self.sent if f.done() and not f.cancelled()]
+            cause = next((c for c in causes if c is not None), None)
+            if cause is not None:  # a copy: the one the sender failed its batches with is shared by them
+                raise copy.copy(cause) from exc
+            raise TransactionLost(f"the producer's transaction ended under this batch ({exc})") from exc
 
     async def _known(self, topic: str, partition: int) -> None:
         """Refuse a partition the producer's metadata does not have, as a Kafka error the engine recovers from.
