@@ -31,18 +31,23 @@ log = logging.getLogger("loopwarden.worker")
 
 
 class InputBound:
-    """``input_buffer_max_bytes`` over an engine's owned partitions (``loopwarden_input_waiting_bytes``). Each
-    engine has its own: ``worker --otel`` runs two (the health stage's and the bridge's), each bounded alone."""
+    """``input_buffer_max_bytes`` over an engine's owned partitions (``loopwarden_input_waiting_bytes``, its peak
+    ``loopwarden_input_waiting_peak_bytes``). Each engine has its own: ``worker --otel`` runs two (the health stage's
+    and the bridge's), each bounded alone."""
 
     def __init__(self, max_bytes: int, metrics: Metrics, stage: str) -> None:
         self.max_bytes = max_bytes
         self.gauge = metrics.input_waiting_bytes.labels(stage)
+        self.peak, self.peak_gauge = 0, metrics.input_waiting_peak_bytes.labels(stage)
         self.counts = {then: metrics.input_buffer_full.labels(stage, then) for then in ("waited", "paused", "unaligned")}
 
     def waiting(self, parts: Collection[OwnedPartition]) -> int:
-        """Bytes of the input records buffered and held now (and the gauge set to them)."""
+        """Bytes of the input records buffered and held now (the gauge set to them, the peak raised to them)."""
         waiting = sum(part.buffered_bytes + part.task.held_bytes for part in parts)
         self.gauge.set(waiting)
+        if waiting > self.peak:  # read at every loop turn, where it is largest: a scrape sees only the moment
+            self.peak = waiting
+            self.peak_gauge.set(waiting)
         return waiting
 
     def full(self, parts: Collection[OwnedPartition]) -> bool:

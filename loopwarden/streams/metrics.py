@@ -160,6 +160,11 @@ class Metrics:
             "loopwarden_input_waiting_bytes",
             "Bytes of input record values fetched and not folded yet, or held for stream-time alignment "
             "(bounded by input_buffer_max_bytes), by stage (health; otel: the bridge).", ["stage"], registry=r)
+        self.input_waiting_peak_bytes = Gauge(
+            "loopwarden_input_waiting_peak_bytes",
+            "The most bytes of input record values waiting at once since the worker started, as "
+            "loopwarden_input_waiting_bytes counts them (what to size input_buffer_max_bytes by), by stage.",
+            ["stage"], registry=r)
         self.input_buffer_full = Counter(
             "loopwarden_input_buffer_full_total",
             "Times the input records waiting reached input_buffer_max_bytes: the loop waited for its pipelines "

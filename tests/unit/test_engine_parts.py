@@ -553,6 +553,9 @@ def test_the_input_bound_sums_what_waits_and_unholds_only_tasks_that_hold() -> N
     assert metrics.registry.get_sample_value("loopwarden_input_waiting_bytes", {"stage": "health"}) == 999
     parts[2].buffered_bytes = 100
     assert bound.full(parts)
+    assert bound.waiting([Part(0, 10, 0, 0)]) == 10  # the gauge follows; its peak stays at the most seen
+    assert metrics.registry.get_sample_value("loopwarden_input_waiting_bytes", {"stage": "health"}) == 10
+    assert metrics.registry.get_sample_value("loopwarden_input_waiting_peak_bytes", {"stage": "health"}) == 1000
     bound.waited()
     assert bound.unhold(parts)
     assert [p.alignment.overdue() for p in parts] == [False, True, False]  # only the one holding records
