@@ -237,10 +237,11 @@ def set_up_process(args: argparse.Namespace) -> None:
         gctune.for_streaming()  # fewer collector passes: a batch allocates many short-lived objects
     if command in ("worker", "bridge") and args.func is not _needs_processor:
         from loopwarden.streams.cliutil import _config, _watch_startup
-        from loopwarden.streams.logs import quiet_repeats
+        from loopwarden.streams.logs import quiet_fence_leftovers, quiet_repeats
 
         level = _config(args).log_level.upper()
         quiet_repeats()
+        quiet_fence_leftovers()  # a fence is the engine's one warning, not three of aiokafka's futures' tracebacks
         for name in ("aiokafka", "aiohttp.access"):  # their INFO lines (joins, coordinators) say nothing a user needs
             logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(level)))
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

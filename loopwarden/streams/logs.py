@@ -1,4 +1,4 @@
-"""Keep a worker's log readable while its broker is unreachable.
+"""Keep a worker's log readable while its broker is unreachable, and after a fence.
 
 aiokafka logs every failed connection, metadata update and fetch, about ten lines a
 second per worker while the broker is down (one worker left running against a dead
@@ -7,12 +7,19 @@ once per interval and says how many copies it held back. A message is the same w
 its template and its arguments are, save the errors among them: aiokafka logs one
 connection failure as ``[Errno 111] Connect call failed`` or as ``Connection at ...
 closed`` depending on when the broker went, and both are the one outage.
+
+After a fence aiokafka fails the futures of the batches its sender held with ``ProducerFenced``,
+some of its own that nothing reads among them, and asyncio logs each of those as an ERROR with
+a traceback when it is freed ("Future exception was never retrieved"): three a fence of a
+partition, beside the engine's own warning of it. :class:`FencedLeftovers` drops those.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+
+from aiokafka.errors import ProducerFenced
 
 # The loggers that repeat themselves during a broker outage.
 NOISY = (
@@ -66,4 +73,21 @@ def quiet_repeats(every_s: float = 10.0) -> RepeatFilter:
     f = RepeatFilter(every_s)
     for name in NOISY:
         logging.getLogger(name).addFilter(f)
+    return f
+
+
+class FencedLeftovers(logging.Filter):
+    """On asyncio's logger: drop "Future exception was never retrieved" of a ``ProducerFenced``, a fenced
+    producer's futures nobody awaits. The fence itself is logged once by the engine, as a warning naming the
+    partition, and counted (``loopwarden_transactions_total{result="fenced"}``); every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, ProducerFenced) and str(record.msg).startswith("Future exception was never retrieved"))
+
+
+def quiet_fence_leftovers() -> FencedLeftovers:
+    """Install :class:`FencedLeftovers` on asyncio's logger; returns it."""
+    f = FencedLeftovers()
+    logging.getLogger("asyncio").addFilter(f)
     return f

@@ -111,6 +111,7 @@ def test_the_cli_sets_up_the_worker_process_in_one_place() -> None:
         "assert args.on_recovered is cli._freeze_restored\n"
         "from loopwarden.streams import logs\n"
         "assert any(isinstance(f, logs.RepeatFilter) for f in logging.getLogger('aiokafka').filters)\n"
+        "assert any(isinstance(f, logs.FencedLeftovers) for f in logging.getLogger('asyncio').filters)\n"
     )
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("LOOPWARDEN_")}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)

@@ -1,10 +1,14 @@
-"""The repeat filter that keeps a worker's log readable during a broker outage."""
+"""The filters that keep a worker's log readable during a broker outage and after a fence."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import logging
 
-from loopwarden.streams.logs import NOISY, RepeatFilter, quiet_repeats
+from aiokafka.errors import KafkaConnectionError, ProducerFenced
+
+from loopwarden.streams.logs import NOISY, FencedLeftovers, RepeatFilter, quiet_repeats
 
 
 class Clock:
@@ -74,3 +78,34 @@ def test_installed_on_the_noisy_loggers() -> None:
     finally:
         for name in NOISY:
             logging.getLogger(name).removeFilter(f)
+
+
+def test_a_fenced_producers_futures_never_retrieved_are_dropped_and_nothing_else() -> None:
+    """asyncio's own record of a future freed with an error nobody read: dropped for ProducerFenced (aiokafka's
+    leftovers of a fence the engine logs itself), kept for any other error and for any other message."""
+    kept: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            kept.append(record)
+
+    logger, handler, leftovers = logging.getLogger("asyncio"), Keep(), FencedLeftovers()
+    logger.addHandler(handler)
+    logger.addFilter(leftovers)
+    try:
+        async def leave(exc: BaseException) -> None:
+            asyncio.get_running_loop().create_future().set_exception(exc)  # freed unread
+
+        for exc in (ProducerFenced(), KafkaConnectionError("broker gone")):
+            asyncio.run(leave(exc))
+            gc.collect()
+        logger.error("Future exception was never retrieved (said by hand)")
+        fenced = ProducerFenced()
+        logger.error("Task was destroyed but it is pending!", exc_info=(ProducerFenced, fenced, None))
+    finally:
+        logger.removeHandler(handler)
+        logger.removeFilter(leftovers)
+    texts = [r.getMessage().splitlines()[0] for r in kept]
+    assert texts == ["Future exception was never retrieved", "Future exception was never retrieved (said by hand)",
+                     "Task was destroyed but it is pending!"], texts
+    assert isinstance(kept[0].exc_info[1], KafkaConnectionError)

@@ -65,7 +65,8 @@ def test_the_engine_knows_no_stage() -> None:
 
 def test_process_set_up_happens_only_in_the_cli() -> None:
     """Logging, log filters and the collector are set by loopwarden.cli.set_up_process, never by a library function."""
-    set_up = {"basicConfig", "freeze", "for_streaming", "quiet_repeats", "_watch_startup", "set_threshold"}
+    set_up = {"basicConfig", "freeze", "for_streaming", "quiet_repeats", "quiet_fence_leftovers", "_watch_startup",
+              "set_threshold"}
     found = []
     for path in (STREAMS.parent).rglob("*.py"):
         if path.name in ("cli.py", "gctune.py"):
