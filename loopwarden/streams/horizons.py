@@ -85,8 +85,28 @@ class Horizons:
                         waiting[tp.partition].append(ts)
             first = {p: (min(ts) if ts else None) for p, ts in waiting.items()}  # -1 (unreadable): never ready
             own = [TopicPartition(t, partition) for t in topics]
-            need = {tp.topic: await self._records_end(tp, end) for tp, end in (await probe.end_offsets(own)).items()}
+            stable = await self._stable_ends(own)
+            if stable is None:  # a transaction to this partition still open: try again at the next fold
+                return Horizon(read_ms, {p: -1 for p in old}, {})
+            need = {tp.topic: await self._records_end(tp, end) for tp, end in stable.items()}
             return Horizon(read_ms, first, need)
+
+    async def _stable_ends(self, own: list[TopicPartition], tries: int = 5) -> dict | None:
+        """The last stable offsets of this partition's input topics once they reach the high watermarks read
+        first (None if they do not within ``tries`` readings): every record forwarded by a transaction whose
+        offsets the group committed before is then decided, and below them.
+
+        The broker answers EndTxn before it writes the transaction's markers, and the group's offsets are
+        committed after EndTxn (:mod:`loopwarden.streams.groupcommit`): the old partition may read as forwarded
+        while the forwarded record's transaction is still open here, above the last stable offset."""
+        highs = await self.tip.end_offsets(own)  # type: ignore[union-attr]  # read after the group's offsets
+        for attempt in range(tries):
+            stable = await self.probe.end_offsets(own)  # type: ignore[union-attr]
+            if all(stable[tp] >= highs[tp] for tp in own):
+                return stable
+            if attempt + 1 < tries:
+                await asyncio.sleep(0.02)
+        return None
 
     async def _records_end(self, tp: TopicPartition, end: int) -> int:
         """The offset after the last committed record below ``end`` (the last stable offset): a fold that has
