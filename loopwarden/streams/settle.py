@@ -31,6 +31,7 @@ window ends; then everything is applied as it comes (docs/operations.md says so)
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import msgspec
@@ -123,9 +124,10 @@ class Settling:
         first = h.first[p]
         return h.read_ms > after if first is None else first > after
 
-    def release(self, arrived: list, now_ms: int, changes: dict) -> list:
+    def release(self, arrived: list, now_ms: int, changes: dict, behind: Collection[bytes] = ()) -> list:
         """Of the records kept and ``arrived`` (this batch's moved runs'), those to apply now, in event-time
-        order; the others are kept (a run's records after one kept are kept too), the store told in ``changes``."""
+        order; the others are kept (a run's records after one kept are kept too), the store told in ``changes``.
+        ``behind``: keys of runs with a record the task holds back for alignment; their records are kept too."""
         active = self.active(now_ms)
         self.done = not active  # everything is released below
         candidates = self.stash + arrived
@@ -133,7 +135,7 @@ class Settling:
         self.needed.clear()
         if not candidates:
             return []
-        ready, keep, waiting = [], [], set()
+        ready, keep, waiting = [], [], set(behind)
         for item in candidates:
             rec = item[2]
             p = partition_of(rec.key, self.previous)
@@ -155,17 +157,23 @@ class Settling:
         ready.sort(key=_ts)  # stable: a run's records of one timestamp stay in arrival order
         return ready
 
-    def divert(self, inputs: dict[str, list], now_ms: int, out) -> list:
+    def divert(self, inputs: dict[str, list], now_ms: int, out, held: dict[str, list] | None = None) -> list:
         """Take the moved runs' records out of ``inputs`` (role -> decoded items, as ``StreamTime.ready`` gives
         them) and :meth:`release`: the records to apply now (kept before, or of this batch), in event-time
-        order, counted in ``out`` (a Batch) as the task counts the others; called once per fold."""
+        order, counted in ``out`` (a Batch) as the task counts the others; called once per fold.
+
+        ``held``: what stream-time alignment holds back after this fold (``StreamTime.held``). A moved run
+        with a record there keeps its others waiting: the horizon may count that record as in hand (it was
+        in the batch), yet it is applied by a later fold, and it may be a forwarded one produced earlier."""
         arrived: list = []
         for role, items in inputs.items():
             keep = [item for item in items if self.old_partition(item[2].key) is None]
             if len(keep) != len(items):
                 arrived += [item for item in items if self.old_partition(item[2].key) is not None]
                 inputs[role] = keep
-        ready = self.release(arrived, now_ms, out.changes)
+        behind = {item[2].key for items in held.values() for _rec, item in items
+                  if item.__class__ is tuple and self.old_partition(item[2].key) is not None} if held else ()
+        ready = self.release(arrived, now_ms, out.changes, behind)
         counts = out.counts
         for role, event, _rec in ready:
             counts["event", role, event.__struct_config__.tag] += 1

@@ -179,7 +179,7 @@ class PartitionTask(BatchEnd):
                                per_topic, out)
         inputs = stream.ready(per_topic, lagging, out)
         settling = self.settling  # moved runs' records wait for their forwarded ones (loopwarden.streams.settle)
-        released = settling.divert(inputs, self.wall_ms(), out) if settling is not None else None
+        released = settling.divert(inputs, self.wall_ms(), out, stream.held) if settling is not None else None
         counts = out.counts
         for role, applied in inputs.items():  # counted at once: every event taken here is applied below
             for cls, n in Counter(map(type, map(_event_of, applied))).items():

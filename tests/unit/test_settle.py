@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from loopwarden.streams.assignment import partition_of
+from loopwarden.streams.batch import Batch
 from loopwarden.streams.inputs import decode_input
 from loopwarden.streams.settle import FORWARDED, SETTLE_KEY, Held, Horizon, Settling
 from tests.builders import ended, started, step
@@ -92,3 +93,26 @@ def test_records_that_would_not_fit_one_changelog_record_stop_waiting() -> None:
     changes = {}
     released = s.release(many, NOW, changes)
     assert [e.step for _r, e, _rec in released] == [1, 2, 3, 4, 5] and s.stash == [] and changes == {SETTLE_KEY: None}
+
+
+def test_a_moved_runs_records_wait_while_alignment_holds_one_of_its_records_back() -> None:
+    """The horizon may count a forwarded record as in hand because it was in the batch, but stream-time alignment
+    held it back for a later fold: the run's direct records wait with it, so they still come after it."""
+    s, run = _settling(), _moved_run()
+    old = partition_of(run.encode(), 4)
+    direct = [_item(step(2, run=run, ts=NOW + 20), 0, NOW + 20), _item(ended("natural_finish", 3, run=run, ts=NOW + 30), 1, NOW + 30)]
+    s.release(direct, NOW, {})
+    s.horizon = Horizon(read_ms=NOW + 5000, first={old: None}, need={})  # the old partition: forwarded past them
+    forwarded = _item(step(1, run=run, ts=NOW + 10), 2, NOW + 10, forwarded=True)
+    held = {"steps": [(forwarded[2], forwarded)]}  # what StreamTime.held holds after this fold
+    inputs: dict = {"steps": []}
+    out = Batch()
+    assert s.divert(inputs, NOW, out, held) == [] and len(s.stash) == 2 and s.needed == {old}
+    released = s.divert({"steps": [forwarded]}, NOW, Batch(), {})  # the next fold applies the held record
+    assert [e.step if e.__struct_config__.tag == "step_finished" else e.__struct_config__.tag
+            for _r, e, _rec in released] == [1, 2, "run_ended"]
+    other = next(r for r in (f"other-{i}" for i in range(1000))  # another moved run to partition 5
+                 if partition_of(r.encode(), 6) == 5 and partition_of(r.encode(), 4) != 5)
+    lone = _item(step(1, run=other, ts=NOW + 10), 3, NOW + 10, forwarded=True)
+    later = [_item(step(4, run=run, ts=NOW + 40), 4, NOW + 40)]
+    assert len(s.divert({"steps": later}, NOW, Batch(), {"steps": [(lone[2], lone)]})) == 1  # not held back by it
