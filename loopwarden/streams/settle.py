@@ -126,8 +126,12 @@ class Settling:
 
     def release(self, arrived: list, now_ms: int, changes: dict, behind: Collection[bytes] = ()) -> list:
         """Of the records kept and ``arrived`` (this batch's moved runs'), those to apply now, in event-time
-        order; the others are kept (a run's records after one kept are kept too), the store told in ``changes``.
-        ``behind``: keys of runs with a record the task holds back for alignment; their records are kept too."""
+        order; the others are kept, in arrival order, the store told in ``changes``.
+
+        A run's records are taken in event-time order up to its first that may not be applied yet (a direct
+        one its old partition has not been forwarded past): that one and the run's later ones are kept, its
+        earlier ones go, forwarded ones that arrived after it included. ``behind``: keys of runs with a record
+        the task holds back for alignment; all their records are kept."""
         active = self.active(now_ms)
         self.done = not active  # everything is released below
         candidates = self.stash + arrived
@@ -135,16 +139,25 @@ class Settling:
         self.needed.clear()
         if not candidates:
             return []
-        ready, keep, waiting = [], [], set(behind)
-        for item in candidates:
-            rec = item[2]
-            p = partition_of(rec.key, self.previous)
-            if active and (rec.key in waiting or not self.ready(rec, p)):
-                keep.append(item)
-                waiting.add(rec.key)
-                self.needed.add(p)
-            else:
-                ready.append(item)
+        if active:
+            runs: dict[bytes, list] = {}
+            for item in candidates:
+                runs.setdefault(item[2].key, []).append(item)
+            ready, kept = [], set()
+            for key, items in runs.items():
+                p = partition_of(key, self.previous)
+                if key in behind:
+                    first = 0
+                else:
+                    items.sort(key=_ts)  # stable: a run's records of one timestamp stay in arrival order
+                    first = next((i for i, item in enumerate(items) if not self.ready(item[2], p)), len(items))
+                if first < len(items):
+                    kept.update(map(id, items[first:]))
+                    self.needed.add(p)
+                ready += items[:first]
+            keep = [item for item in candidates if id(item) in kept] if kept else []
+        else:
+            ready, keep = candidates, []
         if len(keep) != len(self.stash) or any(a is not b for a, b in zip(keep, self.stash)):
             raw = _encode_held([_held(item[2]) for item in keep]) if keep else None
             if raw is not None and len(raw) > self.max_bytes:  # more than one changelog record holds: stop waiting

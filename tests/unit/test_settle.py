@@ -31,7 +31,7 @@ def _settling() -> Settling:
 
 def test_a_moved_runs_direct_record_waits_for_its_old_partition_and_then_comes_after_the_forwarded_ones() -> None:
     """Direct records wait (kept in the store) until the horizon shows the old partition forwarded past them;
-    then they and the forwarded records are applied in event-time order."""
+    forwarded records produced before them are applied at once, in event-time order, and the direct ones after."""
     s, run = _settling(), _moved_run()
     old = partition_of(run.encode(), 4)
     assert s.old_partition(run.encode()) == old
@@ -43,13 +43,33 @@ def test_a_moved_runs_direct_record_waits_for_its_old_partition_and_then_comes_a
                  _item(step(0, run=run, ts=NOW + 10), 3, NOW + 50, forwarded=True)]
     s.horizon = Horizon(read_ms=NOW + 500, first={old: None}, need={})  # not yet 1 s past the direct records
     changes = {}
-    assert s.release(forwarded, NOW, changes) == []  # the run's forwarded records wait behind its kept ones
+    released = s.release(forwarded, NOW, changes)  # earlier in event time than the records kept: they go first
+    assert [(e.__struct_config__.tag, getattr(e, "step", None)) for _r, e, _rec in released] == [
+        ("run_started", None), ("step_finished", 0)]
+    assert changes == {} and len(s.stash) == 2 and s.needed == {old}  # the stash as the store holds it
     s.horizon = Horizon(read_ms=NOW + 2000, first={old: None}, need={})
     changes = {}
     released = s.release([], NOW, changes)
     assert [(e.__struct_config__.tag, getattr(e, "step", None)) for _r, e, _rec in released] == [
-        ("run_started", None), ("step_finished", 0), ("step_finished", 1), ("run_ended", None)]
+        ("step_finished", 1), ("run_ended", None)]
     assert changes == {SETTLE_KEY: None} and s.stash == [] and s.needed == set()
+
+
+def test_a_forwarded_record_that_arrives_behind_a_kept_one_still_comes_before_the_later_direct_ones() -> None:
+    """The horizon lets the run's direct step 2 go but not its run_ended (stamped a few ms later); its forwarded
+    step 1, produced before both, arrives behind them. Step 1 and step 2 go, in that order; the run_ended waits
+    (found in a fault test on a loaded machine: step 2 went alone, and step 1 after it made a step gap)."""
+    s, run = _settling(), _moved_run()
+    old = partition_of(run.encode(), 4)
+    direct = [_item(step(2, run=run, ts=NOW + 2), 0, NOW + 100), _item(ended("natural_finish", 3, run=run, ts=NOW + 3), 1, NOW + 106)]
+    s.release(direct, NOW, {})
+    forwarded = _item(step(1, run=run, ts=NOW + 1), 2, NOW + 90, forwarded=True)
+    s.horizon = Horizon(read_ms=NOW + 1101, first={old: None}, need={})  # past step 2's timestamp + 1 s only
+    released = s.release([forwarded], NOW, {})
+    assert [e.step for _r, e, _rec in released] == [1, 2]
+    assert [e.__struct_config__.tag for _r, e, _rec in s.stash] == ["run_ended"] and s.needed == {old}
+    late = _item(step(4, run=run, ts=NOW + 4), 3, NOW + 95, forwarded=True)  # after the run_ended kept: waits
+    assert s.release([late], NOW, {}) == [] and len(s.stash) == 2
 
 
 def test_records_that_are_not_a_moved_runs_or_not_this_partitions_are_not_held() -> None:
