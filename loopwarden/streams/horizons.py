@@ -59,10 +59,14 @@ class Horizons:
             return
         if s.pending is None or not s.needed <= s.pending.first.keys():
             s.pending = await self.read(partition, s.needed)
+            if s.pending is None:  # not readable now: the horizon the task has stays, the next fold reads again
+                return
         if in_hand is not None and all(in_hand.get(t, 0) >= need for t, need in s.pending.need.items()):
             s.horizon, s.pending = s.pending, None
 
-    async def read(self, partition: int, old: set[int]) -> Horizon:
+    async def read(self, partition: int, old: set[int]) -> Horizon | None:
+        """How far the ``old`` partitions were forwarded, as a :class:`Horizon` for ``partition``; None while a
+        transaction to ``partition`` begun before the reading is still open (see :meth:`_stable_ends`)."""
         async with self.lock:
             engine = self.engine
             if self.probe is None:
@@ -86,8 +90,8 @@ class Horizons:
             first = {p: (min(ts) if ts else None) for p, ts in waiting.items()}  # -1 (unreadable): never ready
             own = [TopicPartition(t, partition) for t in topics]
             stable = await self._stable_ends(own)
-            if stable is None:  # a transaction to this partition still open: try again at the next fold
-                return Horizon(read_ms, {p: -1 for p in old}, {})
+            if stable is None:
+                return None
             need = {tp.topic: await self._records_end(tp, end) for tp, end in stable.items()}
             return Horizon(read_ms, first, need)
 

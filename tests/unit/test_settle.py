@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from loopwarden.streams.assignment import partition_of
 from loopwarden.streams.batch import Batch
 from loopwarden.streams.inputs import decode_input
+from loopwarden.streams.horizons import Horizons
 from loopwarden.streams.settle import FORWARDED, SETTLE_KEY, Held, Horizon, Settling
 from tests.builders import ended, started, step
 
@@ -136,3 +138,22 @@ def test_a_moved_runs_records_wait_while_alignment_holds_one_of_its_records_back
     lone = _item(step(1, run=other, ts=NOW + 10), 3, NOW + 10, forwarded=True)
     later = [_item(step(4, run=run, ts=NOW + 40), 4, NOW + 40)]
     assert len(s.divert({"steps": later}, NOW, Batch(), {"steps": [(lone[2], lone)]})) == 1  # not held back by it
+
+
+def test_a_horizon_that_cannot_be_read_now_leaves_the_last_one_in_place() -> None:
+    """While a transaction to the partition is still open, ``Horizons.read`` gives None: the task keeps the horizon
+    it has (what it let through stays let through), and the next fold reads again."""
+    s, run = _settling(), _moved_run()
+    old = partition_of(run.encode(), 4)
+    s.release([_item(step(1, run=run, ts=NOW), 0, NOW)], NOW, {})
+    last = s.horizon = Horizon(read_ms=NOW + 10, first={old: None}, need={})
+
+    class Unreadable(Horizons):
+        async def read(self, partition: int, old: set[int]) -> None:
+            self.reads += 1
+
+    horizons = Unreadable(engine=None)
+    horizons.reads = 0
+    for _ in range(2):
+        asyncio.run(horizons.settle(5, s, {"steps": 10}))
+    assert s.horizon is last and s.pending is None and horizons.reads == 2
