@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import IllegalOperation, KafkaError, UnknownTopicOrPartitionError
@@ -31,6 +32,7 @@ from loopwarden.streams.store import OFFSETS_KEY
 from loopwarden.streams.topics import Router
 
 log = logging.getLogger("loopwarden.worker")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -94,8 +96,8 @@ class Checkpoint:
             await outbox.spill(changelog, p, OFFSETS_KEY, offsets_record)
         await outbox.flush()
         if group_offsets:
-            await producer.send_offsets_to_transaction(
-                {TopicPartition(t, p): o for t, o in group_offsets.items()}, self.group_id)
+            await outbox.in_transaction(producer.send_offsets_to_transaction(
+                {TopicPartition(t, p): o for t, o in group_offsets.items()}, self.group_id))
         metas = await outbox.delivered()
         await producer.commit_transaction()
         ends = [meta.offset + n for topic, n, meta in metas if topic == changelog]
@@ -106,6 +108,7 @@ class TransactionLost(KafkaError):
     """The producer left the transaction a batch was being sent in (its sender failed meanwhile): recover."""
 
 
+_SETTLE_S = 1.0  # how long a lost transaction's sent batches may take to fail with its cause (a turn of the loop)
 _NO_HEADERS: list = []  # BatchBuilder.append reads the list it is given, never keeps or changes it
 
 
@@ -144,17 +147,18 @@ class _Outbox:
                 return
         # Larger than a batch on its own (a dead letter near the size limit).
         await self._known(topic, partition)
-        future = await self._enqueued(self.producer.send(topic, value, key=key, partition=partition,
-                                                         headers=list(headers)))
+        future = await self.in_transaction(self.producer.send(topic, value, key=key, partition=partition,
+                                                              headers=list(headers)))
         self.sent.append((topic, 1, future))
 
     async def _send(self, topic: str, partition: int, batch) -> None:
         await self._known(topic, partition)
         n = batch.record_count()
-        self.sent.append((topic, n, await self._enqueued(self.producer.send_batch(batch, topic, partition=partition))))
+        future = await self.in_transaction(self.producer.send_batch(batch, topic, partition=partition))
+        self.sent.append((topic, n, future))
 
-    async def _enqueued(self, send: Awaitable[asyncio.Future]) -> asyncio.Future:
-        """``send``'s delivery future; a transaction lost under this one between two of its sends, as its cause.
+    async def in_transaction(self, step: Awaitable[T]) -> T:
+        """What ``step`` (a send, or the offsets' send) gives; a transaction lost under it, as its cause.
 
         aiokafka's sender adds a batch's partition to the transaction in the background. If the broker refuses
         that (a fence: another producer took the transactional id), the sender fails every batch it holds with
@@ -163,11 +167,14 @@ class _Outbox:
         its own and stop the worker. Raised here instead: the cause a batch sent before failed with, else a
         :class:`TransactionLost` (a Kafka error: the partition is dropped and owned again)."""
         try:
-            return await send
+            return await step
         except IllegalOperation as exc:
-            for _, _, future in self.sent:
+            futures = [f for _, _, f in self.sent]
+            for future in futures:
                 future.add_done_callback(retrieved)
-            causes = [f.exception() for _, _, f in self.sent if f.done() and not f.cancelled()]
+            if futures:  # what aiokafka hands back is a shield of the batch's future: it fails a turn of the loop later
+                await asyncio.wait(futures, timeout=_SETTLE_S, return_when=asyncio.FIRST_EXCEPTION)
+            causes = [f.exception() for f in futures if f.done() and not f.cancelled()]
             cause = next((c for c in causes if c is not None), None)
             if cause is not None:  # a copy: the one the sender failed its batches with is shared by them
                 raise copy.copy(cause) from exc

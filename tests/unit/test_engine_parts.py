@@ -311,6 +311,52 @@ def test_the_outbox_hands_back_each_batchs_ack_in_order_and_on_an_error_raises_i
     assert not [m for m in logged if "never retrieved" in m], logged
 
 
+class _FencedAfterFirstSend(_Sends):
+    """aiokafka's order when the sender finds a fence: the first batch's future fails and the transaction ends in
+    one callback; the caller holds a shield of that future, which fails a turn of the loop later, and may send
+    again first (it did on CI: a metadata reply woke it in the same turn)."""
+
+    def __init__(self) -> None:
+        super().__init__(max_batch_size=2048)
+        self.inner: list = []
+
+    async def send_batch(self, batch: _Batch, topic: str, *, partition: int):
+        import asyncio
+
+        from aiokafka.errors import IllegalOperation, ProducerFenced
+
+        if self.inner:  # the sender failed the first batch and left the transaction: all in one turn
+            self.inner[0].set_exception(ProducerFenced())
+            raise IllegalOperation("Can't send messages while not in transaction")
+        self.inner.append(asyncio.get_running_loop().create_future())
+        return asyncio.shield(self.inner[0])
+
+
+def test_a_fence_found_between_two_sends_is_raised_as_the_fence_though_the_first_batch_fails_a_turn_later() -> None:
+    import asyncio
+
+    from aiokafka.errors import ProducerFenced
+
+    from loopwarden.streams.checkpoint import _Outbox
+
+    async def go() -> BaseException | None:
+        producer = _FencedAfterFirstSend()
+        outbox = _Outbox(producer)  # type: ignore[arg-type]
+        outbox.put("health", 0, b"run-1", b"{}")
+        await outbox.flush()
+        outbox.put("changelog", 0, b"run-1", b"state")
+        try:
+            await outbox.flush()
+            return None
+        except BaseException as exc:  # noqa: BLE001 - what it raised is the finding
+            return exc
+        finally:
+            await producer.close()
+
+    raised = asyncio.run(go())
+    assert type(raised) is ProducerFenced, repr(raised)
+
+
 class _Producer:
     """begin_transaction as aiokafka's: a coroutine that waits turns of the loop; counted, as is stop."""
 
