@@ -23,22 +23,16 @@ import msgspec
 from bench.peers import Progress
 from loopwarden.streams.config import Config
 from loopwarden.streams.engine import Engine
-from loopwarden.streams.stage import DeadLetter, Folded, Input, Output, StageBase
+from loopwarden.streams.stage import DeadLetter, Folded, Input, Output, StageBase, TaskBase
 
 PARTITIONS = 8
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
 
 
-class CountTask:
-    holding = held_bytes = 0  # does not align its inputs (the peers do not either)
-    held_topics = ()
-
+class CountTask(TaskBase):  # does not align its inputs (the peers do not either): TaskBase's defaults
     def __init__(self, store: Mapping[bytes, bytes], output: str, progress: Progress) -> None:
         self.store, self.output, self.progress = store, output, progress
-
-    def rebuild(self) -> None:
-        pass
 
     def fold(self, records, *, punctuate: bool, caught_up: bool, lagging) -> Folded:
         out = Folded()
@@ -58,12 +52,6 @@ class CountTask:
             outputs.append(Output(topic, key, _encode({"type": kind, "n": n})))
         out.consumed = len(records)
         return out
-
-    def committed(self, result: Folded) -> None:
-        pass
-
-    def discard(self) -> None:
-        pass
 
 
 class CountStage(StageBase):

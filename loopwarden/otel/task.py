@@ -48,7 +48,7 @@ from loopwarden.otel.fold import (
 )
 from loopwarden.otel.spans import BadTraces, Span, decode_traces
 from loopwarden.streams.batch import wall_clock_ms
-from loopwarden.streams.stage import DeadLetter, Output, Record, header
+from loopwarden.streams.stage import DeadLetter, Output, Record, TaskBase, header
 
 log = logging.getLogger("loopwarden.otel")
 
@@ -77,11 +77,8 @@ class BridgeBatch:
         return bool(self.outputs or self.deadletters or self.changes or self.offsets)
 
 
-class BridgeTask:
+class BridgeTask(TaskBase):  # one input: nothing held back for another (TaskBase: no stream-time alignment)
     """One partition of ``otlp_spans``: its traces' committed states (``store``) and their last activity."""
-
-    held_topics = ()
-    holding = held_bytes = 0  # one input: nothing is held back for another (the engine's stream-time alignment)
 
     def __init__(self, partition: int, store: Mapping[bytes, bytes], *, steps_topic: str,
                  limits: Limits = Limits(), wall_ms: Callable[[], int] = wall_clock_ms,

@@ -237,13 +237,9 @@ class PartitionManager:
 
 
 async def rebuilt(task: Task) -> None:
-    """``task.rebuild()``: in steps where the task offers them (``rebuild_steps``, the health stage's: ~6 µs a run),
-    the event loop serving the other partitions between steps."""
-    steps = getattr(task, "rebuild_steps", None)
-    if steps is None:
-        task.rebuild()
-        return
-    for _ in steps():
+    """``task.rebuild()`` a step at a time (``rebuild_steps``; the health stage's: 4,096 runs, ~6 µs a run), the
+    event loop serving the other partitions between steps."""
+    for _ in task.rebuild_steps():
         await asyncio.sleep(0)
 
 

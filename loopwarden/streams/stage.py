@@ -26,7 +26,7 @@ A **task** folds one partition's records. It is pure apart from its store (a rea
 and :meth:`Task.committed` / :meth:`Task.discard`. The engine calls, per partition::
 
     task = stage.task(partition, store)   # after the store was restored from the changelog
-    task.rebuild()                        # timers etc. from the committed store (or ``rebuild_steps()``, below)
+    for _ in task.rebuild_steps(): …      # timers etc. from the committed store, a step at a time (below)
     loop:
         result = task.fold(records, punctuate=…, caught_up=…, lagging=…)
         commit result.outputs + dead letters + result.changes + result.offsets in one transaction
@@ -43,6 +43,8 @@ it holds are not fetched). A task that does not align ignores ``lagging`` and ke
 ``holding = held_bytes = 0``, ``held_topics = ()``. What waits in memory, records buffered and held,
 is bounded by ``input_buffer_max_bytes`` (the engine's :meth:`Engine.process`).
 
+:class:`TaskBase` gives a task the parts it may leave out: no alignment, nothing to rebuild
+beyond the store, ``rebuild_steps()`` as one step, nothing kept between fold and commit.
 A task shaped like that (the health stage's ``PartitionTask``, the OpenTelemetry
 bridge's task) plugs in with a few lines: see ``tests/engine/counter_stage.py`` and
 ``docs/architecture.md``.
@@ -50,7 +52,7 @@ bridge's task) plugs in with a few lines: see ``tests/engine/counter_stage.py`` 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -147,10 +149,11 @@ class Task(Protocol):
     @property
     def held_topics(self) -> Iterable[str]: ...  # the input topics of those records (none if the task does not align)
 
-    # From the restored store, before the partition is handed batches. A task whose rebuild is long may also offer
-    # ``rebuild_steps()``, an iterator doing the same work a step at a time: the engine then serves the worker's
-    # other partitions between steps (a partition owned again after a failure: loopwarden.streams.reowning).
+    # From the restored store, before the partition is handed batches: ``rebuild_steps()`` does ``rebuild()``'s work
+    # a step at a time, and the engine serves the worker's other partitions between steps (a partition owned again
+    # after a failure: loopwarden.streams.reowning). TaskBase's is one step.
     def rebuild(self) -> object: ...
+    def rebuild_steps(self) -> Iterator[object]: ...
     def fold(self, records: Iterable[Any], *, punctuate: bool, caught_up: bool,
              lagging: Iterable[str]) -> FoldResult: ...
     def committed(self, result: FoldResult) -> object: ...
@@ -183,6 +186,26 @@ class Stage(Protocol):
     def aborted(self, part: OwnedPartition, result: FoldResult) -> None: ...
     def dropped(self, part: OwnedPartition) -> None: ...
     def summary(self, parts: list[OwnedPartition]) -> str: ...  # appended to the "partitions … recovered" log line
+
+
+class TaskBase:
+    """Defaults for a task's optional parts: it does not align its inputs (nothing held), has nothing to rebuild
+    beyond its store (in one step), and keeps nothing between fold and commit."""
+
+    holding = held_bytes = 0
+    held_topics: tuple[str, ...] = ()
+
+    def rebuild(self) -> object:
+        return None
+
+    def rebuild_steps(self) -> Iterator[object]:
+        yield self.rebuild()
+
+    def committed(self, result: FoldResult) -> object:
+        return None
+
+    def discard(self) -> None:
+        return None
 
 
 class StageBase:

@@ -15,18 +15,12 @@ import os
 import signal
 from collections.abc import Mapping
 
-from loopwarden.streams.stage import DeadLetter, Folded, Input, Output, StageBase
+from loopwarden.streams.stage import DeadLetter, Folded, Input, Output, StageBase, TaskBase
 
 
-class CounterTask:
-    holding = held_bytes = 0  # it does not align inputs
-    held_topics = ()
-
+class CounterTask(TaskBase):  # no alignment, nothing to rebuild or keep beyond the store: TaskBase's defaults
     def __init__(self, store: Mapping[bytes, bytes], out_topic: str) -> None:
         self.store, self.out_topic = store, out_topic
-
-    def rebuild(self) -> None:
-        pass  # nothing beyond the store
 
     def fold(self, records, *, punctuate: bool, caught_up: bool, lagging) -> Folded:
         out = Folded()
@@ -40,12 +34,6 @@ class CounterTask:
             out.changes[r.key] = b"%d" % n
             out.outputs.append(Output(self.out_topic, r.key, b"%d %d:%d" % (n, r.partition, r.offset)))
         return out
-
-    def committed(self, result: Folded) -> None:
-        pass  # the engine wrote the changes to the store
-
-    def discard(self) -> None:
-        pass  # nothing kept between fold and commit
 
 
 class CounterStage(StageBase):
