@@ -243,12 +243,21 @@ async def _delete_and_create(admin: AIOKafkaAdminClient, config: Config, recreat
 
 async def _settled(admin: AIOKafkaAdminClient, config: Config, names: list[str], wait_s: float = 3) -> dict[str, int]:
     """Those of ``names`` whose count is not the configured one after ``wait_s`` (a broker's view of a topic
-    deleted and created again can show the old one for a moment) -> the count they have."""
+    deleted and created again can show the old one for a moment) -> the count they have.
+
+    A topic listed but not yet described with its partitions (a broker still applying a deletion and a creation)
+    is not settled: read again, it may show the count a client's auto-create gave it."""
     deadline = time.monotonic() + wait_s
     while True:
         counts = await existing_counts(admin, names)
-        off = {t: counts[t] for t in names if counts.get(t, config.partitions) != config.partitions}
-        if not off or time.monotonic() > deadline:
+        off = {t: counts[t] for t in names if t in counts and counts[t] != config.partitions}
+        unseen = [t for t in names if t not in counts]
+        if not off and not unseen:
+            return off
+        if time.monotonic() > deadline:
+            if unseen:
+                raise TopicLayoutError(f"topics {unseen} were created but a broker did not describe their partitions "
+                                       f"within {wait_s:.0f}s: run `loopwarden topics check`, then repair again")
             return off
         await asyncio.sleep(0.1)
 

@@ -61,3 +61,35 @@ def test_outputs_may_have_any_count_they_started_with() -> None:
     """Output topics need not be co-partitioned: only a change while running counts."""
     assert outputs(C) == [C.health_topic, C.deadletter_topic]
     assert assess(C, GOOD | {C.health_topic: 30}, {C.health_topic: 30, C.deadletter_topic: 3}).ok
+
+
+class _Admin:
+    """A broker's answers to repair's reads: the topic is listed, first without its partitions described (a
+    deletion and a creation being applied), then with the count a client's auto-create gave it."""
+
+    def __init__(self, topic: str, answers: list[tuple[int, int]]) -> None:
+        self.topic, self.answers = topic, answers  # (error code, partitions) per describe, the last one repeated
+
+    async def list_topics(self) -> list[str]:
+        return [self.topic]
+
+    async def describe_topics(self, names: list[str]) -> list[dict]:
+        code, n = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        return [{"topic": self.topic, "error_code": code, "partitions": [{"partition": p} for p in range(n)]}]
+
+
+def test_repair_does_not_take_a_topic_it_cannot_describe_yet_for_one_of_the_configured_count() -> None:
+    """A repaired topic listed but not yet described with partitions is read again: here it turns out to have the
+    1 partition a client's auto-create gave it, which repair must see (it took such a topic for settled and said
+    done)."""
+    import asyncio
+
+    from loopwarden.streams.topics import TopicLayoutError, _settled
+
+    config = Config(partitions=4)
+    topic = config.health_topic
+    off = asyncio.run(_settled(_Admin(topic, [(3, 0), (5, 0), (0, 1)]), config, [topic], wait_s=0.3))  # type: ignore[arg-type]
+    assert off == {topic: 1}
+    assert asyncio.run(_settled(_Admin(topic, [(3, 0), (0, 4)]), config, [topic])) == {}  # type: ignore[arg-type]
+    with pytest.raises(TopicLayoutError, match=rf"\['{topic}'\] were created but a broker did not describe"):
+        asyncio.run(_settled(_Admin(topic, [(3, 0)]), config, [topic], wait_s=0.3))  # type: ignore[arg-type]
