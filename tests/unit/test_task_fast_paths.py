@@ -1,6 +1,8 @@
 """The health stage's fold keeps two shortcuts of its own (issue 17 item 4); each agrees with what it replaces.
 
 * ``inputs.merge_by_ts``: the two inputs in event-time order, a copy of ``heapq.merge`` for two lists;
+* ``inputs.decode_input`` and ``inputs.decode_records``: the unchecked decoder first, the checked one for anything
+  it does not accept;
 * the hot states (``streams/hotstates.py``): committed RunStates kept decoded between batches (``hot_runs``),
   taken out by a fold and put back on commit. A fold with them gives what a fold decoding every
   state from the store gives (``hot_runs=0``), batch by batch, through aborted transactions,
@@ -183,6 +185,29 @@ def test_the_folds_input_decoding_equals_the_checked_decoding(rec, role, ts_limi
     from loopwarden.streams.inputs import decode_input
 
     assert decode_input(rec, role, ts_limit, 300_000) == _decode_input_checked(rec, role, ts_limit, 300_000)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(_input_records(), st.builds(
+    Rec, st.sampled_from(("loopwarden.ticks", "other.topic")), st.just(0), st.integers(0, 9), st.none(),
+    st.just(b"{}"), st.just(()))), max_size=30), st.integers(0, 2**53))
+def test_a_batchs_input_decoding_equals_the_checked_decoding_record_by_record(records, ts_limit) -> None:
+    """inputs.decode_records (decode_input's accepting path inline) gives, record by record and topic by topic, the
+    event or the dead letter the checked way gives; ticks handed back, other topics dead-lettered."""
+    from loopwarden.streams.batch import Batch
+    from loopwarden.streams.inputs import decode_records
+
+    per_topic: dict = {}
+    out = Batch()
+    ticks = decode_records(records, ROLES, ts_limit, 300_000, per_topic, out)
+    expected: dict = {}
+    for rec in records:
+        role = ROLES.get(rec.topic)
+        if role in ("steps", "outcomes"):
+            expected.setdefault(rec.topic, []).append((rec, _decode_input_checked(rec, role, ts_limit, 300_000)))
+    assert per_topic == expected
+    assert ticks == [r for r in records if r.topic == "loopwarden.ticks"]
+    assert [d.reason for d in out.deadletters] == ["wrong_topic" for r in records if r.topic == "other.topic"]
 
 
 def _samples(metrics, names) -> dict:
