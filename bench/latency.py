@@ -191,7 +191,9 @@ async def one_app(app: str, bootstrap: str, workdir: Path, rate: float, warm_s: 
         if app == "worker-alt":
             env.update(ingest_bench.alt_env())
         argv = [sys.executable, "-m", "loopwarden.cli", "worker"]
-        await create_topics(bootstrap, [steps, outcomes])
+        # The output too (as the worker would make it: plain, PARTITIONS): the reader subscribes before the worker
+        # is up, and aiokafka logged "Topic ... not found in cluster metadata" 8-10 times a run (session 25).
+        await create_topics(bootstrap, [steps, outcomes, output])
         stamp = "value"
     else:
         output = f"lat-out-{tag}"
