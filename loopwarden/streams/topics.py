@@ -257,7 +257,7 @@ async def _settled(admin: AIOKafkaAdminClient, config: Config, names: list[str],
         if time.monotonic() > deadline:
             if unseen:
                 raise TopicLayoutError(f"topics {unseen} were created but a broker did not describe their partitions "
-                                       f"within {wait_s:.0f}s: run `loopwarden topics check`, then repair again")
+                                       f"within {wait_s:g} s: run `loopwarden topics check`, then repair again")
             return off
         await asyncio.sleep(0.1)
 
