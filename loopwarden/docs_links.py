@@ -1,31 +1,19 @@
 """Where each health state is explained: ``docs/states.md``, one heading per state.
 
 The demo legend, ``loopwarden tail``, the board and ``/runs`` link a state to its line there, and
-show the one-line guide below beside it. ``tests/unit/test_docs.py`` keeps this table, the
-headings of docs/states.md and ``loopwarden.codecs.STATES`` equal.
+show the one-line guide below beside it (from ``loopwarden.codecs.states``). ``tests/unit/test_docs.py``
+keeps the headings of docs/states.md and the states equal.
 """
 
 from __future__ import annotations
 
+from loopwarden.codecs.states import STATE_TABLE
+
 STATES_DOC = "docs/states.md"
 
-# state -> (what it means, what the operator should do), one line each; docs/states.md says more.
-STATE_GUIDE: dict[str, tuple[str, str]] = {
-    "RUNNING": ("the run is making progress", "nothing yet"),
-    "WAITING": ("paused for a routed human approval (owner, deadline, resume token)",
-                "let the owner decide"),
-    "WAITING_UNROUTED": ("paused for an approval nobody was asked for", "route the decision"),
-    "STUCK": ("no progress for the inactivity timeout, a timeout, or an approval past its deadline",
-              "inspect the last durable progress"),
-    "BOUNDED_STOP": ("stopped by a bound (step cap, token budget, abort), not by finishing",
-                     "preserve partial work"),
-    "FAILED": ("a tool or the provider failed", "diagnose the tool boundary"),
-    "VERIFYING": ("finished; waiting for the destination's receipt", "wait for the receipt window"),
-    "VERIFIED_COMPLETE": ("finished and the destination confirmed the outcome", "nothing"),
-    "FALSE_COMPLETE": ("finished, but the destination says the outcome is absent or wrong, or never confirmed it",
-                       "verify the destination"),
-    "UNCERTAIN": ("what the run reported and what its steps show disagree", "ask before acting"),
-}
+# state -> (what it means, what the operator should do), one line each (loopwarden.codecs.states' rows);
+# docs/states.md says more.
+STATE_GUIDE: dict[str, tuple[str, str]] = {s.name: (s.meaning, s.do) for s in STATE_TABLE}
 
 
 def state_anchor(state: str) -> str:

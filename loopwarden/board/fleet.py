@@ -20,9 +20,9 @@ import msgspec
 from sortedcontainers import SortedList
 
 from loopwarden.codecs import STATES, HealthTransition, InvalidEvent, decode_transition
+from loopwarden.codecs.states import NEEDS_PERSON, SETTLED, STATE_TABLE
 
-SETTLED = ("VERIFIED_COMPLETE", "BOUNDED_STOP")
-ATTENTION = ("STUCK", "WAITING_UNROUTED", "FALSE_COMPLETE", "UNCERTAIN", "FAILED")
+ATTENTION = NEEDS_PERSON  # the runs listed first: nothing happens until a person acts (SETTLED: nothing to do)
 HISTORY = 32  # transitions kept per run (the worker's read API keeps as many)
 HOUR_MS = 3_600_000
 MINUTE_MS = 60_000
@@ -30,24 +30,7 @@ AGENTS_MAX = 1000  # agent names counted one by one; later ones as "other"
 NO_AGENT = "(none)"
 
 # What an operator does about each state: one line, beside the link to docs/states.md#<state>.
-ACTIONS = {
-    "RUNNING": "Nothing yet: the run is working.",
-    "WAITING": "The decision is routed to its owner: follow up with them before the deadline.",
-    "WAITING_UNROUTED": "Route the decision: the run waits for an approval no one was asked for. "
-                        "Send it to an owner (approval_routed) or resolve it.",
-    "STUCK": "Inspect the last durable progress: no step for longer than the inactivity timeout. "
-             "Check the agent process and the tool it called last before restarting it.",
-    "BOUNDED_STOP": "Preserve the partial work: the run stopped at its bound (steps or tokens). "
-                    "Decide whether to resume it with a larger budget.",
-    "FAILED": "Diagnose the tool boundary: an error ended the run (tool, provider or process). "
-              "Fix the cause, then retry.",
-    "VERIFYING": "Nothing yet: waiting for the destination's receipts within the receipt window.",
-    "VERIFIED_COMPLETE": "Nothing: the destination confirmed the work.",
-    "FALSE_COMPLETE": "Verify the destination: the loop said done but the receipts say the work is not there. "
-                      "Do not report it as done.",
-    "UNCERTAIN": "Ask before acting: the stop is unexplained (disagreement or no receipt in time). "
-                 "Check the destination before retrying or telling anyone it is done.",
-}
+ACTIONS = {s.name: f"{s.do[0].upper()}{s.do[1:]}: {s.meaning}." for s in STATE_TABLE}
 
 
 class Run(msgspec.Struct, gc=False):

@@ -11,6 +11,8 @@ from typing import Annotated, Literal, Union
 
 from msgspec import UNSET, Meta, Struct, UnsetType, field
 
+from loopwarden.codecs.states import STATE_NAMES
+
 # -- reusable limits ---------------------------------------------------------
 # ts fits in a JavaScript number exactly, so TypeScript producers and consumers agree.
 MAX_SAFE_INT = 2**53 - 1
@@ -49,20 +51,10 @@ Cause = Literal[
 ReceiptKind = Literal["file", "record", "message", "deployment", "analysis", "other"]
 Verifier = Literal["destination", "validator", "human"]
 Role = Literal["bound", "completion"]
-State = Literal[
-    "RUNNING",
-    "WAITING",
-    "WAITING_UNROUTED",
-    "STUCK",
-    "BOUNDED_STOP",
-    "FAILED",
-    "VERIFYING",
-    "VERIFIED_COMPLETE",
-    "FALSE_COMPLETE",
-    "UNCERTAIN",
-]
+# The health states are rows of loopwarden.codecs.states (their stored numbers, timers, meaning, colours).
+State = Literal[STATE_NAMES]  # type: ignore[valid-type]
 
-STATES: tuple[str, ...] = State.__args__  # type: ignore[attr-defined]
+STATES: tuple[str, ...] = STATE_NAMES
 CAUSES: tuple[str, ...] = Cause.__args__  # type: ignore[attr-defined]
 FINISH_REASONS: tuple[str, ...] = FinishReason.__args__  # type: ignore[attr-defined]
 TOOL_STATUSES: tuple[str, ...] = ToolStatus.__args__  # type: ignore[attr-defined]

@@ -36,10 +36,6 @@ import msgspec
 from msgspec import Struct
 
 from loopwarden.codecs.events import (
-    CAUSES,
-    FINISH_REASONS,
-    RECEIPT_KINDS,
-    STATES,
     Approval,
     Custom,
     LoopFinished,
@@ -48,6 +44,7 @@ from loopwarden.codecs.events import (
     TokenBudget,
     ToolCallCondition,
 )
+from loopwarden.codecs.states import STATE_TABLE
 from loopwarden.rules.conditions import intern_policy
 from loopwarden.rules.machine import RunState, Segment
 
@@ -56,14 +53,21 @@ V1 = 1  # still read: states already in changelogs
 _PREFIX = bytes([VERSION])
 _PREFIX_V1 = bytes([V1])
 
-# Strings that recur in every state; stored as their index here. Append only.
-WORDS: tuple[str, ...] = (
-    *STATES,
-    *CAUSES,
-    *FINISH_REASONS,
-    # the tool statuses of format 1 (TOOL_STATUSES has grown since: a word's number is fixed)
+# Strings that recur in every state, stored as their number: WORDS[number] is the word. A number is part
+# of the stored format: it never changes and is never reused. The health states are at the numbers their
+# rows give (loopwarden.codecs.states: ``word``); every other word takes the next number free, in the order
+# of _WORDS. So _WORDS only grows at its end, and a new state's row takes the next number (``len(WORDS)``).
+# tests/unit/test_state_codec.py holds every number given so far (tests/vectors/state-v2-golden.json).
+_WORDS: tuple[str, ...] = (
+    # causes
+    "natural_finish", "stop_condition", "unexecuted_tool", "approval_required", "tool_error", "aborted",
+    "timeout", "error", "unknown",
+    # finish reasons (a word listed twice keeps its first number)
+    "stop", "length", "content-filter", "tool-calls", "error", "interrupted", "other",
+    # tool statuses
     "result", "error", "pending", "approval_requested", "denied",
-    *RECEIPT_KINDS,
+    # receipt kinds
+    "file", "record", "message", "deployment", "analysis", "other",
     # transition reasons that are not already above
     "started", "progress", "approval_routed", "approval_resolved", "receipt", "negative_receipt",
     "late_receipt", "no_progress", "approval_expired", "receipt_window_expired", "unclassified",
@@ -72,11 +76,24 @@ WORDS: tuple[str, ...] = (
     "unmatched_approval", "duplicate_receipt",
     "cause_mismatch", "fired_mismatch", "step_count_mismatch", "policy_overrun", "policy_unknown",
     "step_gap", "cause_not_recorded", "tool_error_unseen",
-    # docs/contract.md section 11 (producers)
+    # producers' words (docs/contract.md section 11)
     "cancelled", "late_segment_started", "producer_dropped",
-    # appended (tests/unit/test_vocabulary.py: every word of loopwarden.codecs.vocabulary is here)
+    # further words of loopwarden.codecs.vocabulary (tests/unit/test_vocabulary.py: every one is here)
     "untracked_step", "duplicate_expectation",
 )
+
+
+def _numbered(fixed: dict[int, str], rest: tuple[str, ...]) -> tuple[str, ...]:
+    """The word table: ``fixed`` words at their numbers, ``rest`` in order at the numbers left free."""
+    size = len(fixed) + len(rest)
+    if any(not 0 <= n < size for n in fixed):
+        raise ValueError(f"the states' word numbers {sorted(fixed)} leave a gap in the word table: "
+                         f"a new state takes the next number, {size - 1}")
+    others = iter(rest)
+    return tuple(fixed[n] if n in fixed else next(others) for n in range(size))
+
+
+WORDS: tuple[str, ...] = _numbered({s.word: s.name for s in STATE_TABLE}, _WORDS)
 _INDEX: dict[str, int] = {}
 for _i, _w in enumerate(WORDS):
     _INDEX.setdefault(_w, _i)  # a word listed twice keeps its first number

@@ -36,6 +36,7 @@ from loopwarden.codecs.events import (
     SegmentStarted,
     StepFinished,
 )
+from loopwarden.codecs.states import STATE_NAMES, STATE_TIMERS
 from loopwarden.rules.conditions import (
     _BY_ID,
     SETTLED_STATUSES,
@@ -70,9 +71,9 @@ MAX_RECEIPT_IDS = 256
 MAX_HISTORY = 32
 # Boundary facts the steps cannot show: not checked against the derived cause.
 UNCHECKED_CAUSES = ("aborted", "timeout", "error", "tool_error")
-# States whose run has nothing left to wait for: dropped after retention.
-# (RUNNING, WAITING and VERIFYING have their own timers, which end in one of these.)
-TIMERLESS = (None, "STUCK", "WAITING_UNROUTED", "BOUNDED_STOP", "FAILED", "UNCERTAIN", VERIFIED_COMPLETE, FALSE_COMPLETE)
+# States whose run has nothing left to wait for: dropped after retention. The others (RUNNING, WAITING,
+# VERIFYING) have their own timer (loopwarden.codecs.states: a row's ``timer``), which ends in one of these.
+TIMERLESS = (None, *(s for s in STATE_NAMES if s not in STATE_TIMERS))
 
 
 class Settings(Struct, frozen=True):
@@ -670,7 +671,7 @@ def apply_into(res: Result, state: RunState | None, event: InputEvent | Untruste
 DEADLINE_KEEPING = frozenset({StepFinished, OutcomeReceipt, UntrustedReceipt, TrustedReceipt, OutcomeExpected})
 
 # -- timers -------------------------------------------------------------------
-_RUN_TIMER_KINDS = {"RUNNING": "no_progress", "WAITING": "approval_expired", "VERIFYING": "receipt_window_expired"}
+_RUN_TIMER_KINDS = STATE_TIMERS  # RUNNING: no_progress, WAITING: approval_expired, VERIFYING: receipt_window_expired
 # The reasons of transitions a timer fired (their ``ts`` is the deadline, not an event's).
 TIMER_REASONS = frozenset(_RUN_TIMER_KINDS.values())
 _TIMERLESS = frozenset(TIMERLESS)

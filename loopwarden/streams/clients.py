@@ -8,14 +8,12 @@ import json
 import sys
 import time
 
+from loopwarden.codecs.states import STATE_TABLE
 from loopwarden.streams.cliutil import _client, _config, _connected
 from loopwarden.streams.config import Config
 from loopwarden.streams.security import client_options
 
-COLORS = {
-    "RUNNING": "36", "WAITING": "33", "WAITING_UNROUTED": "33;1", "STUCK": "35;1", "BOUNDED_STOP": "34",
-    "FAILED": "31;1", "VERIFYING": "37", "VERIFIED_COMPLETE": "32;1", "FALSE_COMPLETE": "31", "UNCERTAIN": "35",
-}
+COLORS = {s.name: s.ansi for s in STATE_TABLE}  # tail's SGR colour per state
 
 
 class _Progress:
