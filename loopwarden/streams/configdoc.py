@@ -33,7 +33,7 @@ the value. `loopwarden worker --help` lists the same variables with their defaul
 FOOTER = """
 The topics a worker uses must exist with the same partition count (`LOOPWARDEN_PARTITIONS`):
 `loopwarden topics check` says whether they do and `loopwarden topics repair` creates what is
-missing ([operations.md](operations.md#topics-and-partitions)).
+missing ([topics.md](topics.md)).
 """
 
 

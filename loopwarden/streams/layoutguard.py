@@ -13,7 +13,7 @@ and its store restored from the changelog when it is owned again. It is owned ag
 once the output has its start count again; owning re-learns the outputs' partition counts
 (:meth:`loopwarden.streams.topics.Router.learn`). An output re-created with another count
 keeps the worker blocked, the reason in the log and ``/readyz``, until it is deleted and
-created with the start count (docs/operations.md).
+created with the start count (docs/topics.md).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class LayoutGuard:
         await self.watch.start()  # type: ignore[attr-defined]
         if await self.watch.auto_create_enabled():  # type: ignore[attr-defined]
             log.warning("the brokers have auto.create.topics.enable=true: a deleted output topic comes back "
-                        "with their default partition count; set it to false (docs/operations.md)")
+                        "with their default partition count; set it to false (docs/topics.md)")
 
     async def stop(self) -> None:
         if self.watch is not None:

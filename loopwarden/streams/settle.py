@@ -25,7 +25,7 @@ as in :mod:`loopwarden.streams.alignment`:
 A record that waits is kept in the partition's store, committed with the batch (so a crash or a
 rebalance loses nothing and the partition's offsets go on). A partition *p* that is not
 consumed (its worker down) keeps the moved runs' direct records on *q* waiting until the
-window ends; then everything is applied as it comes (docs/operations.md says so).
+window ends; then everything is applied as it comes (docs/topics.md says so).
 """
 
 from __future__ import annotations

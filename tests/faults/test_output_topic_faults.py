@@ -50,7 +50,7 @@ async def _admin(config, action):
 
 
 async def _mend(config, topic: str, calls: int = 6) -> None:
-    """What docs/operations.md tells the operator: `loopwarden topics repair --recreate-outputs --yes`, and again
+    """What docs/topics.md tells the operator: `loopwarden topics repair --recreate-outputs --yes`, and again
     when it says it lost its race to a client that auto-created the topic: a worker's producer whose sends wait
     for a partition of the deleted topic asks for it every few ms until it is back (aiokafka cannot close a
     producer without delivering what it holds; `loopwarden_producers_stopping` counts them)."""
