@@ -14,7 +14,7 @@ A transaction that fails drops its partition and owns it again from the changelo
 (its batch is consumed again); one fenced drops it until the group assigns it again or two session timeouts pass.
 What waits in memory is bounded by :mod:`loopwarden.streams.inputbound`.
 
-**A batch across a seek** (docs/decisions.md): aiokafka fetches for a new assignment while
+**A batch fetched across an owning** (docs/decisions.md): aiokafka fetches for a new assignment while
 :meth:`assign` owns it, so ``getmany`` can return records from before the seek to the changelog's
 offsets; the loop takes no batch returned across an owning (``PartitionManager.hand_out``).
 """

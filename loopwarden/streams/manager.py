@@ -171,7 +171,7 @@ class PartitionManager:
         ``on_partitions_assigned``: while they are owned (fencing, restore), its fetcher resets them to the group's
         offsets and fetches, and ``getmany`` may return those records; seeking to the changelog's offsets drops
         what it prefetched or has in flight, not what it returned. Taken after the seek, records below it would be
-        folded again and those at or past it would come twice (docs/decisions.md, "A batch across a seek"). So
+        folded again and those at or past it would come twice (docs/decisions.md, "A batch fetched across an owning"). So
         none of such a batch is taken: each owned input in it is sought back to the offset its partition takes
         next, to come again in order."""
         across = self.seeks != seeks
