@@ -12,7 +12,7 @@ each decoded receipt to :meth:`ReceiptTrust.classify` before the core applies it
 the verifiers' principals may write: a receipt read from it is trusted by its channel, with no
 per-message signature check (Kafka authenticated its producer once per connection). Receipts on the
 outcomes topic are then checked by signature as above; with the channel set and no trusted key,
-none of them counts. With neither setting there is no check: every receipt counts, as before.
+none of them counts. With neither setting there is no check: every receipt counts.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class TrustedVerifiers:
 
     @classmethod
     def from_env(cls, environ: dict | None = None) -> "TrustedVerifiers | None":
-        """The setting from the environment, or None when unset (every receipt counts, as before)."""
+        """The setting from the environment, or None when unset (every receipt counts)."""
         text = (os.environ if environ is None else environ).get(ENV, "")
         return cls.parse(text) if text.strip() else None
 

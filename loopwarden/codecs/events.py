@@ -239,7 +239,7 @@ class OutcomeReceipt(_Event, tag="outcome_receipt"):
     verifier: Verifier
     verified: bool
     evidence: Annotated[dict[Annotated[str, Meta(max_length=100)], EvidenceValue], Meta(max_length=64)] = {}
-    # UNSET (absent on the wire) when not signed, so unsigned receipts encode exactly as before.
+    # UNSET (absent on the wire) when not signed, so an unsigned receipt encodes without the key.
     signature: Signature | UnsetType = UNSET
 
 
@@ -318,7 +318,7 @@ class Evidence(Struct, frozen=True, gc=False):
     ignored: dict[str, int] = {}
     # docs/contract.md section 11: events of the run its producer reported lost (events_dropped), summed.
     events_dropped: int = 0
-    # docs/contract.md section 10, present only when non-empty (so transitions without them encode as before):
+    # docs/contract.md section 10, present only when non-empty (a transition without them encodes without the keys):
     # receipts kept but not counted (unsigned, unknown key, bad signature) and the run's expectations.
     untrusted_receipt_ids: tuple[str, ...] | UnsetType = UNSET
     expectation_ids: tuple[str, ...] | UnsetType = UNSET

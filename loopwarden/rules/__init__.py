@@ -1,6 +1,6 @@
 """The functional core: stop conditions, cause derivation, precedence, the run state machine.
 
-No I/O, no clock, no faust, no prometheus: ``now_ms`` is an argument.
+No I/O, no clock, no Kafka, no metrics: ``now_ms`` is an argument.
 """
 
 from loopwarden.rules.codec import decode_state, encode_state

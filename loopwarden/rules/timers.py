@@ -48,7 +48,7 @@ class TimerQueue:
     __slots__ = ("heap", "buckets", "queued", "moved", "_entries")
     stale_slack = 1024  # stale entries allowed beyond the runs queued before a rebuild
     # A bucket this long becomes a dict (key -> key, the live entry's object). Scanning a list of 2,900 keys in
-    # held() was 15 % of the worker's CPU in bench e (py-spy, session 8): runs fired at one clock share a deadline.
+    # held() took 15 % of the worker's CPU in bench e (py-spy): runs fired at one clock share a deadline.
     bucket_index_at = 32
 
     def __init__(self) -> None:
@@ -114,7 +114,7 @@ class TimerQueue:
         elif was != deadline:  # later: the entry stays where it is
             moved = self.moved
             if run_id not in moved:  # under the key object the entry holds: a shell's new one would be a second
-                moved[self._held_at(run_id, was, run_id)] = was  # object per run (~64 B in bench c, session 7)
+                moved[self._held_at(run_id, was, run_id)] = was  # object per run (~64 B in bench c)
             queued[run_id] = deadline
 
     def _earlier(self, run_id, deadline: int, was: int) -> None:

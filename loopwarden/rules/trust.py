@@ -4,7 +4,7 @@ The shells decide trust, not the core: before a decoded ``outcome_receipt`` is a
 with ``LOOPWARDEN_TRUSTED_VERIFIERS`` or ``LOOPWARDEN_TRUSTED_OUTCOMES_TOPIC`` set decides it
 (``loopwarden.trust``: by the channel the receipt came on, or by its signature) and hands the core
 either a :class:`TrustedReceipt` saying how it was trusted or an :class:`UntrustedReceipt` naming why
-not. With neither setting the shell hands over the receipt itself: it counts, as before. Checking a
+not. With neither setting the shell hands over the receipt itself: it counts. Checking a
 signature is pure computation, but the keys are configuration, and the core stays a function of
 events alone: the same untrusted receipt gives the same result in the worker and in replay.
 """

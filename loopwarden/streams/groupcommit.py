@@ -6,8 +6,8 @@ and recovery seeks to the further of that record and the group's committed offse
 group's offsets are for lag tools, for settling after an expansion, and for workers older than
 the record. :class:`GroupCommitter` commits them with the consumer (``AIOKafkaConsumer.commit``,
 one OffsetCommit for every owned partition behind, fenced by the group's generation) at most every
-``commit_offsets_ms``, in a task of its own: a transaction no longer carries AddOffsetsToTxn and
-TxnOffsetCommit (two of its four round trips to the coordinators).
+``commit_offsets_ms``, in a task of its own, so a transaction carries no AddOffsetsToTxn and TxnOffsetCommit (two round
+trips to the coordinators).
 
 Exactly-once holds because the offsets it commits are those of transactions already committed
 (``AssignedPartition.committed`` moves only after a commit, or over control records only:
@@ -22,8 +22,7 @@ A failed commit is logged, counted (``loopwarden_group_commits_total{result="fai
 again after the interval (1 s at least); it never drops a partition. Until one succeeds for a
 partition, ``OwnedPartition.group_behind`` stays true.
 
-``commit_offsets_ms=0`` keeps the old way, for workers older than the changelog's record sharing
-the group: the group's offsets go with every transaction (``send_offsets_to_transaction``), and
+``commit_offsets_ms=0`` is for a group shared with workers that do not read the changelog's record: the group's offsets go with every transaction (``send_offsets_to_transaction``), and
 this commits only what recovery found behind.
 """
 

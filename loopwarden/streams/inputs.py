@@ -76,7 +76,7 @@ def decode_records(records, roles, ts_limit: int, max_future_ms: int, per_topic:
                 plain = _UNCHECKED[role, None]
         if aligned:
             # decode_input's accepting path for a record without headers, inline: 0.15 µs a record, the fold 0.97x
-            # (session 25, bench/README.md "a core"); anything else, and any doubt, goes through decode_input
+            # (bench/README.md "a core"); anything else, and any doubt, goes through decode_input
             # (tests/unit/test_task_fast_paths.py: both agree).
             value = rec.value
             if not rec.headers and value.__class__ is bytes and len(value) <= MAX_EVENT_BYTES:

@@ -2,8 +2,7 @@
 
 ``GET /runs`` pages through the runs a worker holds, filtered by state and agent, in
 run-id order or oldest-in-state first. Scanning and sorting every store key per page
-(what the worker did before) blocks the consuming event loop for as long as the
-partition is large. Instead each :class:`~loopwarden.streams.task.PartitionTask` owns
+would block the consuming event loop for as long as the partition is large. Instead each :class:`~loopwarden.streams.task.PartitionTask` owns
 one :class:`RunsIndex` over its store:
 
 - **built from the restored store** (:meth:`RunsIndex.add`, called while the task

@@ -35,8 +35,8 @@ from loopwarden.streams.store import OFFSETS_KEY, PartitionStore
 
 log = logging.getLogger("loopwarden.worker")
 _encode_offsets = msgspec.msgpack.Encoder().encode
-# topic -> next offset, or [next offset, the mark's offset, timestamp, key CRC] (marks.py; records of before
-# session 10 hold the offset alone)
+# topic -> next offset, or [next offset, the mark's offset, timestamp, key CRC] (marks.py; a record written
+# without marks holds the offset alone)
 _decode_offsets = msgspec.msgpack.Decoder(dict[str, int | tuple[int, int, int, int]]).decode
 
 
@@ -171,9 +171,9 @@ async def seek_since(consumer: AIOKafkaConsumer, partitions, since_ms: int) -> N
     record stamped at or after ``since_ms``, or, with none, to the end offset it had *before* that look-up.
 
     Explicit offsets, so that no record published meanwhile is skipped: ``seek_to_end`` resolves the end
-    with a request of its own, and a record published between the look-up and its answer was never read
-    (the verifier lost one partition of two so on CI: its runs FALSE_COMPLETE, their expectations never
-    checked; 3 of 12 tries lost records in tests/integration/test_verify_kafka.py). A record that lands
+    with a request of its own, and a record published between the look-up and its answer would never be
+    read (a verifier's runs would go FALSE_COMPLETE with their expectations never checked:
+    tests/integration/test_verify_kafka.py). A record that lands
     between the two look-ups is found by the second; one after both is at or after the end taken first."""
     partitions = list(partitions)
     if not partitions:

@@ -27,7 +27,7 @@ class Watch:
     Each partition and input keeps its ``TopicPartition``, its gauge child and the lag last shown, so a turn is
     a high-watermark look-up and a comparison per partition and input, and a gauge write only when the lag
     changed. A ``TopicPartition`` and ``labels()`` per partition and input on every turn (a few hundred a
-    second at 13 kev/s) were 3.4 % of the worker's CPU in bench g (py-spy, session 12)."""
+    second at 13 kev/s) cost 3.4 % of the worker's CPU in bench g (py-spy)."""
 
     def __init__(self, consumer: AIOKafkaConsumer, tracked: dict[str, str], metrics: Metrics,
                  stall_timeout_s: float, malloc_trim_s: float) -> None:
