@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 def test_a_clean_close_prints_nothing_but_the_stats(kafka) -> None:
     """Five receipts published to a real broker, then `lw.close()`: the stats show all five published, and
-    nothing else is printed (before: `kafkajs ERROR [Connection] Connection error: KafkaSink closed`)."""
+    nothing else is printed (no `kafkajs ERROR [Connection] Connection error: KafkaSink closed`)."""
     node = _node()
     _built(node)
     from tests.integration.harness import run, unique_config

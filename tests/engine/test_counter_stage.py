@@ -70,7 +70,7 @@ def test_a_counter_stage_on_the_engine_is_exactly_once_under_sigkill(kafka, tmp_
     kept in the local store, only the changelog's tail read), else it would count again what it counted; and
     every 50 ms by the consumer, off the pipelines: a kill lands between transactions and the group's commits; and
     with getmany waiting 200 ms, so that the loop's batch is often fetched (from the group's offset) while the
-    partitions are owned and sought: before the engine took no such batch, 3 of 3 runs counted one again."""
+    partitions are owned and sought: a batch taken across the owning would be counted again."""
     tag = uuid.uuid4().hex[:8]
     config = replace(unique_config(kafka.bootstrap, partitions=IN_PARTITIONS), batch_max_records=300,
                      data_dir=str(tmp_path / "data"), store=store, commit_offsets_ms=commit_offsets_ms,

@@ -4,8 +4,8 @@ The counter stage (tests/engine/counter_stage.py) runs in this process on the re
 input partitions, partition 0's changelog long (a few hundred thousand records: seconds to
 restore). A producer with partition 0's transactional id fences the engine's; its next transaction
 fails, the partition is dropped and owned again. While that restore is under way, records
-published to partition 1 must be folded and committed: before, the retry ran inline in the loop
-under its lock, and no other partition was fed until it ended. The fenced batch is counted once.
+published to partition 1 must be folded and committed: a retry run inline in the loop, under its lock,
+would feed no other partition until it ended. The fenced batch is counted once.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def test_the_paced_sender_places_stamps_and_paces_every_message(kafka) -> None:
 def test_a_sender_that_cannot_deliver_says_so(tmp_path) -> None:
     """No broker at the address: flush raises, naming how much is not acknowledged, instead of returning.
     librdkafka's count is its queue: the message, and at times a request of its own beside it (the idempotent
-    producer's InitProducerId): 1 or 2 (a fresh clone's CI read 2 on 2026-12-03)."""
+    producer's InitProducerId): 1 or 2."""
     with Sender("127.0.0.1:1") as sender:  # closed after: else librdkafka goes on reconnecting, and logging it
         sender.send("nowhere", b"k", b"v")
         try:

@@ -67,8 +67,8 @@ def test_an_output_re_created_with_fewer_partitions_fails_the_commit_as_a_kafka_
 def test_a_producer_fenced_between_two_sends_of_a_transaction_fails_it_as_fenced(kafka) -> None:
     """Another producer takes the partition's transactional id after this one began its transaction. aiokafka's
     sender learns of the fence when it adds the first batch's partition to the transaction, fails that batch and
-    leaves the transaction; the next send then raises ``IllegalOperation`` (no Kafka error: the engine took it for a
-    bug of its own and stopped the worker, as CI saw once on 2 cores). The outbox raises the first batch's cause
+    leaves the transaction; the next send then raises ``IllegalOperation`` (no Kafka error: the engine would take it
+    for a bug of its own and stop the worker). The outbox raises the first batch's cause
     instead, ``ProducerFenced``; and a whole checkpoint's commit by a fenced producer fails so too, whichever send
     the fence is found at."""
     config = unique_config(kafka.bootstrap, partitions=2)

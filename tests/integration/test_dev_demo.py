@@ -81,7 +81,7 @@ def test_demo_twice_on_the_same_data_then_a_worker_that_exits(tmp_path: Path) ->
     assert status and all(len(line) <= 100 for line in status), first.stderr[-1500:]
     assert "docs/states.md#waiting_unrouted" in first.stderr  # the legend links each state to what to do
     assert "earlier starts" not in first.stderr
-    # every producer's runs are shown, not only the demo fleet's (before: only run-<seed>-...)
+    # every producer's runs are shown, not only the demo fleet's (run-<seed>-...)
     assert re.search(r"foreign-agent-run-1\s+-\s+->\s+RUNNING\s+started", first.stdout), first.stdout[-2000:]
 
     second = demo(tmp_path, "--web-port", str(free_port()), "--duration-s", "25")

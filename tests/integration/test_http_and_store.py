@@ -227,8 +227,8 @@ class RogueMember(threading.Thread):
 
 
 def test_a_rogue_group_member_never_gets_the_token_and_cannot_forge_a_run(kafka, tmp_path: Path) -> None:
-    """Forwarded reads once carried the caller's Bearer token to whoever claimed the partition, and its
-    forged answer came back as 200 (18 of 60). Now the token never leaves; an unsigned answer is a 502."""
+    """A member that claims a partition never receives the caller's Bearer token with a forwarded read, and
+    its unsigned (forged) answer is a 502, never a 200."""
     from dev.localkafka import free_port
     from loopwarden.streams.assignment import partition_of
 

@@ -56,8 +56,8 @@ def test_a_backlog_of_large_events_waits_within_the_byte_bound_and_reaches_repla
     """~12 MB of 40-55 KB events pre-loaded, the bound at its least (1 MiB): the loop waits for its pipelines;
     once the receipts held for alignment fill the bound alone, their input is paused (not folded out of order)
     until the steps have caught up; what waits never passes the bound by more than one fetch (4 input
-    partitions of at most ~1 MiB each); every run takes replay's path. (Before the pause, the held receipts
-    were folded as they were: ahead of their runs' run_ended.)"""
+    partitions of at most ~1 MiB each); every run takes replay's path (held receipts folded as they are
+    would go ahead of their runs' run_ended)."""
     config = unique_config(kafka.bootstrap, partitions=2)
     events = _large_runs(40)
     sizes = [len(encode(e)) for e in events]

@@ -45,8 +45,8 @@ async def _publish(config, topic: str, records: list[tuple[bytes | None, bytes, 
 @pytest.mark.parametrize("command", ["worker", "simulate"])
 def test_a_wrong_partition_count_is_one_line_and_creates_nothing(kafka, command) -> None:
     """Inputs with 4 partitions and partitions=8 (the `make dev` then `simulate` case): one line saying to
-    run with --partitions 4, exit 1, and no topic created (before: a 28-line traceback, and the worker had
-    already created its changelog with 8 partitions, so the corrected retry failed too)."""
+    run with --partitions 4, exit 1, and no topic created (a changelog created with 8 partitions would make
+    the corrected retry fail too)."""
     config = unique_config(kafka.bootstrap, partitions=4)
     asyncio.run(_create(config, {config.steps_topic: 4, config.outcomes_topic: 4}))
     wrong = replace(config, partitions=8)
@@ -162,7 +162,7 @@ def test_deadletters_prints_reason_source_and_a_preview(kafka) -> None:
 
 def test_simulate_paced_says_how_long_and_that_fast_exists(kafka) -> None:
     """Paced at event time, `simulate` says at once how long it will take and that --fast exists, then
-    shows progress (before: nothing for ten minutes)."""
+    shows progress."""
     config = unique_config(kafka.bootstrap)
     res = lw(config, "simulate", "--runs", "3", "--rate", "2", "--bad-every", "0", "--progress-every-s", "1")
     assert res.returncode == 0, res.stderr
@@ -172,8 +172,8 @@ def test_simulate_paced_says_how_long_and_that_fast_exists(kafka) -> None:
 
 
 def test_tick_without_its_topic_is_one_line_and_creates_nothing(kafka) -> None:
-    """`tick` before any worker ran: one line saying what to run, and no ticks topic auto-created (before:
-    its metadata request let a broker with auto.create.topics.enable create it with the default count)."""
+    """`tick` before any worker ran: one line saying what to run, and no ticks topic auto-created (a metadata
+    request would let a broker with auto.create.topics.enable create it with the default count)."""
     config = unique_config(kafka.bootstrap)
     res = lw(config, "tick", "--now-ms", "1780000000000")
     assert res.returncode == 1 and "Traceback" not in res.stderr

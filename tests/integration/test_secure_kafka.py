@@ -1,4 +1,4 @@
-"""Every client through a SASL_SSL listener (issue 9, part 1): a broker with TLS (a CA and certificate
+"""Every client through a SASL_SSL listener: a broker with TLS (a CA and certificate
 made in the test) and SCRAM users (created by the broker's storage tool); the worker, the publisher and
 `loopwarden tail` connect with the settings; a wrong password, CA or mechanism is one clear line."""
 

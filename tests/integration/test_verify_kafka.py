@@ -253,8 +253,8 @@ async def _rewound_and_read(bootstrap: str) -> tuple[int, int]:
 
 def test_the_verifier_reads_every_record_published_while_its_partitions_are_assigned(kafka) -> None:
     """Rewinding on assignment takes explicit offsets: records published meanwhile are all read, in every try
-    (the old ``offsets_for_times`` then ``seek_to_end`` read 39, 19 and 20 of 40 in 3 of 12 tries; CI lost one of
-    two partitions that way: its runs FALSE_COMPLETE, their expectations never checked)."""
+    (``offsets_for_times`` then ``seek_to_end`` can lose records published between the two: runs FALSE_COMPLETE,
+    their expectations never checked)."""
     for _ in range(12):
         published, read = asyncio.run(_rewound_and_read(kafka.bootstrap))
         assert read == published

@@ -15,8 +15,8 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def test_worker_told_to_stop_exits_even_when_its_broker_is_gone(tmp_path: Path) -> None:
-    """Faust's consumer can wait forever on a broker that is gone (a worker once sat 20 minutes in
-    "Consumer: Stopping..."). With LOOPWARDEN_SHUTDOWN_TIMEOUT_S the worker exits by then regardless;
+    """A Kafka client's stop can wait forever on a broker that is gone. With LOOPWARDEN_SHUTDOWN_TIMEOUT_S the
+    worker exits by then regardless;
     meanwhile aiokafka's repeated connection errors are logged once per interval, not ten a second."""
     broker = LocalKafka(tmp_path / "kafka", heap="512m")  # its own: this test kills it
     broker.start(timeout_s=120)
@@ -37,7 +37,7 @@ def test_worker_told_to_stop_exits_even_when_its_broker_is_gone(tmp_path: Path) 
     log = worker.log_path.read_text(errors="replace")
     assert code in (0, 3), (code, worker.log_tail())
     # Connection errors come ten a second while the broker is gone, worded as refused or as closed depending
-    # on the moment; the log holds one per node per 10 s whatever the wording (twice before session 7: a flake).
+    # on the moment; the log holds one per node per 10 s whatever the wording.
     assert log.count("Unable connect to node with id") == 1, worker.log_tail()
     if code == 3:  # cut short by the watchdog, and says so
         assert "did not stop within 3s" in log

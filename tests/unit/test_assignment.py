@@ -31,7 +31,7 @@ def test_a_member_that_joins_gets_the_groups_output_counts_not_its_own_reading()
 
 def test_members_that_disagree_get_the_count_most_hold_and_an_earlier_versions_data_still_reads() -> None:
     """Counts 4, 4, 1: the group holds 4; a member of an earlier version (URL alone) and its owner-map-only
-    assignment are read as before."""
+    assignment still read: its URL and its owner map."""
     a, b, c = (CoPartitionedAssignor(u) for u in ("http://a", "http://b", "http://c"))
     a.outputs, b.outputs, c.outputs = {"h": 4}, {"h": 4}, {"h": 1}
     members = _members(a, b, c)

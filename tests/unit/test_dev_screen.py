@@ -15,7 +15,7 @@ def _metrics(held: dict[str, int], started: int = 123456, dead: int = 98765) -> 
 
 
 def test_the_status_line_fits_100_columns_with_every_state_held() -> None:
-    """All ten states held in the ten thousands (before: ~210 characters) still fit, largest first."""
+    """All ten states held in the ten thousands still fit, largest first."""
     held = {s: 10_000 + i for i, s in enumerate(STATES)}
     line = status_line(_metrics(held), 300_000)
     assert len(line) <= WIDTH, (len(line), line)

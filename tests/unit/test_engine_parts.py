@@ -204,7 +204,7 @@ def test_a_batch_got_across_an_owning_is_not_taken_and_its_inputs_are_fetched_ag
 def test_a_transaction_of_an_ownership_already_dropped_leaves_the_current_one_alone() -> None:
     """A pipeline still committing when its partition was dropped and owned again must not drop the new
     ownership when its transaction then fails or is fenced (the fence would keep the partition idle for two
-    session timeouts); the same failure of the current ownership drops it as before."""
+    session timeouts); the same failure of the current ownership drops it."""
     import asyncio
 
     from loopwarden.streams.config import Config
@@ -314,7 +314,7 @@ def test_the_outbox_hands_back_each_batchs_ack_in_order_and_on_an_error_raises_i
 class _FencedAfterFirstSend(_Sends):
     """aiokafka's order when the sender finds a fence: the first batch's future fails and the transaction ends in
     one callback; the caller holds a shield of that future, which fails a turn of the loop later, and may send
-    again first (it did on CI: a metadata reply woke it in the same turn)."""
+    again first (a metadata reply can wake it in the same turn)."""
 
     def __init__(self) -> None:
         super().__init__(max_batch_size=2048)
@@ -446,7 +446,7 @@ def test_the_idle_clock_of_alignment_runs_until_the_input_waited_for_sends_a_bac
 
 
 def _limits_reading_everything(seen_ts: dict, roles: dict, per_topic: dict, lagging) -> dict:
-    """StreamTime.limits as it was before ``shown``: every item of every topic read at every fold."""
+    """StreamTime.limits without ``shown``: every item of every topic read at every fold (the reference)."""
     from loopwarden.streams.alignment import ALIGNED
 
     stream_ts = dict(seen_ts)
@@ -508,9 +508,9 @@ def test_stream_time_reads_held_records_once_and_gives_the_limits_of_reading_the
 
 def test_a_producer_slow_to_stop_is_left_stopping_in_the_background_never_cut_off() -> None:
     """close() waits ``wait_s`` for the producer's stop, then returns with the stop still running, referenced and
-    counted on the gauge until it ends. (It used to cancel the stop half-way: aiokafka's producer then counts
-    as closed but its sender goes on, asking for a deleted output's metadata, so that a broker with
-    auto.create.topics.enable creates it again at once: `topics repair` lost 5 attempts of 5 to it in CI.)"""
+    counted on the gauge until it ends. (A stop cancelled half-way leaves aiokafka's producer counted as closed
+    while its sender goes on asking for a deleted output's metadata, so that a broker with
+    auto.create.topics.enable creates it again at once, under `topics repair`.)"""
     import asyncio
 
     from prometheus_client import CollectorRegistry, Gauge

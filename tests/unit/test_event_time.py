@@ -1,4 +1,4 @@
-"""One notion of event time in both shells (docs/contract.md section 5, "Over time"; issue 18 item 3).
+"""One notion of event time in both shells (docs/contract.md section 5, "Over time").
 
 Replay and the worker's health stage (``PartitionTask`` on the event clock) must end in the same
 states for any order of arrival, late events included, and events older than the clock by more
@@ -143,7 +143,7 @@ def _seed_then_old_runs():
 
 
 def test_complete_runs_stamped_long_ago_arriving_after_a_fleet_are_complete_in_both_shells() -> None:
-    """Issue 18's case: two complete runs stamped ts 0-80 after the 2026 seed fleet end VERIFIED_COMPLETE everywhere."""
+    """Two complete runs stamped ts 0-80, arriving after the seed fleet (stamped in 2026), end VERIFIED_COMPLETE everywhere."""
     seed, old = _seed_then_old_runs()
     order = seed + old
     expected = {"old-1": ("VERIFIED_COMPLETE", "receipt"), "old-2": ("VERIFIED_COMPLETE", "receipt")}

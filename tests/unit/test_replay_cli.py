@@ -65,7 +65,7 @@ def test_missing_file_and_bad_flag_are_named(tmp_path: Path) -> None:
 
 
 def test_a_deeply_nested_line_is_skipped_and_later_lines_still_replay(tmp_path: Path) -> None:
-    """100,000 nested arrays on line 2 once crashed replay with RecursionError; now it is one invalid line."""
+    """100,000 nested arrays on line 2 are one invalid line (no RecursionError); later lines still replay."""
     good = timed(started(), step(0), ended("natural_finish", 1), receipt("rc"))
     head = json.dumps(step(1))[:-1]
     deep = head + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n"

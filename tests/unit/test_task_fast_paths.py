@@ -1,4 +1,4 @@
-"""The health stage's fold keeps two shortcuts of its own (issue 17 item 4); each agrees with what it replaces.
+"""The health stage's fold keeps two shortcuts of its own; each agrees with what it replaces.
 
 * ``inputs.merge_by_ts``: the two inputs in event-time order, a copy of ``heapq.merge`` for two lists;
 * ``inputs.decode_input`` and ``inputs.decode_records``: the unchecked decoder first, the checked one for anything
@@ -139,7 +139,7 @@ def test_events_are_counted_once_each_by_role_and_type() -> None:
 
 
 def _decode_input_checked(rec, role, ts_limit, max_future_ms):
-    """streams.inputs.decode_input as it was before its fast path: every record the checked way."""
+    """streams.inputs.decode_input without its fast path: every record the checked way (the reference)."""
     from loopwarden.codecs import InvalidEvent, decode_outcome_event, decode_step_event
     from loopwarden.streams.stage import DeadLetter, header
 

@@ -123,7 +123,7 @@ def test_a_lagging_verified_topic_holds_later_steps_back() -> None:
 
 
 def test_the_setting_adds_the_topic_to_the_layout_and_the_stage_and_nothing_without_it() -> None:
-    """Co-partitioned, wanted, watched, and a third tracked input; unset, all is as before."""
+    """Co-partitioned, wanted, watched, and a third tracked input; unset, none of these."""
     before = Config()
     assert VERIFIED not in co_partitioned(before) and VERIFIED not in wanted(before)
     assert [i.role for i in HealthStage(before, Metrics()).inputs] == ["steps", "outcomes", "ticks"]
