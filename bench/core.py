@@ -56,7 +56,7 @@ def backlog_order(part: list, chunk: int = 500) -> list:
     """A partition's records as a consumer hands a backlog over: each topic's in turn, ``chunk`` at a time (its
     fetches), not interleaved by ts. A topic read ahead moves the clock, and the other's changes are then stamped
     at one clock value: thousands of runs share their next deadline (what made ``TimerQueue.held`` scan 1,100 keys a
-    call in bench e, session 8; the ts order hides it)."""
+    call in bench e; the ts order hides it)."""
     by_topic: dict[str, list] = {}
     for r in part:
         by_topic.setdefault(r.topic, []).append(r)
@@ -164,7 +164,7 @@ def throughput(report: Report, runs: int, repeats: int) -> dict:
     report.add(bench, "replay: decode + Replay.feed", si(n / t["total"], "ev/s"), duration(t["total"] / n) + "/event")
     report.add(bench, "decode share of replay time", f"{t['decode'] / t['total']:.0%}",
                f"decode:total = 1:{t['total'] / t['decode']:.1f}")
-    ratio = t["decode"] / t["total"]  # three digits: 0.197 printed as 0.20 read as met (session 25)
+    ratio = t["decode"] / t["total"]  # three digits: 0.197 printed as 0.20 would read as met
     report.add(bench, "ratio replay : decode-only (ev/s)", f"{ratio:.3f}",
                f"target >= 0.2: {'met' if ratio >= 0.2 else 'not met'}; decode-only = decode_input, as replay decodes")
     report.add(bench, "  the same against bare msgspec decode", f"{t['bare'] / t['total']:.2f}",

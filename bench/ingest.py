@@ -683,8 +683,8 @@ async def _rounds(bootstrap: str, broker_pid: int, workdir: Path, events: int, r
     errors: dict[str, str] = {}
     heavy = tuple(a for a in apps if a not in ("bare", "decode"))
     # A new broker spends more CPU per transaction for its first minutes (bench/README.md, "g latency"): the
-    # first app of round 1 paid for it (session 11: Quix at its defaults 21.8 kev/s first in round 1, 27.4 and
-    # 26.3 later). Each app once over the backlog first, not counted.
+    # first app of round 1 would pay for it (Quix at its defaults: 21.8 kev/s first in round 1, 27.4 and 26.3
+    # later). Each app once over the backlog first, not counted.
     plan = [(-1, heavy)] * warmup + [(i, apps[i % len(apps):] + apps[:i % len(apps)]) for i in range(rounds)]
     for i, order in plan:
         progress(f"[e] round {i + 1}/{rounds}: {', '.join(order)}" if i >= 0 else

@@ -293,7 +293,7 @@ class Round:
 
                 await sender.paced(list(zip(messages, events)), rate_eps, send_one)
                 sender.flush()
-        else:  # as fast as it goes: the backlogs the memory rows are read over (their buffering as since session 7)
+        else:  # as fast as it goes: the backlogs the memory rows are read over
             async with Publisher(self.config.bootstrap, self.config.steps_topic, self.config.outcomes_topic) as pub:
                 for m, ev in zip(messages, events):
                     await pub.publish_raw(topics[m.topic], m.key, value_of(m, ev, int(time.time() * 1000)))

@@ -192,7 +192,7 @@ async def one_app(app: str, bootstrap: str, workdir: Path, rate: float, warm_s: 
             env.update(ingest_bench.alt_env())
         argv = [sys.executable, "-m", "loopwarden.cli", "worker"]
         # The output too (as the worker would make it: plain, PARTITIONS): the reader subscribes before the worker
-        # is up, and aiokafka logged "Topic ... not found in cluster metadata" 8-10 times a run (session 25).
+        # is up, and aiokafka would log "Topic ... not found in cluster metadata" 8-10 times a run.
         await create_topics(bootstrap, [steps, outcomes, output])
         stamp = "value"
     else:
@@ -259,7 +259,7 @@ async def one_app(app: str, bootstrap: str, workdir: Path, rate: float, warm_s: 
         k1 = cpu_s(broker_pid) if broker_pid else float("nan")
         j1 = jit_cpu_s(broker_pid) if broker_pid else float("nan")
         sender.flush()
-        sent_s += time.monotonic() - tb1  # until the last one was acknowledged, as before
+        sent_s += time.monotonic() - tb1  # until the last one was acknowledged
         c0, before = mark.get("c0"), mark.get("before")
         tm0, b0 = mark.get("tm0", 0.0), mark.get("b0", 0.0)
         res["sent_eps"] = len(messages) / sent_s
@@ -310,9 +310,9 @@ def warm_up(kafka, workdir: Path, rate: float, runs: tuple[int, int] = WARMUP_RU
     the broker's share settles within 10 % of the run before.
 
     A new broker compiles Kafka's code for minutes: HotSpot's C2 thread took 20-60 % of a core through the first
-    1.5-2 minutes of load here (session 13), and the same worker's p50 fell from 121 to 39-42 ms, its p99 from
-    320-540 to 89-98 ms, as it finished (bench/README.md "g latency"). The old rule (the broker's share within 10 %
-    of the run before) stopped after 2 runs at 110 % and 110 %: both runs were compiling."""
+    1.5-2 minutes of load here, and the same worker's p50 fell from 121 to 39-42 ms, its p99 from 320-540 to
+    89-98 ms, as it finished (bench/README.md "g latency"). The broker's share alone (within 10 % of the run
+    before) can settle while it compiles: two runs at 110 % and 110 % were both compiling."""
     shares: list[tuple[float, float]] = []
     for i in range(runs[1]):
         progress(f"[g]   warm-up {i + 1}: a worker at {si(rate, 'ev/s')} for {WARMUP_S:.0f} s, not counted ...")

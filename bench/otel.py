@@ -21,7 +21,7 @@ never asserted anywhere):
   ``agent.steps``: the fold beside the fold, neither with Kafka (bench a has the worker's fold on
   the fleet; ``--kafka`` measures both stages on a broker);
 - worker core: ``Replay.feed`` over the same events (the rules alone).
-Targets (issue 19): bridge >= 0.2x decode-only in spans/s, and its events/s >= the worker's.
+Targets: bridge >= 0.2x decode-only in spans/s, and its events/s >= the worker's.
 """
 
 from __future__ import annotations

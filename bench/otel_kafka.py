@@ -2,7 +2,7 @@
 
 ``python -m bench.otel_kafka [--runs N] [--rounds R]`` (also ``python -m bench.run --only otel``)
 
-"The bridge is not the bottleneck of the pair" (issue 19) compares what the bridge produces with
+"The bridge is not the bottleneck of the pair" compares what the bridge produces with
 what the worker takes in, both as they run: on Kafka, exactly-once, with their transactions. Per
 round, on one local broker (the ingest bench's, ``bench/ingest.py``), rotating the order:
 

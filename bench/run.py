@@ -108,11 +108,11 @@ def main(argv: list[str] | None = None) -> int:
             pace = args.pace_eps or (max_eps / 2 if max_eps else size["pace_eps"])
             processor_e2e(report, workdir, size["kafka_runs"], size["kafka_rounds"], partitions=4,
                           paced_runs=max(size["paced_runs"], int(pace * size["paced_s"] / 6.5)), pace_eps=pace)
-        if "verify" in only:  # issue 21: checks/s of `loopwarden verify`, signature checks in the worker's fold
+        if "verify" in only:  # checks/s of `loopwarden verify`, signature checks in the worker's fold
             from bench.verify import verify_rows
 
             verify_rows(report, quick=args.quick)
-        if "otel" in only:  # issue 19: spans/s through the OpenTelemetry bridge against bare decoding and the worker
+        if "otel" in only:  # spans/s through the OpenTelemetry bridge against bare decoding and the worker
             from bench.otel import otel_rows
             from bench.otel_kafka import otel_kafka
 

@@ -3,7 +3,7 @@
 The latency benches feed an app a stream at a fixed rate on a machine of two cores that the app, the
 broker and the bench share. Sending each message from asyncio with aiokafka (a ``send`` and a timed
 sleep per message) cost the bench 55 % of a core and still fell behind: at 33.5 kev/s asked it sent
-20.7 kev/s (session 11, bench/README.md "g latency"), and what it took from the cores the app and the
+20.7 kev/s (bench/README.md "g latency"), and what it took from the cores the app and the
 broker waited for. Here ``produce`` is one C call that queues the message; librdkafka's own threads
 batch and send (``linger.ms`` 5, as the aiokafka sender had: the same for every app). The pace is
 kept in turns: each turn sends every message due by now. Each message is stamped with the wall-clock

@@ -1,4 +1,4 @@
-"""Bench of trusted receipts (issue 21): checks per second, and what signature checks cost the worker.
+"""Bench of trusted receipts: checks per second, and what signature checks cost the worker.
 
 ``python -m bench.verify [--quick]``
 
@@ -11,7 +11,7 @@ b. **trust cost**: the worker's fold without Kafka (``PartitionTask.fold``, batc
    no trust setting (every receipt counts); ``LOOPWARDEN_TRUSTED_VERIFIERS`` (each receipt's signature
    checked); ``LOOPWARDEN_TRUSTED_OUTCOMES_TOPIC`` (the receipts on the verifiers' own topic, trusted by
    channel: docs/receipts.md). Also the cost of one check (canonical bytes + Ed25519 verify) and of the
-   canonical bytes alone. Target (issue 21): ingest with trust >= 95 % of ingest without; the channel
+   canonical bytes alone. Target: ingest with trust >= 95 % of ingest without; the channel
    meets it, a per-message signature cannot (one verify costs more than a whole run's fold).
 """
 
