@@ -105,7 +105,7 @@ test('causes, fired ids and error names per case of the research note', () => {
     'timeout-step': ['timeout', [], 'TimeoutError'],
     'stream-natural': ['natural_finish', [], null],
     'generate-text-done': ['stop_condition', ['tool_call:done'], null],
-    // issue 20: provider errors on every path, aborts and timeouts inside tools, provider tools,
+    // provider errors on every path, aborts and timeouts inside tools, provider tools,
     // a stream whose consumer stops reading
     'stream-provider-error': ['error', [], 'Error'],
     'agent-stream-provider-error': ['error', [], 'Error'],

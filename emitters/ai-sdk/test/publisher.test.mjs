@@ -117,8 +117,8 @@ async function trouble(mode, arg) {
 }
 
 test('a broker that accepts TCP and never answers: close(2000) returns within its budget and the process can exit', async () => {
-  // Before: close(2000) took 22-27 s (it awaited kafkajs' pending connect) and the process stayed
-  // alive >= 90 s (a socket and kafkajs' request-timeout interval held the event loop).
+  // Awaiting kafkajs' pending connect would take 22-27 s, and a socket and kafkajs' request-timeout
+  // interval would hold the event loop >= 90 s: the sink destroys its sockets instead.
   const { code, out, exitAfterMs } = await trouble('hung', 2000);
   assert.equal(code, 0);
   assert.ok(out.closeMs <= 2500, `close(2000) took ${out.closeMs} ms`);
@@ -130,7 +130,7 @@ test('a broker that accepts TCP and never answers: close(2000) returns within it
 });
 
 test('Kafka down: the client logs a few single lines through the sink logger, never stack traces', async () => {
-  // Before: kafkajs wrote 48 ERROR lines with stack traces to stderr in 14 s.
+  // kafkajs' own logger would write ~48 ERROR lines with stack traces to stderr in 14 s.
   const { code, out, stderr } = await trouble('down', 4000);
   assert.equal(code, 0);
   assert.ok(out.stats.sinkErrors >= 3, 'the sink kept failing');
@@ -173,7 +173,7 @@ test('KafkaSink hands kafkajs lines to the logger it is given', async () => {
   await assert.rejects(sink.send([{ topic: 't', key: 'k', value: '{}' }]), /closed/);
 });
 
-// --- loss is never silent (spec.md section 11, issue 20) -------------------------------------------
+// --- loss is never silent (docs/contract.md section 11) -------------------------------------------
 
 const ev = (key, type, n = 0) => ({ topic: 'agent.steps', key, value: JSON.stringify({ type, run_id: key, n }) });
 const lossReport = (key, count) => ({ topic: 'agent.steps', key, value: JSON.stringify({ type: 'events_dropped', run_id: key, count }) });

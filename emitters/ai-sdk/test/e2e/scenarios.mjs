@@ -478,7 +478,7 @@ export const SCENARIOS = {
     return 'FALSE_COMPLETE';
   },
 
-  // --- producer fidelity II (issue 20): provider errors, aborts inside tools, provider tools, ---
+  // --- producer fidelity II: provider errors, aborts inside tools, provider tools, ---
   // --- streams nobody reads --------------------------------------------------------------------
 
   // streamText whose second step carries an `error` part ("overloaded") and then finishes: the
