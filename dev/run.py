@@ -26,6 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 from dev.localkafka import LocalKafka, fetch, free_port, port_free
+from loopwarden.codecs.states import STATE_TABLE
 from loopwarden.docs_links import state_action, state_doc
 from loopwarden.streams.clients import COLORS, format_transition
 from loopwarden.streams.config import Config, from_env
@@ -41,8 +42,7 @@ make dev: what you see
         .venv/bin/loopwarden deadletters --broker {broker}
 """
 # The status line's short names (it must fit 100 columns with all ten states held).
-SHORT = {"RUNNING": "RUN", "WAITING": "WAIT", "WAITING_UNROUTED": "UNRT", "STUCK": "STCK", "BOUNDED_STOP": "BND",
-         "FAILED": "FAIL", "VERIFYING": "VRFY", "VERIFIED_COMPLETE": "OK", "FALSE_COMPLETE": "FLS", "UNCERTAIN": "UNC"}
+SHORT = {s.name: s.short for s in STATE_TABLE}
 WIDTH = 100
 
 

@@ -127,8 +127,10 @@ def test_the_boards_badges_are_the_rows_colours_and_readable() -> None:
 
 
 def test_the_board_the_terminal_and_the_links_say_what_the_row_says() -> None:
-    """The board's action line, tail's colour and docs_links' guide of a state come from its row."""
+    """The board's action line, tail's colour, docs_links' guide and the demo's short name (at most 4 characters,
+    one per state) of a state come from its row."""
     stuck = FACTS["STUCK"]
     assert fleet.ACTIONS["STUCK"] == "Inspect the last durable progress: " + stuck.meaning + "."
     assert list(fleet.ACTIONS) == list(COLORS) == list(STATE_GUIDE) == list(STATES)
     assert COLORS["STUCK"] == stuck.ansi and STATE_GUIDE["STUCK"] == (stuck.meaning, stuck.do)
+    assert all(len(s.short) <= 4 for s in STATE_TABLE) and len({s.short for s in STATE_TABLE}) == len(STATE_TABLE)
