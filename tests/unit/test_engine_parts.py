@@ -411,8 +411,8 @@ def test_the_idle_clock_of_alignment_runs_until_the_input_waited_for_sends_a_bac
     """``max.task.idle.ms``: records held while the lagging input drains a backlog (records written more than
     ``align_max_ms`` ago, in as many small batches as it takes) wait as long as that takes; held with nothing
     from it, or with only fresh records of a live input, for ``align_max_ms``, or ``HOLD_MAX`` of them, they
-    are folded without waiting. (Counting from when holding began let a backlog slower than 1 s to drain fold
-    its receipts before their runs' steps: 95 of 400 runs took another path on a loaded machine.)"""
+    are folded without waiting. (Counted from when holding began, a backlog slower than 1 s to drain would fold
+    its receipts before their runs' steps.)"""
     from collections import namedtuple
 
     from loopwarden.streams.alignment import HOLD_MAX, Alignment
