@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from loopwarden.otel.spans import JSONTEXT, KNOWN, Refused, is_json
+from loopwarden.otel.spans import JSONTEXT, KNOWN, STRS, Refused, is_json
 
 MAX_DESCRIBED_SPANS = 2_000  # the rest of a huge message is counted, not described
 HEADERS = (("content-type", b"application/json"),)
@@ -82,12 +82,13 @@ def _header(headers, name: str) -> str | None:
     return None
 
 
-def _scalar(value: Any) -> Any:
-    """A mapped attribute's value as described: scalars (and lists of them) as they are, anything else by type."""
+def _scalar(value: Any, key: str = "") -> Any:
+    """A mapped attribute's value as described: a scalar as it is, a string array only where the mapping reads
+    one (finish reasons), anything else by its type (a container under a scalar key was never read)."""
     if value is None or isinstance(value, (str, int, float, bool)):
         return value if not isinstance(value, str) else value[:200]
-    if isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float, bool)) for v in value):
-        return [v[:200] if isinstance(v, str) else v for v in value[:16]]
+    if KNOWN.get(key) == STRS and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return [v[:200] for v in value[:16]]
     return f"<{type(value).__name__}>"
 
 
@@ -127,7 +128,7 @@ def _proto_shape(data: bytes, by_span: dict[str, str]) -> tuple[list, int]:
                     budget.omitted += 1
                     continue
                 budget.left -= 1
-                attrs = {kv.key[:200]: _scalar(_proto_value(kv.value)) if kv.key in SHOWN else None
+                attrs = {kv.key[:200]: _scalar(_proto_value(kv.value), kv.key) if kv.key in SHOWN else None
                          for kv in sp.attributes}
                 events = [{"exception": ev.name == "exception",
                            "attributes": {kv.key[:200]: (_scalar(_proto_value(kv.value))
@@ -174,7 +175,7 @@ def _json_shape(data: bytes, by_span: dict[str, str]) -> tuple[list, int] | None
                 for kv in _list(sp.get("attributes")):
                     if isinstance(kv, dict):
                         key = kv.get("key")
-                        attrs[str(key)[:200]] = _scalar(any_value(kv.get("value"))) if key in SHOWN else None
+                        attrs[str(key)[:200]] = _scalar(any_value(kv.get("value")), key) if key in SHOWN else None
                 events = []
                 for ev in _list(sp.get("events")):
                     if isinstance(ev, dict):

@@ -144,3 +144,13 @@ def test_a_key_that_is_no_trace_id_is_not_copied():
     b = Bridge()
     out = b.task.fold([Rec(b"\xff not protobuf", 0, key=SECRET.encode())])
     assert out.deadletters[0].record.key is None
+
+
+def test_an_error_quotes_a_mapped_scalar_but_never_a_container():
+    """A wrong-typed mapped attribute is quoted when it is a scalar, named only by its type when it is a container."""
+    b = Bridge()
+    tid = trace_id()
+    out = b.fold([traces(span(tid, "chat m", 0, 1, gen_ai__operation__name="chat", gen_ai__agent__name=[SECRET]))])
+    (dead,) = out.deadletters
+    assert "attribute 'gen_ai.agent.name' must be a string, got a list" in dead.error and SECRET not in dead.error
+    assert SECRET.encode() not in dead.record.value
