@@ -25,9 +25,11 @@ $(VENV)/.installed: pyproject.toml
 kafka: python
 	$(PY) -m dev.localkafka fetch
 
-# The OpenTelemetry Collector the bridge's tests run (deploy/otel-collector.yaml): the otlp receiver and
-# the contrib kafka exporter, built once from their Go modules (dev/otelcol, all at one release) into
-# .tools/otelcol; rebuilt only when dev/otelcol changes. Go's module and build caches make a rebuild cheap.
+# The OpenTelemetry Collector the bridge's tests run (deploy/otel-collector.yaml): the otlp receiver, the
+# batch and memory_limiter processors, the contrib transform and filter processors (they strip content
+# before Kafka) and the contrib kafka exporter, built once from their Go modules (dev/otelcol, all at one
+# release) into .tools/otelcol; rebuilt only when dev/otelcol changes. Go's module and build caches make a
+# rebuild cheap.
 otelcol: .tools/otelcol
 .tools/otelcol: dev/otelcol/main.go dev/otelcol/go.mod dev/otelcol/go.sum
 	@command -v go >/dev/null || { echo "go not found: the OpenTelemetry Collector is built from its Go modules (install Go >= 1.24)"; exit 1; }

@@ -1,18 +1,24 @@
-// The OpenTelemetry Collector loopwarden documents and tests: the OTLP receiver and the contrib Kafka
-// exporter, nothing else, built from the collector's own Go modules (all at one release, go.mod).
-// `make otelcol` builds it once into .tools/otelcol.
+// The OpenTelemetry Collector loopwarden documents and tests, built from the collector's own Go modules
+// (all at one release, go.mod): the OTLP receiver; the batch and memory_limiter processors; the contrib
+// transform (OTTL) and filter processors, which strip content before it reaches Kafka
+// (deploy/otel-collector.yaml); the contrib Kafka exporter. `make otelcol` builds it once into .tools/otelcol.
 package main
 
 import (
 	"log"
 
 	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/kafkaexporter"
+	"github.com/open-telemetry/opentelemetry-collector-contrib/processor/filterprocessor"
+	"github.com/open-telemetry/opentelemetry-collector-contrib/processor/transformprocessor"
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/confmap"
 	"go.opentelemetry.io/collector/confmap/provider/envprovider"
 	"go.opentelemetry.io/collector/confmap/provider/fileprovider"
 	"go.opentelemetry.io/collector/exporter"
 	"go.opentelemetry.io/collector/otelcol"
+	"go.opentelemetry.io/collector/processor"
+	"go.opentelemetry.io/collector/processor/batchprocessor"
+	"go.opentelemetry.io/collector/processor/memorylimiterprocessor"
 	"go.opentelemetry.io/collector/receiver"
 	"go.opentelemetry.io/collector/receiver/otlpreceiver"
 	"go.opentelemetry.io/collector/service/telemetry/otelconftelemetry"
@@ -23,19 +29,26 @@ func components() (otelcol.Factories, error) {
 	if err != nil {
 		return otelcol.Factories{}, err
 	}
+	processors, err := otelcol.MakeFactoryMap[processor.Factory](
+		batchprocessor.NewFactory(), memorylimiterprocessor.NewFactory(),
+		transformprocessor.NewFactory(), filterprocessor.NewFactory())
+	if err != nil {
+		return otelcol.Factories{}, err
+	}
 	exporters, err := otelcol.MakeFactoryMap[exporter.Factory](kafkaexporter.NewFactory())
 	if err != nil {
 		return otelcol.Factories{}, err
 	}
 	return otelcol.Factories{
-		Receivers: receivers,
-		Exporters: exporters,
-		Telemetry: otelconftelemetry.NewFactory(),
+		Receivers:  receivers,
+		Processors: processors,
+		Exporters:  exporters,
+		Telemetry:  otelconftelemetry.NewFactory(),
 	}, nil
 }
 
 func main() {
-	info := component.BuildInfo{Command: "otelcol", Description: "loopwarden's OpenTelemetry Collector (otlp receiver, kafka exporter)", Version: "0.165.0"}
+	info := component.BuildInfo{Command: "otelcol", Description: "loopwarden's OpenTelemetry Collector (otlp receiver; batch, memory_limiter, transform, filter processors; kafka exporter)", Version: "0.165.0"}
 	settings := otelcol.CollectorSettings{
 		BuildInfo: info,
 		Factories: components,

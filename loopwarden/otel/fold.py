@@ -25,6 +25,7 @@ import msgspec
 from loopwarden.codecs.events import (
     Approval,
     Custom,
+    EventsDropped,
     Policy,
     RunEnded,
     RunStarted,
@@ -65,6 +66,8 @@ class RunProgress(msgspec.Struct, array_like=True, gc=False):
     last_tool_error: bool = False  # ... and whether it was a tool call in ERROR
     close_ms: int = 0  # the run span arrived: run_ended is due at this processing time (0: not yet arrived)
     open_ms: int = 0  # no span has named the agent yet: run_started waits until this processing time
+    lost: int = 0  # spans of the run the decoder refused (Span.lost) ...
+    lost_sent: int = 0  # ... and how many of them an events_dropped already reported
 
 
 class TraceState(msgspec.Struct, array_like=True, gc=False):
@@ -181,6 +184,11 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
             after_end += 1
             del known[span.span_id]
             continue
+        if span.lost:  # a refused span costs itself: its run reports the loss; a run span still closes its run
+            progress.lost += 1
+            touched[run] = None
+            if role != ROLE_RUN:
+                continue
         if role != ROLE_RUN:
             if span.start_ns < progress.last_step_start:  # older than a step already published
                 late += 1
@@ -281,6 +289,10 @@ def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: in
         progress.started = True
         out.events.append(RunStarted(run_id=run_id, ts=_ms(_first_start(state, run)), agent=agent,
                                      policy=_policy(row, run_span, progress)))
+    if progress.lost > progress.lost_sent:  # the worker then judges the run UNCERTAIN (producer_dropped)
+        out.events.append(EventsDropped(run_id=run_id, ts=_ms(_first_start(state, run)),
+                                        count=progress.lost - progress.lost_sent))
+        progress.lost_sent = progress.lost
     opened = [known[i] for i in progress.open if i in known]
     models = sorted((x for x in opened if x.role == ROLE_MODEL), key=_order)
     tools = sorted((x for x in opened if x.role == ROLE_TOOL), key=_order)

@@ -9,10 +9,13 @@ approval marker, exception types). Every other attribute — prompts, messages, 
 arguments and results, anything a runtime adds — is skipped unread (in JSON it is
 not even parsed), so no content can reach an event.
 
-A message that cannot be trusted whole is refused whole: :class:`BadTraces` names
-the reason (a bounded code, for the dead-letter header and the metric) and the
-value. One bad span refuses its message, since the message's other spans may be
-just as wrong and the dead letter keeps them all byte for byte.
+A message that is not TracesData is refused whole: :class:`BadTraces` names the
+reason (a bounded code, for the dead-letter header and the metric). A span that
+cannot be trusted (an id, its times, a mapped attribute of the wrong type) costs
+that span only: given a ``refused`` list, the decoders record it there as a
+:class:`Refused` and put a placeholder in its place (``Span.lost``: its ids and role,
+which place the loss on its run) instead of refusing the message. Errors name a
+mapped attribute's value only when it is a scalar; no other value is ever quoted.
 """
 
 from __future__ import annotations
@@ -114,6 +117,19 @@ class Span(msgspec.Struct, array_like=True, frozen=True, gc=False):
     tool_id: str = ""
     approval: bool = False  # the runtime marked this tool call as deferred for approval
     exceptions: tuple[str, ...] = ()  # exception types recorded on the span (error.type first)
+    # The reason the decoder refused the span ("": a sound span). A refused span is a placeholder: it
+    # links its children and tells its run of the loss, and is never a step or a tool call.
+    lost: str = ""
+
+
+class Refused(msgspec.Struct, frozen=True, gc=False):
+    """A span the decoder could not trust: where it was and why ("" for an id it could not read)."""
+
+    trace_id: str
+    span_id: str
+    parent_id: str
+    reason: str  # a bounded code, as BadTraces.reason
+    error: str
 
 
 def _cut(text: str) -> str:
@@ -147,8 +163,13 @@ def _check_hex(text: Any, size: int, what: str, where: str, allow_empty: bool = 
 
 
 def _wrong(key: str, want: str, got: Any, where: str) -> BadTraces:
-    shown = repr(got)
-    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    # A mapped attribute's scalar is shown (a token count sent as a string); a container only by its type,
+    # since what it holds was never read.
+    if isinstance(got, (str, int, float, bool)):
+        shown = repr(got)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    else:
+        shown = f"a {type(got).__name__}"
     return BadTraces("bad_attribute", f"attribute {key!r} must be {want}, got {shown} ({where})")
 
 
@@ -290,12 +311,12 @@ def _proto_ids(sp, hex_ids: dict[bytes, str]) -> tuple[str, str, str]:
     return trace_id, span_id, parent_id
 
 
-def decode_proto(data: bytes) -> list[Span]:
+def decode_proto(data: bytes, refused: list[Refused] | None = None) -> list[Span]:
     """The hot path (docs/opentelemetry.md, "Performance"): each upb field read costs ~0.1-0.2 us, so only
     the mapped attributes' values are read, the common types inline (a nonzero ``string_value`` or
     ``int_value`` is the one the oneof holds), the row of a known scope chosen once per ScopeSpans, the
     status message read only on an ERROR span. :func:`decode_proto_reference` is the plain version;
-    tests/unit/test_otel_bridge.py checks that both agree on generated messages."""
+    tests/unit/test_otel_bridge.py checks that both agree on generated messages. ``refused``: see the module."""
     traces = _parse_proto(data)
     out: list[Span] = []
     append = out.append
@@ -309,51 +330,57 @@ def decode_proto(data: bytes) -> list[Span]:
             scope = f"{scope_name}@{version}" if version else scope_name
             found = by_scope.get(scope_name)  # the row of every span of the scope, or None: chosen per span
             for sp in ss.spans:
-                raw_tid = sp.trace_id
-                trace_id = hex_ids.get(raw_tid)
-                raw = sp.span_id
-                if trace_id is not None and len(raw) == 8 and raw != ZERO8:
-                    span_id = raw.hex()
-                    raw = sp.parent_span_id
-                    if not raw:
-                        parent_id = ""
-                    elif len(raw) == 8 and raw != ZERO8:
-                        parent_id = raw.hex()
+                try:
+                    raw_tid = sp.trace_id
+                    trace_id = hex_ids.get(raw_tid)
+                    raw = sp.span_id
+                    if trace_id is not None and len(raw) == 8 and raw != ZERO8:
+                        span_id = raw.hex()
+                        raw = sp.parent_span_id
+                        if not raw:
+                            parent_id = ""
+                        elif len(raw) == 8 and raw != ZERO8:
+                            parent_id = raw.hex()
+                        else:
+                            parent_id = _hex_id(raw, 8, "parent span id", f"span {span_id} of trace {trace_id}")
                     else:
-                        parent_id = _hex_id(raw, 8, "parent span id", f"span {span_id} of trace {trace_id}")
-                else:
-                    trace_id, span_id, parent_id = _proto_ids(sp, hex_ids)
-                attrs: dict[str, Any] = {}
-                for kv in sp.attributes:
-                    key = kv.key
-                    kind = known.get(key)
-                    if kind is None:
-                        continue  # never read: content, or nothing a row maps
-                    v = kv.value
-                    if kind is STR:
-                        x = v.string_value
-                        if x or v.WhichOneof("value") == "string_value":
-                            attrs[key] = x
-                            continue
-                    elif kind is INT:
-                        x = v.int_value
-                        if 0 < x <= MAX_TOKENS:
-                            attrs[key] = x
-                            continue
-                    attrs[key] = _proto_checked(key, kind, v, span_id, trace_id)
-                exceptions: list[str] | tuple[()] = ()
-                if sp.events:
-                    exceptions = []
-                    for ev in sp.events:
-                        if ev.name == "exception":
-                            for kv in ev.attributes:
-                                if kv.key == "exception.type":
-                                    exceptions.append(_proto_checked("exception.type", STR, kv.value, span_id, trace_id))
-                status = sp.status
-                code = status.code
-                append(_build(trace_id, span_id, parent_id, sp.name, sp.start_time_unix_nano, sp.end_time_unix_nano,
-                              code, attrs, exceptions, scope, scope_name,
-                              status.message if code == STATUS_ERROR else "", found))
+                        trace_id, span_id, parent_id = _proto_ids(sp, hex_ids)
+                    attrs: dict[str, Any] = {}
+                    for kv in sp.attributes:
+                        key = kv.key
+                        kind = known.get(key)
+                        if kind is None:
+                            continue  # never read: content, or nothing a row maps
+                        v = kv.value
+                        if kind is STR:
+                            x = v.string_value
+                            if x or v.WhichOneof("value") == "string_value":
+                                attrs[key] = x
+                                continue
+                        elif kind is INT:
+                            x = v.int_value
+                            if 0 < x <= MAX_TOKENS:
+                                attrs[key] = x
+                                continue
+                        attrs[key] = _proto_checked(key, kind, v, span_id, trace_id)
+                    exceptions: list[str] | tuple[()] = ()
+                    if sp.events:
+                        exceptions = []
+                        for ev in sp.events:
+                            if ev.name == "exception":
+                                for kv in ev.attributes:
+                                    if kv.key == "exception.type":
+                                        exceptions.append(
+                                            _proto_checked("exception.type", STR, kv.value, span_id, trace_id))
+                    status = sp.status
+                    code = status.code
+                    append(_build(trace_id, span_id, parent_id, sp.name, sp.start_time_unix_nano, sp.end_time_unix_nano,
+                                  code, attrs, exceptions, scope, scope_name,
+                                  status.message if code == STATUS_ERROR else "", found))
+                except BadTraces as exc:
+                    if refused is None:
+                        raise
+                    _refuse_proto(sp, scope, scope_name, exc, out, refused)
     return out
 
 
@@ -379,6 +406,49 @@ def decode_proto_reference(data: bytes) -> list[Span]:
                                   sp.end_time_unix_nano, sp.status.code, attrs, exceptions, scope, scope_name,
                                   sp.status.message))
     return out
+
+
+def _refuse_proto(sp, scope: str, scope_name: str, exc: BadTraces, out: list[Span], refused: list[Refused]) -> None:
+    """A protobuf span the fast path refused: recorded, and its placeholder added when its ids are readable."""
+    raw_tid, raw_sid, raw_pid = sp.trace_id, sp.span_id, sp.parent_span_id
+    trace_id = raw_tid.hex() if len(raw_tid) == 16 else ""
+    span_id = raw_sid.hex() if len(raw_sid) == 8 else ""
+    parent_id = raw_pid.hex() if len(raw_pid) == 8 else ""
+    refused.append(Refused(trace_id, span_id, parent_id, exc.reason, str(exc)))
+    try:
+        trace_id, span_id, parent_id = _proto_ids(sp, {})
+    except BadTraces:
+        return  # no run to tell: the loss is counted only
+    attrs = {}
+    for kv in sp.attributes:
+        kind = KNOWN.get(kv.key)
+        if kind is not None:
+            try:
+                attrs[kv.key] = _checked(kv.key, kind, _proto_value(kv.value), "")
+            except BadTraces:
+                pass  # the attribute that refused the span
+    exceptions = []
+    for ev in sp.events:
+        if ev.name == "exception":
+            for kv in ev.attributes:
+                if kv.key == "exception.type" and kv.value.WhichOneof("value") == "string_value":
+                    exceptions.append(kv.value.string_value)
+    code = sp.status.code
+    out.append(_placeholder(trace_id, span_id, parent_id, sp.name, sp.start_time_unix_nano, sp.end_time_unix_nano,
+                            code, attrs, exceptions, scope, scope_name, sp.status.message if code == STATUS_ERROR else "",
+                            exc.reason))
+
+
+def _placeholder(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int, end_ns: int, status: int,
+                 attrs: dict[str, Any], exceptions: list[str], scope: str, scope_name: str, status_message: str,
+                 reason: str) -> Span:
+    """A refused span's placeholder: what could be read of it, ``lost`` = why it was refused. Times that are
+    no span's become its latest one (the task moves a time still ahead of its clock back to it)."""
+    if start_ns <= 0 or end_ns < start_ns:
+        start_ns = end_ns = max(start_ns, end_ns, 1)
+    span = _build(trace_id, span_id, parent_id, name, start_ns, end_ns, status, attrs, exceptions, scope, scope_name,
+                  status_message)
+    return msgspec.structs.replace(span, lost=reason)
 
 
 def _proto_checked(key: str, kind: str, v, span_id: str, trace_id: str) -> Any:
@@ -494,7 +564,7 @@ def _nanos(value: int | str, where: str) -> int:
         raise BadTraces("bad_span_time", f"span time {value[:40]!r} is not an integer ({where})") from None
 
 
-def decode_json(data: bytes) -> list[Span]:
+def decode_json(data: bytes, refused: list[Refused] | None = None) -> list[Span]:
     try:
         traces = _json_traces.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
@@ -506,41 +576,84 @@ def decode_json(data: bytes) -> list[Span]:
             scope_name = ss.scope.name
             scope = f"{scope_name}@{ss.scope.version}" if ss.scope.version else scope_name
             for sp in ss.spans:
-                trace_id = _check_hex(sp.trace_id, 16, "trace id", f"span {str(sp.span_id)[:32]!r}")
-                span_id = _check_hex(sp.span_id, 8, "span id", f"trace {trace_id}")
-                where = f"span {span_id} of trace {trace_id}"
-                parent_id = _check_hex(sp.parent_span_id, 8, "parent span id", where, allow_empty=True)
-                attrs: dict[str, Any] = {}
-                for kv in sp.attributes:
-                    kind = known.get(kv.key)
-                    if kind is not None:
-                        attrs[kv.key] = _checked(kv.key, kind, _json_value(kv.value), where)
-                exceptions = [
-                    _checked("exception.type", STR, _json_value(kv.value), where)
-                    for ev in sp.events if ev.name == "exception"
-                    for kv in ev.attributes if kv.key == "exception.type"
-                ]
-                out.append(_build(trace_id, span_id, parent_id, sp.name, _nanos(sp.start_time_unix_nano, where),
-                                  _nanos(sp.end_time_unix_nano, where), sp.status.code, attrs, exceptions,
-                                  scope, scope_name, sp.status.message))
+                try:
+                    trace_id = _check_hex(sp.trace_id, 16, "trace id", f"span {str(sp.span_id)[:32]!r}")
+                    span_id = _check_hex(sp.span_id, 8, "span id", f"trace {trace_id}")
+                    where = f"span {span_id} of trace {trace_id}"
+                    parent_id = _check_hex(sp.parent_span_id, 8, "parent span id", where, allow_empty=True)
+                    attrs: dict[str, Any] = {}
+                    for kv in sp.attributes:
+                        kind = known.get(kv.key)
+                        if kind is not None:
+                            attrs[kv.key] = _checked(kv.key, kind, _json_value(kv.value), where)
+                    exceptions = [
+                        _checked("exception.type", STR, _json_value(kv.value), where)
+                        for ev in sp.events if ev.name == "exception"
+                        for kv in ev.attributes if kv.key == "exception.type"
+                    ]
+                    out.append(_build(trace_id, span_id, parent_id, sp.name, _nanos(sp.start_time_unix_nano, where),
+                                      _nanos(sp.end_time_unix_nano, where), sp.status.code, attrs, exceptions,
+                                      scope, scope_name, sp.status.message))
+                except BadTraces as exc:
+                    if refused is None:
+                        raise
+                    _refuse_json(sp, scope, scope_name, exc, out, refused)
                 if len(out) > MAX_SPANS_PER_MESSAGE:
                     raise BadTraces("oversized", f"more than {MAX_SPANS_PER_MESSAGE} spans in one message")
     return out
+
+
+def _refuse_json(sp: _JSpan, scope: str, scope_name: str, exc: BadTraces, out: list[Span],
+                 refused: list[Refused]) -> None:
+    """An OTLP/JSON span refused: recorded, and its placeholder added when its ids and times are readable."""
+    def readable(text: Any, size: int) -> str:
+        try:
+            return _check_hex(text, size, "", "", allow_empty=True)
+        except BadTraces:
+            return ""
+
+    trace_id, span_id, parent_id = readable(sp.trace_id, 16), readable(sp.span_id, 8), readable(sp.parent_span_id, 8)
+    refused.append(Refused(trace_id, span_id, parent_id, exc.reason, str(exc)))
+    if not trace_id or not span_id or (sp.parent_span_id and not parent_id):
+        return  # no run to tell: the loss is counted only
+    try:
+        start_ns, end_ns = _nanos(sp.start_time_unix_nano, ""), _nanos(sp.end_time_unix_nano, "")
+    except BadTraces:
+        return
+    attrs = {}
+    for kv in sp.attributes:
+        kind = KNOWN.get(kv.key)
+        if kind is not None:
+            try:
+                attrs[kv.key] = _checked(kv.key, kind, _json_value(kv.value), "")
+            except BadTraces:
+                pass  # the attribute that refused the span
+    exceptions = [x for ev in sp.events if ev.name == "exception" for kv in ev.attributes
+                  if kv.key == "exception.type" and isinstance(x := _json_value(kv.value), str)]
+    out.append(_placeholder(trace_id, span_id, parent_id, sp.name, start_ns, end_ns, sp.status.code, attrs,
+                            exceptions, scope, scope_name, sp.status.message, exc.reason))
 
 
 PROTO = "application/x-protobuf"
 JSON = "application/json"
 
 
-def decode_traces(data: bytes, content_type: str | None = None) -> list[Span]:
+def decode_traces(data: bytes, content_type: str | None = None, refused: list[Refused] | None = None) -> list[Span]:
     """The spans of one ``otlp_spans`` message, content-free; :class:`BadTraces` if it is not TracesData.
 
     ``content_type``: the message's ``content-type`` header when present; without one, a message
-    starting with ``{`` is OTLP/JSON (a TracesData protobuf starts with field 1's tag, 0x0a)."""
+    starting with ``{`` is OTLP/JSON (a TracesData protobuf starts with field 1's tag, 0x0a).
+    ``refused``: where a span that cannot be trusted goes (with a placeholder among the spans) instead
+    of refusing the message."""
     if not data:
         raise BadTraces("not_traces_data", "empty message")
-    if content_type is not None and "json" in content_type.lower():
-        return decode_json(data)
-    if content_type is None and data.lstrip(b" \t\r")[:1] == b"{":  # protobuf's first byte is 0x0a ("\n")
-        return decode_json(data)
-    return decode_proto(data)
+    if is_json(data, content_type):
+        return decode_json(data, refused)
+    return decode_proto(data, refused)
+
+
+def is_json(data: bytes, content_type: str | None) -> bool:
+    """Whether a message is OTLP/JSON (else protobuf): its content-type header, else its first byte."""
+    if content_type is not None:
+        return "json" in content_type.lower()
+    return data.lstrip(b" \t\r")[:1] == b"{"  # protobuf's first byte is 0x0a ("\n")

@@ -14,12 +14,13 @@ had no new span for ``Limits.trace_retention_s`` (at a punctuation, when caught 
 What the engine's adapter does with a :class:`BridgeBatch`, in one transaction: produce
 ``outputs`` (``partition`` None: the default murmur2 partitioner over ``agent.steps``, so a
 run's events land where the worker expects them), produce ``deadletters`` to the dead-letter
-topic byte for byte with the worker's headers (reason, error, source topic, partition, offset),
+topic with the worker's headers (reason, error, source topic, partition, offset): each stands for its
+record with a content-free description of it (loopwarden.otel.deadletter), never the message's bytes,
 write ``changes`` to the stage's changelog (key = trace id in hex; None = tombstone), commit
 ``offsets``; after the commit apply ``changes`` to the store and call :meth:`BridgeTask.committed`.
 Call ``fold([], punctuate=True, caught_up=...)`` once per tick interval, as for the worker's
 timers. ``counts`` keys: ``("invalid", "otlp_spans", reason)``, ``("otel", label)`` with label in
-``spans``, ``span_duplicate``, ``span_late``, ``span_after_end``, ``span_trace_full``,
+``spans``, ``span_refused``, ``span_duplicate``, ``span_late``, ``span_after_end``, ``span_trace_full``,
 ``runs_ended``, ``traces_expired``, ``runs_unended``, ``message_not_keyed_by_trace`` (the exporter
 lacks ``partition_traces_by_id``), and ``("otel_event", event type)``;
 :attr:`BridgeTask.traces` is the number of traces held (a gauge).
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from loopwarden.codecs.events import RunEnded, RunStarted, StepFinished
+from loopwarden.codecs.events import EventsDropped, RunEnded, RunStarted, StepFinished
 from loopwarden.otel.fold import (
     Limits,
     TraceState,
@@ -46,7 +47,8 @@ from loopwarden.otel.fold import (
     next_close,
     unended_runs,
 )
-from loopwarden.otel.spans import BadTraces, Span, decode_traces
+from loopwarden.otel.deadletter import describe
+from loopwarden.otel.spans import BadTraces, Refused, Span, decode_traces
 from loopwarden.streams.batch import wall_clock_ms
 from loopwarden.streams.stage import DeadLetter, Output, Record, TaskBase, header
 
@@ -58,8 +60,21 @@ DECODE_BLOCK = 64  # records decoded before they are folded
 _encode_event = msgspec.json.Encoder().encode
 _new_output = tuple.__new__
 # the counts label of each event type the fold publishes
-_EVENT_LABEL = {t: ("otel_event", t.__struct_config__.tag) for t in (RunStarted, StepFinished, RunEnded)}
+_EVENT_LABEL = {t: ("otel_event", t.__struct_config__.tag) for t in (RunStarted, StepFinished, RunEnded,
+                                                                           EventsDropped)}
 JSON_HEADERS = (("content-type", b"application/json"),)
+
+
+@dataclass(frozen=True)
+class _Placed:
+    """A record reduced to its place: what a dead letter keeps when its description cannot be made."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: None = None
+    value: bytes = b""
+    headers: tuple = ()
 
 
 @dataclass
@@ -157,29 +172,65 @@ class BridgeTask(TaskBase):  # one input: nothing held back for another (TaskBas
         return out
 
     def _decode(self, rec: Record, now: int, out: BridgeBatch) -> list[Span] | None:
-        """A record's spans; None when it is dead-lettered (added to ``out``)."""
+        """A record's spans; None when none is left to fold. A message that is not TracesData is dead-lettered;
+        a span that cannot be trusted (a bad id, time or mapped attribute; an end further ahead of this clock
+        than ``max_future_ms``) costs itself: its placeholder tells its run of the loss (``Span.lost``), and the
+        message is dead-lettered too, so the operator sees what was refused and why."""
         value = rec.value if rec.value is not None else b""
+        refused: list[Refused] = []
         try:
             if len(value) > self.max_message_bytes:
                 raise BadTraces("oversized", f"message of {len(value)} bytes is over max_message_bytes="
                                              f"{self.max_message_bytes}")
-            spans = decode_traces(value, header(rec.headers, "content-type") if rec.headers else None)
-            if not spans:
+            spans = decode_traces(value, header(rec.headers, "content-type") if rec.headers else None, refused)
+            if not spans and not refused:
                 raise BadTraces("not_traces_data", "no spans in the message")
-            latest = max([s.end_ns for s in spans]) // 1_000_000
-            if latest > now + self.max_future_ms:
-                raise BadTraces("ts_in_future", f"a span ends at {latest} ms, {(latest - now) / 1000:.0f} s ahead "
-                                                f"of this bridge's clock (at most {self.max_future_ms / 1000:g} s)")
-            return spans
+            if spans:
+                latest = max([s.end_ns for s in spans]) // 1_000_000
+                if latest > now + self.max_future_ms:
+                    spans = self._refuse_future(spans, now, refused)
         except BadTraces as exc:
-            out.deadletters.append(DeadLetter(rec, exc.reason, str(exc)))
-            out.counts["invalid", "otlp_spans", exc.reason] += 1
-            log.warning("dead-lettered %s[%d]@%d (%s): %s", rec.topic, rec.partition, rec.offset, exc.reason, exc)
+            self._dead(rec, exc.reason, str(exc), refused, out)
+            return None
         except Exception as exc:  # a bug of ours must not stop the partition nor lose the message
             log.exception("internal error on %s[%d]@%d; dead-lettered", rec.topic, rec.partition, rec.offset)
-            out.deadletters.append(DeadLetter(rec, "internal_error", f"{type(exc).__name__}: {exc}"))
-            out.counts["invalid", "otlp_spans", "internal_error"] += 1
-        return None
+            self._dead(rec, "internal_error", f"{type(exc).__name__}: {exc}", [], out)
+            return None
+        if refused:
+            out.counts["otel", "span_refused"] += len(refused)
+            first = refused[0]
+            self._dead(rec, first.reason, f"{len(refused)} span(s) refused, the rest folded; the first: {first.error}",
+                       refused, out)
+        return spans or None
+
+    def _refuse_future(self, spans: list[Span], now: int, refused: list[Refused]) -> list[Span]:
+        """``spans`` with each one ending too far ahead of this clock refused: the worker would refuse its
+        events, so it becomes a placeholder ending now (a host whose clock is ahead costs its spans only)."""
+        limit_ns = (now + self.max_future_ms) * 1_000_000
+        now_ns = now * 1_000_000
+        kept = []
+        for s in spans:
+            if s.end_ns > limit_ns:
+                if not s.lost:  # (a placeholder ahead is already refused: its times are moved back only)
+                    ahead = (s.end_ns // 1_000_000 - now) / 1000
+                    refused.append(Refused(s.trace_id, s.span_id, s.parent_id, "ts_in_future",
+                                           f"span {s.span_id} of trace {s.trace_id} ends {ahead:.0f} s ahead of "
+                                           f"this bridge's clock (at most {self.max_future_ms / 1000:g} s)"))
+                s = msgspec.structs.replace(s, start_ns=min(s.start_ns, now_ns), end_ns=now_ns,
+                                            lost=s.lost or "ts_in_future")
+            kept.append(s)
+        return kept
+
+    def _dead(self, rec: Record, reason: str, error: str, refused: list[Refused], out: BridgeBatch) -> None:
+        """Dead-letter ``rec`` as its content-free description (its bytes hold the runtime's content)."""
+        try:
+            stand_in = describe(rec, reason, error, refused)
+        except Exception:  # describing must not lose the message either: its place and the error suffice
+            log.exception("cannot describe %s[%d]@%d", rec.topic, rec.partition, rec.offset)
+            stand_in = describe(_Placed(rec.topic, rec.partition, rec.offset), reason, error)
+        out.deadletters.append(DeadLetter(stand_in, reason, error))
+        out.counts["invalid", "otlp_spans", reason] += 1
+        log.warning("dead-lettered %s[%d]@%d (%s): %s", rec.topic, rec.partition, rec.offset, reason, error)
 
     def _fold_decoded(self, decoded: list[tuple[Record, list[Span]]], now: int, out: BridgeBatch) -> None:
         """Fold decoded messages, in offset order, into their traces' states."""

@@ -50,7 +50,8 @@ class Config:
     trusted_outcomes_without_acl: bool = False
     # Output: health transitions (read it with isolation.level=read_committed).
     health_topic: str = "agent.health"
-    # Output: bad input, byte for byte, with the error in headers (`loopwarden deadletters` reads it).
+    # Output: bad input, byte for byte (spans: a content-free description), with the error in headers
+    # (`loopwarden deadletters` reads it).
     deadletter_topic: str = "agent.deadletter"
     # Internal: one tick per owned partition drives timers in stream order.
     ticks_topic: str = "loopwarden.ticks"
