@@ -112,9 +112,10 @@ def tail_filter(args: argparse.Namespace):
     from loopwarden.codecs import STATES
 
     for state in args.states or ():
-        if state not in STATES:
+        if state.upper() not in STATES:  # any case: `--state false_complete` means FALSE_COMPLETE
             raise SystemExit(f"loopwarden tail: --state {state!r} is not a health state; one of {', '.join(STATES)}")
-    run_ids, states, agents = set(args.run_ids or ()), set(args.states or ()), set(args.agents or ())
+    run_ids, agents = set(args.run_ids or ()), set(args.agents or ())
+    states = {state.upper() for state in args.states or ()}
 
     def keep(t: dict) -> bool:
         return ((not run_ids or t["run_id"] in run_ids) and (not states or t["to_state"] in states)
@@ -134,6 +135,14 @@ def format_transition(t: dict, color: bool) -> str:
 async def _tail(config: Config, args: argparse.Namespace) -> int:
     from aiokafka import AIOKafkaConsumer
 
+    from loopwarden.streams.exceptions import TopicLayoutError
+    from loopwarden.streams.topics import partition_count
+
+    # asked with an admin request first: a consumer's metadata request for a missing topic lets a broker
+    # with auto.create.topics.enable create it, and a reader must never create a topic
+    if not await partition_count(config, config.health_topic):
+        raise TopicLayoutError(f"topic {config.health_topic} does not exist (check --health-topic / "
+                               "LOOPWARDEN_HEALTH_TOPIC; a worker creates it)")
     consumer = AIOKafkaConsumer(config.health_topic, **client_options(config),
                                 auto_offset_reset="earliest" if args.from_beginning else "latest",
                                 enable_auto_commit=False, group_id=None, isolation_level="read_committed")

@@ -100,7 +100,8 @@ def _transition(run_id: str, seq: int, to: str, agent: str) -> bytes:
 
 
 def test_tail_filters_by_run_state_and_agent(kafka) -> None:
-    """`tail --run-id/--state/--agent` print only the matching transitions; a wrong --state is one line."""
+    """`tail --run-id/--state/--agent` print only the matching transitions, --state in any case; a wrong
+    --state is one line."""
     config = unique_config(kafka.bootstrap)
     asyncio.run(ensure_topics(config))
     records = [(b"a", _transition("a", 1, "RUNNING", "invoice"), None), (b"a", _transition("a", 2, "STUCK", "invoice"), None),
@@ -117,8 +118,25 @@ def test_tail_filters_by_run_state_and_agent(kafka) -> None:
     assert tail("--agent", "invoice") == [("a", "RUNNING"), ("a", "STUCK"), ("c", "RUNNING")]
     assert tail("--run-id", "b", "--run-id", "c") == [("b", "RUNNING"), ("b", "STUCK"), ("c", "RUNNING")]
     assert tail("--state", "STUCK", "--agent", "triage") == [("b", "STUCK")]
-    res = lw(config, "tail", "--state", "stuck")
-    assert res.returncode == 1 and res.stderr.strip().startswith("loopwarden tail: --state 'stuck' is not a health state")
+    assert tail("--state", "stuck") == [("a", "STUCK"), ("b", "STUCK")]
+    res = lw(config, "tail", "--state", "stuk")
+    assert res.returncode == 1 and res.stderr.strip().startswith("loopwarden tail: --state 'stuk' is not a health state")
+
+
+def test_tail_on_a_missing_topic_says_so_and_creates_nothing(kafka) -> None:
+    """`tail --health-topic <typo>` on a broker that auto-creates topics: one line saying the topic does not
+    exist, exit 1, and the topic is still missing afterwards (a reader never creates a topic)."""
+    from loopwarden.streams.topics import partition_count
+
+    config = unique_config(kafka.bootstrap)
+    typo = config.health_topic + "-typo"
+    res = lw(config, "tail", "--health-topic", typo, "--idle-exit-s", "2")
+    assert res.returncode == 1, res.stderr
+    assert "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines() == [
+        f"loopwarden tail: topic {typo} does not exist (check --health-topic / LOOPWARDEN_HEALTH_TOPIC; "
+        "a worker creates it)"]
+    assert asyncio.run(partition_count(config, typo)) is None
 
 
 def test_deadletters_prints_reason_source_and_a_preview(kafka) -> None:
