@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 
@@ -86,9 +87,40 @@ async def _simulate(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _simulate_one(config: Config, args: argparse.Namespace, expect_file: str | None) -> int:
+    from loopwarden.publisher import Publisher
+    from loopwarden.simulate import one_run
+    from loopwarden.streams.topics import ensure_topics
+
+    await ensure_topics(config)
+    async with Publisher(config.bootstrap, config.steps_topic, config.outcomes_topic,
+                         options=client_options(config)) as pub:
+        _connected()
+        for m in one_run(args.one, int(time.time() * 1000), expect_file):
+            await pub.publish_raw(config.steps_topic, m.key, m.value)
+        await pub.flush()
+    expecting = f"; it expects {expect_file}" if expect_file else ""
+    print(f"loopwarden simulate: published run {args.one!r}: started, one step, ended{expecting}", file=sys.stderr)
+    return 0
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from loopwarden.simulate import fleet
 
+    if args.expect_file is not None and args.one is None:
+        raise SystemExit("loopwarden simulate: --expect-file is for one run: give --one RUN_ID too")
+    if args.one is not None:
+        from loopwarden.codecs import InvalidEvent, decode_step_event
+        from loopwarden.simulate import one_run
+
+        expect_file = None if args.expect_file is None else os.path.abspath(args.expect_file)
+        try:
+            for m in one_run(args.one, int(time.time() * 1000), expect_file):
+                decode_step_event(m.value)  # a run id or path the processor would refuse is said here, named
+        except InvalidEvent as exc:
+            raise SystemExit(f"loopwarden simulate: --one {args.one!r}: {exc}") from None
+        config = _config(args)
+        return _client("simulate", config, lambda: _simulate_one(config, args, expect_file))
     if args.runs < 1 or not 0 < args.rate < float("inf"):
         raise SystemExit(f"loopwarden simulate: --runs must be >= 1 and --rate > 0, got {args.runs} and {args.rate}")
     if args.out:

@@ -103,6 +103,11 @@ def add_commands(sub) -> None:
     p.add_argument("--bad-every", type=int, default=100, help="one invalid message after every N runs (0: none)")
     p.add_argument("--progress-every-s", type=float, default=10.0,
                    help="while paced, a progress line this often (0: none; default 10)")
+    p.add_argument("--one", metavar="RUN_ID", help="publish one run instead of a fleet: started, one step, ended "
+                   "naturally, stamped now (docs/first-receipt.md)")
+    p.add_argument("--expect-file", dest="expect_file", metavar="PATH",
+                   help="with --one: the run declares this file as its outcome (outcome_expected, kind file, "
+                        "min_size 1) for `loopwarden verify` to check")
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("tail", help="print transitions from agent.health", epilog=_states_epilog(),
