@@ -30,7 +30,16 @@ class _UntilConnected(logging.Filter):
         if text.startswith("Unable connect to "):
             self.last_error = text.split(": ", 1)[-1]
             return False  # the command's own line says it, with this reason
+        if any(name in text for name in STARTING):
+            return False  # a fresh cluster electing leaders and coordinators: aiokafka retries, nothing is wrong
         return self.passthrough
+
+
+# Errors aiokafka logs (some as ERROR) and retries while a cluster, or a topic just created, elects its
+# leaders and group coordinator: held back until the command has connected (for the worker: recovered
+# its first assignment); after that they pass, as they then say a broker moved.
+STARTING = ("GroupCoordinatorNotAvailable", "NotLeaderForPartition", "LeaderNotAvailable", "NotCoordinator",
+            "CoordinatorLoadInProgress", "Marking the coordinator dead")
 
 
 _STARTUP = _UntilConnected()

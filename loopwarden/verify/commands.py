@@ -75,8 +75,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     from loopwarden.streams.cliutil import port_in_use, port_taken
 
+    from aiokafka.errors import KafkaConnectionError
+
     try:
         asyncio.run(main())
+    except KafkaConnectionError as exc:
+        raise SystemExit(f"loopwarden verify: cannot connect to Kafka at {config.broker}: {exc}; is the broker up? "
+                         "(--broker, or broker in the config)") from None
     except OSError as exc:
         if not port_in_use(exc):
             raise
