@@ -30,6 +30,7 @@ from pathlib import Path
 from dev.localkafka import LocalKafka, fetch, free_port, port_free
 from loopwarden.docs_links import state_action, state_doc
 from loopwarden.streams.clients import COLORS, format_transition
+from loopwarden.streams.cliutil import plural
 from loopwarden.streams.config import Config, from_env
 from loopwarden.streams.topics import ensure_topics
 
@@ -67,10 +68,6 @@ def _metrics(web_port: int) -> dict[str, float]:
                 name, value = line.rsplit(" ", 1)
                 out[name] = float(value)
         return out
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def status_line(metrics: dict[str, float], runs: int, seen: int) -> str:

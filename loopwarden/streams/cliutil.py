@@ -74,6 +74,11 @@ def cannot_connect(command: str, config: Config, exc: BaseException) -> str:
     return f"loopwarden {command}: cannot connect to Kafka at {config.broker}: {reason}; {hint}"
 
 
+def plural(n: int, word: str) -> str:
+    """``1 partition``, ``4 partitions``: a count and its noun (a regular plural)."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def port_in_use(exc: BaseException) -> bool:
     """Whether ``exc`` is a listening socket's bind failing on a port another process holds."""
     return isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE

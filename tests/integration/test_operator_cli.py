@@ -158,7 +158,7 @@ def test_deadletters_prints_reason_source_and_a_preview(kafka) -> None:
     assert f"undecodable  from {config.steps_topic}[2]@17  key=bad-1  9 B" in res.stdout
     assert "text: {not json" in res.stdout
     assert "hex: 00 ff 10 62 69 6e 61 72 79" in res.stdout
-    assert "2 dead letter(s)" in res.stderr
+    assert "2 dead letters" in res.stderr
     res = lw(config, "deadletters", "--json")
     letters = [json.loads(line) for line in res.stdout.splitlines()]
     assert [(d["reason"], d["source"], d["preview_kind"]) for d in letters] == [
@@ -224,3 +224,13 @@ def test_topics_repair_asks_on_a_terminal_and_does_nothing_without_a_yes(kafka) 
     yes = answer("y\n")
     assert yes.returncode == 0 and "repaired: " in yes.stdout, yes.stdout + yes.stderr
     assert asyncio.run(read_layout(config)).ok
+
+
+def test_topics_check_says_one_partition_in_the_singular(kafka) -> None:
+    """A layout of one partition per topic is "1 partition, ok", not "1 partitions"."""
+    config = unique_config(kafka.bootstrap, partitions=1)
+    asyncio.run(ensure_topics(config))
+    res = lw(config, "topics", "check")
+    assert res.returncode == 0, res.stderr
+    assert f"{config.steps_topic}" in res.stdout and "1 partition, ok" in res.stdout
+    assert "1 partitions" not in res.stdout
