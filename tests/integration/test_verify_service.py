@@ -294,3 +294,36 @@ def test_the_python_publisher_sends_expectations_and_signed_receipts(kafka) -> N
     got = decode_outcome_event(outs[0].value)
     assert got == signed and TrustedVerifiers.parse(key.setting).why_untrusted(got) is None
     assert os.environ.get("LOOPWARDEN_TRUSTED_VERIFIERS") is None
+
+
+def test_the_verifier_waits_for_the_steps_topic_and_never_creates_it(kafka, tmp_path: Path) -> None:
+    """`loopwarden verify` started before any worker, on a broker that auto-creates topics, says it waits
+    for the steps topic and leaves it missing (a reader never creates a topic); SIGTERM stops it cleanly."""
+    import signal
+
+    from tests.integration.harness import run, unique_config
+    from loopwarden.streams.topics import partition_count
+
+    config = unique_config(kafka.bootstrap)
+    SigningKey.generate("v").save(str(tmp_path / "v.key"))
+    path = tmp_path / "verify.toml"
+    path.write_text(f"broker = '{kafka.bootstrap}'\nsigning_key = '{tmp_path / 'v.key'}'\n"
+                    f"steps_topic = '{config.steps_topic}'\noutcomes_topic = '{config.outcomes_topic}'\n"
+                    f"web_port = {free_port()}\n")
+    proc = subprocess.Popen([*LW, "verify", "--config", str(path)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        line = ""
+        while "waiting for topic" not in line:
+            assert time.monotonic() < deadline and proc.poll() is None, line
+            line = proc.stderr.readline()
+        assert config.steps_topic in line
+        time.sleep(3)
+        assert run(partition_count(config, config.steps_topic)) is None
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and "Traceback" not in err, err
+        assert run(partition_count(config, config.steps_topic)) is None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
