@@ -29,8 +29,8 @@ def test_the_status_line_fits_100_columns_with_every_state_held() -> None:
 
 
 def test_the_status_line_counts_the_fleets_runs_seen_and_says_one_dead_letter() -> None:
-    """Runs seen count, not run_started events (a fleet's runs without one would leave it short of N, as
-    292/300); one dead letter is singular."""
+    """The line counts the fleet's runs seen, not run_started events (a run that never sent one is a run
+    all the same, and the fleet has some); one dead letter is singular."""
     line = status_line(_metrics({"VERIFIED_COMPLETE": 300}, started=292, dead=1), 300, 300)
     assert line == "make dev: 300/300 runs · OK 300 · 1 dead letter"
 
