@@ -112,8 +112,10 @@ test-node-lowest: node
 test-unit: python
 	$(PY) -m pytest tests/unit
 
-# The README's main command: local Kafka + worker + simulated fleet, transitions shown live.
-dev: setup
+# The README's main command: local Kafka + worker + simulated fleet, transitions shown live. It needs only
+# what the README lists for it (Python for the venv, Java and Maven for the broker's jars): the test-only
+# tools (node, otelcol, promtool, postgresql, chromium) are `make test`'s (tests/unit/test_makefile.py).
+dev: python kafka
 	$(PY) -m dev.run
 
 replay-seed: python

@@ -5,9 +5,11 @@ Lives in dev/ with the broker helper: a checkout's demo, not part of the install
 
 Each start publishes a fleet with run ids of its own (the seed is the start time), so a second
 start on the same broker data shows a live fleet: transitions already on agent.health when it starts
-are counted in one line, not shown again; every later one is shown, whoever produced the run. Every port falls back to a free one when taken; if the worker exits, the demo
-stops with the worker's last log lines. A status line every ``--status-every-s`` seconds tells runs
-started of the fleet, runs held by state and dead letters.
+are counted in one line, not shown again; every later one is shown, whoever produced the run. Every
+port falls back to a free one when taken; if the worker exits, the demo stops with the worker's last
+log lines. The demo creates its topics (4 partitions each) before any reader or writer starts, so
+none is auto-created by the broker with another count. A status line every ``--status-every-s``
+seconds tells the fleet's runs seen (a transition shown), runs held by state and dead letters.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from dev.localkafka import LocalKafka, fetch, free_port, port_free
 from loopwarden.codecs.states import STATE_TABLE
 from loopwarden.docs_links import state_action, state_doc
 from loopwarden.streams.clients import COLORS, format_transition
+from loopwarden.streams.cliutil import plural
 from loopwarden.streams.config import Config, from_env
+from loopwarden.streams.topics import ensure_topics
 
 LEGEND = """\
 make dev: what you see
@@ -44,6 +48,7 @@ make dev: what you see
 # The status line's short names (it must fit 100 columns with all ten states held).
 SHORT = {s.name: s.short for s in STATE_TABLE}
 WIDTH = 100
+PARTITIONS = 4  # of every topic the demo creates
 
 
 def legend_states(color: bool) -> str:
@@ -65,16 +70,18 @@ def _metrics(web_port: int) -> dict[str, float]:
         return out
 
 
-def status_line(metrics: dict[str, float], runs: int) -> str:
-    """``make dev: x/N runs · RUN n STCK n … · n dead letters`` (runs started, held by state) from a worker's metrics, at most
-    WIDTH columns (the least held states give way to ``+k more`` if it would not fit)."""
-    started = sum(v for k, v in metrics.items() if k.startswith("loopwarden_events_total{") and 'type="run_started"' in k)
+def status_line(metrics: dict[str, float], runs: int, seen: int) -> str:
+    """``make dev: x/N runs · RUN n STCK n … · n dead letters`` (the fleet's runs seen, runs held by state from a
+    worker's metrics), at most WIDTH columns (the least held states give way to ``+k more`` if it would not fit).
+
+    ``seen`` counts the fleet's runs with a transition shown, not ``run_started`` events: some of the fleet's
+    runs never send one (a producer that lost it), and they are runs all the same."""
     held = Counter()
     for k, v in metrics.items():
         if k.startswith("loopwarden_runs{") and v:
             held[k.split('state="')[1].split('"')[0]] += int(v)
     dead = sum(v for k, v in metrics.items() if k.startswith("loopwarden_invalid_events_total{"))
-    head, tail = f"make dev: {int(started)}/{runs} runs ·", f" · {int(dead)} dead letters"
+    head, tail = f"make dev: {seen}/{runs} runs ·", f" · {plural(int(dead), 'dead letter')}"
     parts = [f"{SHORT.get(s, s)} {n}" for s, n in held.most_common()]
     for keep in range(len(parts), -1, -1):
         more = f" +{len(parts) - keep} more" if keep < len(parts) else ""
@@ -85,7 +92,8 @@ def status_line(metrics: dict[str, float], runs: int) -> str:
 
 
 async def _show(config: Config, stop_at: float | None, worker: subprocess.Popen, args) -> int:
-    """Tail agent.health from the beginning: earlier starts' transitions counted, every later one shown."""
+    """Tail agent.health from the beginning: earlier starts' transitions counted, every later one shown; the
+    status line counts this start's fleet (``run-<seed>-``) by the runs shown."""
     from aiokafka import AIOKafkaConsumer
 
     from aiokafka import TopicPartition
@@ -102,6 +110,8 @@ async def _show(config: Config, stop_at: float | None, worker: subprocess.Popen,
     boundary = await consumer.end_offsets([TopicPartition(config.health_topic, p) for p in range(n)]) if n else {}
     boundary = {tp.partition: off for tp, off in boundary.items()}
     color = sys.stdout.isatty()
+    fleet = f"run-{args.seed}-"
+    seen: set[str] = set()
     earlier = 0
     said_earlier = False
     next_status = time.monotonic() + args.status_every_s
@@ -125,10 +135,12 @@ async def _show(config: Config, stop_at: float | None, worker: subprocess.Popen,
                             print(f"make dev: {earlier} transitions of earlier starts on this broker's data not shown "
                                   f"(--clean starts empty)", file=sys.stderr, flush=True)
                     print(format_transition(t, color), flush=True)
+                    if t["run_id"].startswith(fleet):
+                        seen.add(t["run_id"])
             if time.monotonic() >= next_status:
                 next_status = time.monotonic() + args.status_every_s
                 try:
-                    print(status_line(_metrics(args.web_port), args.runs), file=sys.stderr, flush=True)
+                    print(status_line(_metrics(args.web_port), args.runs, len(seen)), file=sys.stderr, flush=True)
                 except OSError:
                     pass  # the worker is still starting
         return 0
@@ -151,8 +163,12 @@ def run(args: argparse.Namespace) -> int:
     kafka = LocalKafka(Path(args.dir), port=port)
     print(f"make dev: starting Apache Kafka on 127.0.0.1:{port} (data in {args.dir}) ...", file=sys.stderr, flush=True)
     kafka.start(timeout_s=120)
-    env = {**os.environ, "LOOPWARDEN_BROKER": kafka.bootstrap, "LOOPWARDEN_PARTITIONS": "4"}
-    seed = int(time.time() * 1000) % 10**9  # run ids of this start: run-<seed>-...
+    env = {**os.environ, "LOOPWARDEN_BROKER": kafka.bootstrap, "LOOPWARDEN_PARTITIONS": str(PARTITIONS)}
+    config = from_env({"broker": kafka.bootstrap, "partitions": PARTITIONS})
+    # Made here, before the worker, the fleet and the reader below: the broker would auto-create a topic
+    # a reader asks for first with 1 partition (dev/kafka/server.properties).
+    asyncio.run(ensure_topics(config))
+    seed = args.seed = int(time.time() * 1000) % 10**9  # run ids of this start: run-<seed>-...
     procs: list[subprocess.Popen] = []
     lw = [sys.executable, "-m", "loopwarden.cli"]
     try:
@@ -171,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
         stop_at = time.monotonic() + args.duration_s if args.duration_s else None
         try:
-            return asyncio.run(_show(from_env({"broker": kafka.bootstrap}), stop_at, worker, args))
+            return asyncio.run(_show(config, stop_at, worker, args))
         except KeyboardInterrupt:
             return 0
     finally:

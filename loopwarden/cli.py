@@ -84,20 +84,31 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def needs_extra(what: str, module: str, extra: str = "processor") -> None:
+    """Stop in one line naming the extra to install when ``module`` (a dependency of ``what``) is missing:
+    the base install (msgspec only) replays and prints the schema; the rest comes with an extra."""
+    if importlib.util.find_spec(module) is None:
+        raise SystemExit(f"loopwarden {what} needs the '{extra}' extra ({module}): pip install 'loopwarden[{extra}]'")
+
+
 def _verifiers(text: str | None):
     """The trusted verifiers of a ``--trusted-verifiers`` flag, else of LOOPWARDEN_TRUSTED_VERIFIERS; None when neither."""
-
-    from loopwarden.trust import ENV, TrustConfigError, TrustedVerifiers
+    env = "LOOPWARDEN_TRUSTED_VERIFIERS"  # loopwarden.trust.ENV, named here so that replay without it needs no cryptography
+    if text is None and not os.environ.get(env):
+        return None
+    needs_extra("--trusted-verifiers" if text is not None else env, "cryptography")
+    from loopwarden.trust import TrustConfigError, TrustedVerifiers
 
     try:
         if text is not None:
             return TrustedVerifiers.parse(text, "--trusted-verifiers")
-        return TrustedVerifiers.from_env(os.environ) if os.environ.get(ENV) else None
+        return TrustedVerifiers.from_env(os.environ)
     except TrustConfigError as exc:
         raise SystemExit(f"loopwarden: {exc}") from None
 
 
 def cmd_keys_new(args: argparse.Namespace) -> int:
+    needs_extra("keys", "cryptography")
     from loopwarden.trust import SigningKey, TrustConfigError
 
     try:
@@ -245,8 +256,8 @@ def set_up_process(args: argparse.Namespace) -> None:
         for name in ("aiokafka", "aiohttp.access"):  # their INFO lines (joins, coordinators) say nothing a user needs
             logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(level)))
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        _watch_startup(passthrough=True)  # the worker logs aiokafka's lines; the last error is kept for the exit line
-        args.on_recovered = _freeze_restored
+        _watch_startup(passthrough=True)  # the worker logs aiokafka's lines; a connection error only in the exit line
+        args.on_recovered = _recovered
     elif command in ("board", "verify") and args.func is not _needs_processor:  # services: they log what they do
         if command == "board":
             from loopwarden.streams.cliutil import _config
@@ -256,6 +267,12 @@ def set_up_process(args: argparse.Namespace) -> None:
             level = args.log_level.upper()
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         logging.getLogger("aiokafka").setLevel(logging.WARNING)
+        if command == "board":  # a broker it cannot reach at start is its exit line, not aiokafka's ERROR before it
+            from loopwarden.streams.cliutil import _watch_startup
+            from loopwarden.streams.logs import quiet_repeats
+
+            quiet_repeats()
+            _watch_startup(passthrough=True)
     elif command in KAFKA_COMMANDS and args.func is not _needs_processor:  # a client command: warnings only
         from loopwarden.streams.cliutil import _watch_startup
         from loopwarden.streams.logs import quiet_repeats
@@ -263,6 +280,14 @@ def set_up_process(args: argparse.Namespace) -> None:
         logging.basicConfig(level=logging.WARNING, format=f"loopwarden {command}: %(name)s: %(message)s")
         quiet_repeats()
         _watch_startup(passthrough=False)
+
+
+def _recovered() -> None:
+    """After an assignment is recovered: the broker was reached, and the restored states are frozen."""
+    from loopwarden.streams.cliutil import _connected
+
+    _connected()
+    _freeze_restored()
 
 
 def _freeze_restored() -> None:
@@ -274,12 +299,19 @@ def _freeze_restored() -> None:
 
 
 def main(argv: list[str] | None = None, processor: bool | None = None) -> int:
-    parser = build_parser(processor)
-    args, extra = parser.parse_known_args(argv)
-    if extra and args.func not in (_needs_processor, cmd_dev):  # a command without the extra takes any flags: it only explains
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    set_up_process(args)
-    return args.func(args)
+    try:
+        parser = build_parser(processor)
+        args, extra = parser.parse_known_args(argv)
+        if extra and args.func not in (_needs_processor, cmd_dev):  # a command without the extra takes any flags: it only explains
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        set_up_process(args)
+        return args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C before a command's own handler is in place (imports, start-up): no traceback
+        print("loopwarden: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (`loopwarden schema | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush of stdout is quiet
+        return 141
 
 
 if __name__ == "__main__":

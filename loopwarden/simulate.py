@@ -16,6 +16,7 @@ from loopwarden.codecs import (
     ApprovalRouted,
     Condition,
     Custom,
+    OutcomeExpected,
     OutcomeReceipt,
     Policy,
     RunEnded,
@@ -258,3 +259,17 @@ def fleet(
             out.append(Message(run.t, topic, f"bad-{i}".encode(), value, valid=False))
     out.sort(key=lambda m: m.ts)  # stable: a run's own events keep their order
     return out
+
+
+def one_run(run_id: str, now_ms: int, expect_file: str | None = None) -> list[Message]:
+    """One run that ends naturally after one step, stamped from ``now_ms``; with ``expect_file`` (an absolute
+    path) it first declares that file as its outcome, for ``loopwarden verify`` to check (docs/first-receipt.md)."""
+    ts = iter(range(now_ms, now_ms + 10))
+    events: list = [RunStarted(run_id=run_id, ts=next(ts), agent="first-run", policy=Policy(version="v1"))]
+    if expect_file is not None:
+        events.append(OutcomeExpected(run_id=run_id, ts=next(ts), expectation_id=f"{run_id}-file", kind="file",
+                                      target=f"file://{expect_file}", checks={"min_size": 1}))
+    events += [StepFinished(run_id=run_id, ts=next(ts), step=0, finish_reason="stop"),
+               RunEnded(run_id=run_id, ts=next(ts), cause="natural_finish", step_count=1, approval=None,
+                        error_name=None)]
+    return [Message(e.ts, "steps", run_id.encode(), encode(e)) for e in events]

@@ -30,7 +30,7 @@ def cmd_board(args: argparse.Namespace) -> int:
     from aiokafka.errors import KafkaConnectionError
 
     from loopwarden.board.server import run_board
-    from loopwarden.streams.cliutil import _config, cannot_connect
+    from loopwarden.streams.cliutil import _config, cannot_connect, port_in_use, port_taken
 
     config = _config(args)
     print(f"loopwarden board: broker={config.broker} topic={config.health_topic} "
@@ -40,5 +40,10 @@ def cmd_board(args: argparse.Namespace) -> int:
         return run_board(config)
     except KafkaConnectionError as exc:
         raise SystemExit(cannot_connect("board", config, exc)) from None
+    except OSError as exc:
+        if not port_in_use(exc):
+            raise
+        raise SystemExit(port_taken("board", config.web_host, config.board_port,
+                                    "choose another with --board-port (LOOPWARDEN_BOARD_PORT)")) from None
     except KeyboardInterrupt:
         return 0

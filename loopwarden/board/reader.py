@@ -68,6 +68,9 @@ class Board:
         except BaseException:
             await consumer.stop()
             raise
+        from loopwarden.streams.cliutil import _connected
+
+        _connected()  # aiokafka's own lines pass from now on
         try:
             assigned: set[int] = set()
             checked = 0.0

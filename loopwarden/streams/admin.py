@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from loopwarden.streams.cliutil import _client, _config, _connected
+from loopwarden.streams.cliutil import _client, _config, _connected, plural
 from loopwarden.streams.config import Config
 from loopwarden.streams.security import client_options
 
@@ -18,16 +18,16 @@ def _describe(layout, config: Config) -> list[str]:
     for topic in wanted(config):
         n = layout.counts.get(topic)
         if n is None:
-            note = f"missing (created with {config.partitions} partitions by the worker or `topics repair`)"
+            note = f"missing (created with {plural(config.partitions, 'partition')} by the worker or `topics repair`)"
         elif topic in layout.wrong:
-            note = f"{n} partitions: WRONG, partitions={config.partitions}"
+            note = f"{plural(n, 'partition')}: WRONG, partitions={config.partitions}"
         elif topic in co_partitioned(config):
-            note = f"{n} partitions, ok"
+            note = f"{plural(n, 'partition')}, ok"
         elif topic in layout.outputs_off:
-            note = (f"{n} partitions, not {config.partitions}: a worker started while it had {config.partitions} "
+            note = (f"{plural(n, 'partition')}, not {config.partitions}: a worker started while it had {config.partitions} "
                     "stays blocked (`topics repair` recreates it)")
         else:
-            note = f"{n} partitions"
+            note = plural(n, "partition")
         lines.append(f"  {topic:<32} {note}")
     return lines
 
@@ -207,7 +207,7 @@ async def _deadletters(config: Config, args: argparse.Namespace) -> int:
             elif batch:
                 idle = 0
         if not args.json:
-            print(f"loopwarden deadletters: {shown} dead letter(s) on {config.deadletter_topic}", file=sys.stderr)
+            print(f"loopwarden deadletters: {plural(shown, 'dead letter')} on {config.deadletter_topic}", file=sys.stderr)
         return 0
     finally:
         await consumer.stop()

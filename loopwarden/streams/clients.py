@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 
@@ -84,9 +85,40 @@ async def _simulate(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _simulate_one(config: Config, args: argparse.Namespace, expect_file: str | None) -> int:
+    from loopwarden.publisher import Publisher
+    from loopwarden.simulate import one_run
+    from loopwarden.streams.topics import ensure_topics
+
+    await ensure_topics(config)
+    async with Publisher(config.bootstrap, config.steps_topic, config.outcomes_topic,
+                         options=client_options(config)) as pub:
+        _connected()
+        for m in one_run(args.one, int(time.time() * 1000), expect_file):
+            await pub.publish_raw(config.steps_topic, m.key, m.value)
+        await pub.flush()
+    expecting = f"; it expects {expect_file}" if expect_file else ""
+    print(f"loopwarden simulate: published run {args.one!r}: started, one step, ended{expecting}", file=sys.stderr)
+    return 0
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from loopwarden.simulate import fleet
 
+    if args.expect_file is not None and args.one is None:
+        raise SystemExit("loopwarden simulate: --expect-file is for one run: give --one RUN_ID too")
+    if args.one is not None:
+        from loopwarden.codecs import InvalidEvent, decode_step_event
+        from loopwarden.simulate import one_run
+
+        expect_file = None if args.expect_file is None else os.path.abspath(args.expect_file)
+        try:
+            for m in one_run(args.one, int(time.time() * 1000), expect_file):
+                decode_step_event(m.value)  # a run id or path the processor would refuse is said here, named
+        except InvalidEvent as exc:
+            raise SystemExit(f"loopwarden simulate: --one {args.one!r}: {exc}") from None
+        config = _config(args)
+        return _client("simulate", config, lambda: _simulate_one(config, args, expect_file))
     if args.runs < 1 or not 0 < args.rate < float("inf"):
         raise SystemExit(f"loopwarden simulate: --runs must be >= 1 and --rate > 0, got {args.runs} and {args.rate}")
     if args.out:
@@ -110,9 +142,10 @@ def tail_filter(args: argparse.Namespace):
     from loopwarden.codecs import STATES
 
     for state in args.states or ():
-        if state not in STATES:
+        if state.upper() not in STATES:  # any case: `--state false_complete` means FALSE_COMPLETE
             raise SystemExit(f"loopwarden tail: --state {state!r} is not a health state; one of {', '.join(STATES)}")
-    run_ids, states, agents = set(args.run_ids or ()), set(args.states or ()), set(args.agents or ())
+    run_ids, agents = set(args.run_ids or ()), set(args.agents or ())
+    states = {state.upper() for state in args.states or ()}
 
     def keep(t: dict) -> bool:
         return ((not run_ids or t["run_id"] in run_ids) and (not states or t["to_state"] in states)
@@ -132,6 +165,14 @@ def format_transition(t: dict, color: bool) -> str:
 async def _tail(config: Config, args: argparse.Namespace) -> int:
     from aiokafka import AIOKafkaConsumer
 
+    from loopwarden.streams.exceptions import TopicLayoutError
+    from loopwarden.streams.topics import partition_count
+
+    # asked with an admin request first: a consumer's metadata request for a missing topic lets a broker
+    # with auto.create.topics.enable create it, and a reader must never create a topic
+    if not await partition_count(config, config.health_topic):
+        raise TopicLayoutError(f"topic {config.health_topic} does not exist (check --health-topic / "
+                               "LOOPWARDEN_HEALTH_TOPIC; a worker creates it)")
     consumer = AIOKafkaConsumer(config.health_topic, **client_options(config),
                                 auto_offset_reset="earliest" if args.from_beginning else "latest",
                                 enable_auto_commit=False, group_id=None, isolation_level="read_committed")

@@ -5,35 +5,48 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 from dataclasses import fields
 
-from loopwarden.streams.config import Config, from_env
+from loopwarden.streams.config import Config, env_name, from_env
 from loopwarden.streams.exceptions import ConfigError
 from loopwarden.streams.security import MECHANISMS, PROTOCOLS
 
 
 class _UntilConnected(logging.Filter):
-    """Holds back aiokafka's lines until the command's client has connected (``passthrough`` lets them
-    through, for the worker's log) and keeps the last connection error: a broker that cannot be
-    reached at start is then said once, by the command, with aiokafka's reason."""
+    """Holds back aiokafka's lines until the command's client has connected (``passthrough`` lets all but
+    its connection errors through, for a service's log) and keeps the last connection error: a broker
+    that cannot be reached at start is then said once, by the command, with aiokafka's reason."""
 
     connected = False
     passthrough = False
     last_error: str | None = None
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self.connected:
-            text = record.getMessage()
-            if text.startswith("Unable connect to "):
-                self.last_error = text.split(": ", 1)[-1]
-        return self.connected or self.passthrough
+        if self.connected:
+            return True
+        text = record.getMessage()
+        if text.startswith("Unable connect to "):
+            self.last_error = text.split(": ", 1)[-1]
+            return False  # the command's own line says it, with this reason
+        if any(name in text for name in STARTING):
+            return False  # a fresh cluster electing leaders and coordinators: aiokafka retries, nothing is wrong
+        return self.passthrough
+
+
+# Errors aiokafka logs (some as ERROR) and retries while a cluster, or a topic just created, elects its
+# leaders and group coordinator: held back until the command has connected (for the worker: recovered
+# its first assignment); after that they pass, as they then say a broker moved.
+STARTING = ("GroupCoordinatorNotAvailable", "NotLeaderForPartition", "LeaderNotAvailable", "NotCoordinator",
+            "CoordinatorLoadInProgress", "Marking the coordinator dead")
 
 
 _STARTUP = _UntilConnected()
 
 
 def _connected() -> None:
+    """The command's client reached the broker: aiokafka's lines pass from now on."""
     _STARTUP.connected = True
 
 
@@ -47,7 +60,8 @@ def _watch_startup(passthrough: bool) -> None:
 
 def cannot_connect(command: str, config: Config, exc: BaseException) -> str:
     """One line: where, aiokafka's reason, and which settings to check."""
-    reason = _STARTUP.last_error or f"{type(exc).__name__}: {exc}"
+    name = type(exc).__name__
+    reason = _STARTUP.last_error or (str(exc) if str(exc).startswith(name) else f"{name}: {exc}")  # aiokafka's name their class
     if "SaslAuthentication" in reason or "SASL" in reason:
         hint = "check LOOPWARDEN_SASL_USERNAME, LOOPWARDEN_SASL_PASSWORD and LOOPWARDEN_SASL_MECHANISM"
     elif "CERTIFICATE_VERIFY_FAILED" in reason or "SSL" in reason:
@@ -58,6 +72,21 @@ def cannot_connect(command: str, config: Config, exc: BaseException) -> str:
     else:
         hint = "is the broker up? (--broker / LOOPWARDEN_BROKER)"
     return f"loopwarden {command}: cannot connect to Kafka at {config.broker}: {reason}; {hint}"
+
+
+def plural(n: int, word: str) -> str:
+    """``1 partition``, ``4 partitions``: a count and its noun (a regular plural)."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def port_in_use(exc: BaseException) -> bool:
+    """Whether ``exc`` is a listening socket's bind failing on a port another process holds."""
+    return isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
+
+
+def port_taken(command: str, host: str, port: int, setting: str) -> str:
+    """One line: which port is taken, and the setting that moves the command to another."""
+    return f"loopwarden {command}: port {port} on {host} is already in use (another process listens there): {setting}"
 
 
 def _client(command: str, config: Config, coro_fn):
@@ -80,7 +109,18 @@ def _config(args: argparse.Namespace) -> Config:
     try:
         return from_env(overrides)
     except ConfigError as exc:
-        raise SystemExit(f"loopwarden: {exc}") from None
+        raise SystemExit(f"loopwarden: {_named(str(exc), overrides)}") from None
+
+
+def _named(message: str, overrides: dict) -> str:
+    """A Config error names the field (``log_level: 'loud' ...``); a value that came from the environment is
+    named by its variable instead, the place the user has to change."""
+    import os
+
+    name, sep, rest = message.partition(": ")
+    if sep and name in overrides and overrides[name] is None and os.environ.get(env_name(name)) is not None:
+        return f"{env_name(name)}: {rest}"
+    return message
 
 
 def _common(p: argparse.ArgumentParser, *, topics: tuple[str, ...] = ("steps", "outcomes", "health", "deadletter", "ticks"),

@@ -13,6 +13,8 @@ from loopwarden.streams.cliutil import (
     _env_epilog,
     _states_epilog,
     cannot_connect,
+    port_in_use,
+    port_taken,
 )
 from loopwarden.streams.config import CLOCKS, STORES
 from loopwarden.streams.exceptions import ConfigError
@@ -101,6 +103,11 @@ def add_commands(sub) -> None:
     p.add_argument("--bad-every", type=int, default=100, help="one invalid message after every N runs (0: none)")
     p.add_argument("--progress-every-s", type=float, default=10.0,
                    help="while paced, a progress line this often (0: none; default 10)")
+    p.add_argument("--one", metavar="RUN_ID", help="publish one run instead of a fleet: started, one step, ended "
+                   "naturally, stamped now (docs/first-receipt.md)")
+    p.add_argument("--expect-file", dest="expect_file", metavar="PATH",
+                   help="with --one: the run declares this file as its outcome (outcome_expected, kind file, "
+                        "min_size 1) for `loopwarden verify` to check")
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("tail", help="print transitions from agent.health", epilog=_states_epilog(),
@@ -175,6 +182,31 @@ def cmd_bridge(args: argparse.Namespace) -> int:
         raise SystemExit(cannot_connect("bridge", config, exc)) from None
     except TopicLayoutError as exc:
         raise SystemExit(f"loopwarden bridge: {exc}") from None
+    except OSError as exc:
+        if not port_in_use(exc):
+            raise
+        raise SystemExit(port_taken("bridge", config.web_host, config.web_port,
+                                    "choose another with --web-port (LOOPWARDEN_WEB_PORT)")) from None
+
+
+_LOCKS: list = []  # the data directories' lock files, held open (and so locked) until the process ends
+
+
+def lock_data_dir(path) -> None:
+    """Take ``<data dir>/loopwarden.lock`` for this process, or refuse: two workers writing one RocksDB
+    directory would each restore the other's partitions from under it. The lock goes with the process,
+    however it ends (an flock is the open file's)."""
+    import fcntl
+
+    lock = path / "loopwarden.lock"
+    f = open(lock, "a")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise ConfigError(f"data_dir: {str(path)!r} is in use by another worker (it holds {lock}): give each worker "
+                          "its own --data-dir (LOOPWARDEN_DATA_DIR)") from None
+    _LOCKS.append(f)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -187,7 +219,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         from loopwarden.streams.store import prepare_data_dir
 
         try:
-            prepare_data_dir(config.data_dir)
+            lock_data_dir(prepare_data_dir(config.data_dir))
         except ConfigError as exc:
             raise SystemExit(f"loopwarden: {exc}") from None
     verified = f",{config.trusted_outcomes_topic} (trusted)" if config.trusted_outcomes_topic else ""
@@ -205,3 +237,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise SystemExit(cannot_connect("worker", config, exc)) from None
     except (TopicLayoutError, UntrustedChannelError) as exc:
         raise SystemExit(f"loopwarden worker: {exc}") from None
+    except OSError as exc:
+        if not port_in_use(exc):
+            raise
+        raise SystemExit(port_taken("worker", config.web_host, config.web_port,
+                                    "choose another with --web-port (LOOPWARDEN_WEB_PORT)")) from None

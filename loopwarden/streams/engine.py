@@ -219,8 +219,10 @@ class Engine:
             try:
                 await self.partitions.own(sorted(partitions))
             except RECOVERABLE as exc:
-                log.error("recovering partitions %s failed (%s: %s); retrying", sorted(partitions),
-                          type(exc).__name__, exc)
+                # a retriable error (a leader being elected on a fresh cluster) is a warning: one that never
+                # clears leaves the partitions without progress, and the watch reports them stalled
+                log.log(logging.WARNING if getattr(exc, "retriable", False) else logging.ERROR,
+                        "recovering partitions %s failed (%s: %s); retrying", sorted(partitions), type(exc).__name__, exc)
                 for a in self.assigned.values():
                     a.recover_at = time.monotonic() + 1.0
             if self.on_recovered is not None:

@@ -78,7 +78,8 @@ class Reowning:
             if installed:
                 log.info("partition %d recovered in %.2fs (the others went on meanwhile)", p, time.monotonic() - t0)
         except RECOVERABLE as exc:
-            log.error("partition %d: recovery failed (%s: %s); retrying", p, type(exc).__name__, exc)
+            log.log(logging.WARNING if getattr(exc, "retriable", False) else logging.ERROR,  # as Engine.assign
+                    "partition %d: recovery failed (%s: %s); retrying", p, type(exc).__name__, exc)
             if manager.assigned.get(p) is a:
                 a.recover_at = time.monotonic() + min(BACKOFF_MAX_S, 1.0 + (time.monotonic() - at))
         finally:

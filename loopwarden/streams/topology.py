@@ -117,7 +117,7 @@ def assess(config: Config, counts: Mapping[str, int], expected_outputs: Mapping[
         elif n != config.partitions:
             fold = False
             problems.append(
-                f"{topic} has {n} partitions, expected {config.partitions}: co-partitioning is broken "
+                f"{topic} has {n} partition{'' if n == 1 else 's'}, expected {config.partitions}: co-partitioning is broken "
                 f"(grow all input topics together with `loopwarden topics expand`)")
     produce = True
     for topic in outputs(config):
@@ -129,7 +129,7 @@ def assess(config: Config, counts: Mapping[str, int], expected_outputs: Mapping[
         elif want is not None and n != want:
             produce = False
             problems.append(
-                f"{topic} has {n} partitions, it had {want} when this worker started "
+                f"{topic} has {n} partition{'' if n == 1 else 's'}, it had {want} when this worker started "
                 f"(deleted and re-created? delete it and create it with {want} partitions; "
                 f"set auto.create.topics.enable=false on the brokers)")
     return Verdict(fold=fold, produce=produce, problems=tuple(problems))

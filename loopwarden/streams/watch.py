@@ -1,9 +1,11 @@
 """Lag and stalls of the assigned partitions, and the C heap handed back to the OS now and then.
 
 Lag is the high watermark minus the *committed* offset (what was consumed but not
-committed is not progress). A partition with lag whose committed offsets have not
-moved for ``stall_timeout_s`` is stalled (``/readyz`` says 503): one that fails and
-recovers again and again makes no progress either, and shows as stalled.
+committed is not progress). A partition is stalled (``/readyz`` says 503) when it has had
+lag for ``stall_timeout_s`` and its committed offsets have not moved in that time: the
+wait is counted from the later of its last progress and the moment its lag appeared, so an
+idle partition whose events arrive after a quiet hour is not stalled. One that fails and
+recovers again and again keeps its lag and makes no progress, and shows as stalled.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class Watch:
         self.malloc_trim_s = malloc_trim_s
         self.trimmed_at = time.monotonic()
         self._shown: dict[int, list[list]] = {}  # partition -> per tracked input [topic, TopicPartition, child, lag]
+        self._lag_since: dict[int, float] = {}  # partition -> when its lag appeared (absent: no lag)
 
     def _series(self, p: int) -> list[list]:
         series = self._shown.get(p)
@@ -66,10 +69,15 @@ class Watch:
                     entry[2].set(lag)
                     entry[3] = lag
                 lagging |= lag > 0
-            stalled = lagging and now - a.progress_at >= self.stall_timeout_s
+            if lagging:
+                waiting = now - max(a.progress_at, self._lag_since.setdefault(p, now))
+            else:
+                waiting = 0.0
+                self._lag_since.pop(p, None)
+            stalled = lagging and waiting >= self.stall_timeout_s
             if stalled and not a.stalled:
                 m.stalls.inc()
-                log.error("partition %d stalled: lag and no progress for %.0fs", p, now - a.progress_at)
+                log.error("partition %d stalled: lag and no progress for %.0fs", p, waiting)
             a.stalled = stalled
             stalled_now += stalled
         m.stalled.set(stalled_now)
@@ -82,6 +90,7 @@ class Watch:
     def forget(self, p: int) -> None:
         """``p`` is no longer assigned: its lag series go."""
         self._shown.pop(p, None)
+        self._lag_since.pop(p, None)
         for role in self.tracked.values():
             try:
                 self.metrics.lag.remove(role, str(p))

@@ -16,7 +16,7 @@ def add_verify_commands(sub) -> None:
     p.add_argument("--broker", help="Kafka bootstrap host:port (default: the config's, else 127.0.0.1:9092)")
     p.add_argument("--signing-key", dest="signing_key", metavar="FILE",
                    help="the key file from `loopwarden keys new` (default: the config's signing_key)")
-    p.add_argument("--web-port", dest="web_port", type=int, help="/metrics, /healthz and webhooks (default 6067)")
+    p.add_argument("--web-port", dest="web_port", type=int, help="/metrics, /healthz and webhooks (default 6068)")
     p.add_argument("--trusted-outcomes-topic", dest="trusted_outcomes_topic", metavar="TOPIC",
                    help="publish receipts here, the topic only verifiers may write (LOOPWARDEN_TRUSTED_OUTCOMES_TOPIC; "
                         "default: the config's, else outcomes_topic; docs/receipts.md)")
@@ -62,6 +62,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         kafka_options(config)  # TLS/SASL settings checked before anything starts
     except (vconfig.VerifyConfigError, ConfigError) as exc:
         raise SystemExit(f"loopwarden verify: {exc}") from None
+    _check_extra(config)
     key = _key(config.signing_key, "verify")
     # logging: loopwarden.cli.set_up_process
 
@@ -72,8 +73,36 @@ def cmd_verify(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         await run(config, key, stop)
 
-    asyncio.run(main())
+    from loopwarden.streams.cliutil import port_in_use, port_taken
+
+    from aiokafka.errors import KafkaConnectionError
+
+    try:
+        asyncio.run(main())
+    except KafkaConnectionError as exc:
+        raise SystemExit(f"loopwarden verify: cannot connect to Kafka at {config.broker}: {exc}; is the broker up? "
+                         "(--broker, or broker in the config)") from None
+    except OSError as exc:
+        if not port_in_use(exc):
+            raise
+        raise SystemExit(port_taken("verify", config.web_host, config.web_port,
+                                    "choose another with --web-port or web_port in the config")) from None
     return 0
+
+
+# The checkers' own drivers, in the `verify` extra: config section -> module it needs.
+EXTRA_MODULES = (("databases", "[postgresql]", "asyncpg"), ("json_schemas", "[json_schemas]", "jsonschema"))
+
+
+def _check_extra(config) -> None:
+    """A section whose checker cannot run without the `verify` extra is refused now, in one line, rather
+    than failing every check of it later (and ending those runs FALSE_COMPLETE)."""
+    import importlib.util
+
+    for field, section, module in EXTRA_MODULES:
+        if getattr(config, field) and importlib.util.find_spec(module) is None:
+            raise SystemExit(f"loopwarden verify: the config's {section} needs {module}, from the 'verify' extra: "
+                             "pip install 'loopwarden[verify]'")
 
 
 def cmd_receipt(args: argparse.Namespace) -> int:

@@ -62,7 +62,7 @@ class VerifyConfig:
     lookback_s: float = 3600.0
     default_receipt_window_s: float = 600.0
     web_host: str = "127.0.0.1"
-    web_port: int = 6067
+    web_port: int = 6068  # the board has 6067, the worker 6066: the three run side by side
     file_prefixes: tuple[str, ...] = ()
     http_hosts: tuple[str, ...] = ()  # host or host:port (443 when no port)
     http_cafile: str | None = None  # CA bundle for TLS verification; default: the system's

@@ -312,6 +312,26 @@ def kafka_options(config: VerifyConfig) -> dict:
     return client_options(from_env({"broker": config.broker}))
 
 
+async def _wait_for_topic(options: dict, topic: str, stop: asyncio.Event) -> bool:
+    """Until ``topic`` exists (True) or ``stop`` is set (False): subscribing to a missing topic lets a broker
+    with auto.create.topics.enable create it with its default count (1 partition, not the worker's), so the
+    verifier waits for a worker to make it."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(**options)
+    await admin.start()
+    try:
+        waiting = False
+        while not stop.is_set() and topic not in set(await admin.list_topics()):
+            if not waiting:
+                log.warning("waiting for topic %s to exist (a worker creates it)", topic)
+                waiting = True
+            await asyncio.sleep(1)
+        return not stop.is_set()
+    finally:
+        await admin.close()
+
+
 async def run(config: VerifyConfig, key: SigningKey, stop: asyncio.Event | None = None) -> None:
     """Consume the steps topic (read_committed), check, publish signed receipts, until ``stop`` is set."""
     import aiohttp
@@ -322,8 +342,6 @@ async def run(config: VerifyConfig, key: SigningKey, stop: asyncio.Event | None 
 
     stop = stop or asyncio.Event()
     options = kafka_options(config)
-    producer = AIOKafkaProducer(**options, acks="all", enable_idempotence=True, linger_ms=5)
-    await producer.start()
 
     async def publish(receipt: OutcomeReceipt) -> None:
         delay = 0.2
@@ -337,6 +355,23 @@ async def run(config: VerifyConfig, key: SigningKey, stop: asyncio.Event | None 
                     raise
                 await asyncio.sleep(delay)
                 delay *= 2
+
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl_context(config.http_cafile),
+                                                                   limit=config.max_concurrency))
+    verifier = Verifier(config, key, publish, http_session=session)
+    try:  # its port first, as the worker and the board: a port in use stops it before it reaches for Kafka
+        web_runner = await serve_http(verifier, config.web_host, config.web_port)
+    except BaseException:
+        await session.close()
+        raise
+    producer = AIOKafkaProducer(**options, acks="all", enable_idempotence=True, linger_ms=5)
+    try:
+        await producer.start()
+    except BaseException:
+        await producer.stop()
+        await session.close()
+        await web_runner.cleanup()
+        raise
 
     consumer = AIOKafkaConsumer(**options, group_id=config.group_id,
                                 isolation_level="read_committed", enable_auto_commit=False,
@@ -352,10 +387,18 @@ async def run(config: VerifyConfig, key: SigningKey, stop: asyncio.Event | None 
         async def on_partitions_assigned(self, assigned) -> None:
             await seek_since(consumer, assigned, wall_ms() - int(config.lookback_s * 1000))
 
-    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl_context(config.http_cafile),
-                                                                   limit=config.max_concurrency))
-    verifier = Verifier(config, key, publish, http_session=session)
-    web_runner = await serve_http(verifier, config.web_host, config.web_port)
+    try:
+        exists = await _wait_for_topic(options, config.steps_topic, stop)
+    except BaseException:
+        exists = None
+        raise
+    finally:
+        if not exists:  # failed, or stopped while waiting
+            await producer.stop()
+            await session.close()
+            await web_runner.cleanup()
+    if not exists:
+        return
     consumer.subscribe([config.steps_topic], listener=Rewind())
     await consumer.start()
     log.info("verify: reading %s, receipts to %s, signing as %r", config.steps_topic, config.receipts_topic, key.key_id)

@@ -29,6 +29,7 @@ from tests.integration.harness import (
     tick,
     transitions,
     unique_config,
+    wait_consumed,
 )
 from tests.integration.test_processor import ADVANCE_MS, replay_final, wait_final
 
@@ -194,5 +195,25 @@ def test_lag_and_readyz_report_a_stalled_partition(kafka, tmp_path: Path) -> Non
             assert time.monotonic() < deadline, (worker.get("/readyz"), worker.log_tail())
             time.sleep(0.3)
         assert _metric(worker, "loopwarden_stalled_partitions") == 0
+    finally:
+        worker.stop()
+
+
+def test_an_idle_partition_whose_events_arrive_late_is_not_stalled(kafka, tmp_path: Path) -> None:
+    """A worker idle for longer than its stall timeout, whose events then arrive and are processed at
+    once, logs no stall and counts none: a stall is lag without progress, not a quiet input. Its log,
+    from a healthy start on, holds no ERROR at all (aiokafka's retried leader and coordinator elections
+    included)."""
+    config = unique_config(kafka.bootstrap, partitions=1)
+    worker = make_worker(config, tmp_path, clock="event", stall_timeout_s=2.0).start()
+    try:
+        time.sleep(4.0)  # idle: twice the stall timeout with nothing to read
+        messages = fleet(5, seed=3, bad_every=0)
+        run(publish(worker.config, [(m.topic, m.key, m.value) for m in messages]))
+        wait_consumed(worker, len(messages), timeout_s=60)
+        time.sleep(1.0)  # a few more turns of the loop, with the lag gone
+        assert _metric(worker, "loopwarden_stalls_total") == 0, worker.log_tail()
+        log = worker.log_path.read_text(errors="replace")
+        assert "stalled" not in log and " ERROR " not in log, log
     finally:
         worker.stop()

@@ -37,8 +37,12 @@ def demo(work: Path, *args: str, env: dict | None = None, during=None) -> subpro
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+SEEN: dict[str, int | None] = {}  # what another_producer found on the demo's broker
+
+
 def another_producer(bootstrap: str) -> None:
-    """Once the demo's worker has created agent.steps, start a run of an agent that is not the demo's fleet."""
+    """Once the demo has created agent.steps, start a run of an agent that is not the demo's fleet; note how
+    many partitions agent.health has by then (the demo's own reader is reading it)."""
     import asyncio
 
     from loopwarden.codecs import Policy, RunStarted
@@ -58,6 +62,7 @@ def another_producer(bootstrap: str) -> None:
         async with Publisher(bootstrap) as pub:
             await pub.publish(RunStarted(run_id="foreign-agent-run-1", ts=now_ms(), agent="someone-elses-agent",
                                          policy=Policy(version="v1")))
+        SEEN["agent.health"] = await partition_count(Config(broker=bootstrap), "agent.health", timeout_s=10)
     asyncio.run(go())
 
 
@@ -77,10 +82,17 @@ def test_demo_twice_on_the_same_data_then_a_worker_that_exits(tmp_path: Path) ->
     runs1 = shown_runs(first.stdout)
     assert runs1 and all(r.startswith(f"run-{seed1}-") for r in runs1)
     assert "VERIFIED_COMPLETE" in first.stdout and "try:  curl" in first.stderr
-    status = re.findall(r"^make dev: \d+/12 runs · .* · \d+ dead letters$", first.stderr, flags=re.M)
+    status = re.findall(r"^make dev: \d+/12 runs · .* · \d+ dead letters?$", first.stderr, flags=re.M)
     assert status and all(len(line) <= 100 for line in status), first.stderr[-1500:]
+    assert status[-1].startswith("make dev: 12/12 runs"), status  # every run of the fleet, not those that sent run_started
     assert "docs/states.md#waiting_unrouted" in first.stderr  # the legend links each state to what to do
     assert "earlier starts" not in first.stderr
+    # the demo made its topics before any reader: agent.health has the inputs' 4 partitions, not the 1 a
+    # broker auto-creating it for the demo's reader would give
+    assert SEEN.get("agent.health") == 4, SEEN
+    # a healthy start on a fresh cluster: no ERROR in the worker's log (coordinator elections are retried)
+    worker_log = (tmp_path / "kafka" / "worker.log").read_text(errors="replace")
+    assert " ERROR " not in worker_log, worker_log[-3000:]
     # every producer's runs are shown, not only the demo fleet's (run-<seed>-...)
     assert re.search(r"foreign-agent-run-1\s+-\s+->\s+RUNNING\s+started", first.stdout), first.stdout[-2000:]
 

@@ -100,7 +100,8 @@ def _transition(run_id: str, seq: int, to: str, agent: str) -> bytes:
 
 
 def test_tail_filters_by_run_state_and_agent(kafka) -> None:
-    """`tail --run-id/--state/--agent` print only the matching transitions; a wrong --state is one line."""
+    """`tail --run-id/--state/--agent` print only the matching transitions, --state in any case; a wrong
+    --state is one line."""
     config = unique_config(kafka.bootstrap)
     asyncio.run(ensure_topics(config))
     records = [(b"a", _transition("a", 1, "RUNNING", "invoice"), None), (b"a", _transition("a", 2, "STUCK", "invoice"), None),
@@ -117,8 +118,25 @@ def test_tail_filters_by_run_state_and_agent(kafka) -> None:
     assert tail("--agent", "invoice") == [("a", "RUNNING"), ("a", "STUCK"), ("c", "RUNNING")]
     assert tail("--run-id", "b", "--run-id", "c") == [("b", "RUNNING"), ("b", "STUCK"), ("c", "RUNNING")]
     assert tail("--state", "STUCK", "--agent", "triage") == [("b", "STUCK")]
-    res = lw(config, "tail", "--state", "stuck")
-    assert res.returncode == 1 and res.stderr.strip().startswith("loopwarden tail: --state 'stuck' is not a health state")
+    assert tail("--state", "stuck") == [("a", "STUCK"), ("b", "STUCK")]
+    res = lw(config, "tail", "--state", "stuk")
+    assert res.returncode == 1 and res.stderr.strip().startswith("loopwarden tail: --state 'stuk' is not a health state")
+
+
+def test_tail_on_a_missing_topic_says_so_and_creates_nothing(kafka) -> None:
+    """`tail --health-topic <typo>` on a broker that auto-creates topics: one line saying the topic does not
+    exist, exit 1, and the topic is still missing afterwards (a reader never creates a topic)."""
+    from loopwarden.streams.topics import partition_count
+
+    config = unique_config(kafka.bootstrap)
+    typo = config.health_topic + "-typo"
+    res = lw(config, "tail", "--health-topic", typo, "--idle-exit-s", "2")
+    assert res.returncode == 1, res.stderr
+    assert "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines() == [
+        f"loopwarden tail: topic {typo} does not exist (check --health-topic / LOOPWARDEN_HEALTH_TOPIC; "
+        "a worker creates it)"]
+    assert asyncio.run(partition_count(config, typo)) is None
 
 
 def test_deadletters_prints_reason_source_and_a_preview(kafka) -> None:
@@ -140,7 +158,7 @@ def test_deadletters_prints_reason_source_and_a_preview(kafka) -> None:
     assert f"undecodable  from {config.steps_topic}[2]@17  key=bad-1  9 B" in res.stdout
     assert "text: {not json" in res.stdout
     assert "hex: 00 ff 10 62 69 6e 61 72 79" in res.stdout
-    assert "2 dead letter(s)" in res.stderr
+    assert "2 dead letters" in res.stderr
     res = lw(config, "deadletters", "--json")
     letters = [json.loads(line) for line in res.stdout.splitlines()]
     assert [(d["reason"], d["source"], d["preview_kind"]) for d in letters] == [
@@ -206,3 +224,13 @@ def test_topics_repair_asks_on_a_terminal_and_does_nothing_without_a_yes(kafka) 
     yes = answer("y\n")
     assert yes.returncode == 0 and "repaired: " in yes.stdout, yes.stdout + yes.stderr
     assert asyncio.run(read_layout(config)).ok
+
+
+def test_topics_check_says_one_partition_in_the_singular(kafka) -> None:
+    """A layout of one partition per topic is "1 partition, ok", not "1 partitions"."""
+    config = unique_config(kafka.bootstrap, partitions=1)
+    asyncio.run(ensure_topics(config))
+    res = lw(config, "topics", "check")
+    assert res.returncode == 0, res.stderr
+    assert f"{config.steps_topic}" in res.stdout and "1 partition, ok" in res.stdout
+    assert "1 partitions" not in res.stdout

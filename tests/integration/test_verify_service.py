@@ -223,6 +223,52 @@ def test_a_bad_verifier_config_stops_startup_naming_the_setting(tmp_path: Path, 
     assert re.search(message, proc.stderr), proc.stderr
 
 
+# What a checker's driver, blocked in the child before it starts, leaves the verifier to do.
+_BLOCKED = "import sys; sys.modules[{module!r}] = None; from loopwarden.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+@pytest.mark.parametrize(("toml", "module", "section"), [
+    ("[[postgresql.databases]]\nhost = 'db'\ndbname = 'billing'\nuser = 'v'\ntables = ['invoices']", "asyncpg",
+     "[postgresql]"),
+    ("[json_schemas]\nreport = '{schema}'", "jsonschema", "[json_schemas]"),
+])
+def test_a_config_whose_checker_needs_the_verify_extra_is_refused_at_start_naming_it(
+        tmp_path: Path, toml: str, module: str, section: str) -> None:
+    """With the checker's driver not installed (the `processor` extra only), `loopwarden verify` refuses
+    the config at start in one line naming the `verify` extra, instead of failing every check later."""
+    schema = tmp_path / "report.json"
+    schema.write_text("{}")
+    path = tmp_path / "verify.toml"
+    path.write_text(toml.format(schema=schema) + "\n")
+    proc = subprocess.run([sys.executable, "-c", _BLOCKED.format(module=module), "verify", "--config", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"loopwarden verify: the config's {section} needs {module}, from the 'verify' extra: "
+        "pip install 'loopwarden[verify]'"]
+
+
+def test_a_verifier_port_in_use_is_one_line_naming_the_setting(tmp_path: Path) -> None:
+    """`loopwarden verify` whose web_port another process holds exits 1 with one line naming the port and
+    the setting, no traceback (it binds before it reaches for the broker, as the worker and the board)."""
+    import socket
+
+    SigningKey.generate("v").save(str(tmp_path / "v.key"))
+    path = tmp_path / "verify.toml"
+    path.write_text(f"broker = '127.0.0.1:{free_port()}'\nsigning_key = '{tmp_path / 'v.key'}'\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([*LW, "verify", "--config", str(path), "--web-port", str(port)],
+                              capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "Unclosed" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"loopwarden verify: port {port} on 127.0.0.1 is already in use (another process listens there): "
+        "choose another with --web-port or web_port in the config")
+
+
 def test_the_python_publisher_sends_expectations_and_signed_receipts(kafka) -> None:
     """Publisher.expect_outcome lands on the steps topic and publish_receipt signs onto the outcomes topic."""
     from loopwarden.codecs import decode_outcome_event
@@ -248,3 +294,36 @@ def test_the_python_publisher_sends_expectations_and_signed_receipts(kafka) -> N
     got = decode_outcome_event(outs[0].value)
     assert got == signed and TrustedVerifiers.parse(key.setting).why_untrusted(got) is None
     assert os.environ.get("LOOPWARDEN_TRUSTED_VERIFIERS") is None
+
+
+def test_the_verifier_waits_for_the_steps_topic_and_never_creates_it(kafka, tmp_path: Path) -> None:
+    """`loopwarden verify` started before any worker, on a broker that auto-creates topics, says it waits
+    for the steps topic and leaves it missing (a reader never creates a topic); SIGTERM stops it cleanly."""
+    import signal
+
+    from tests.integration.harness import run, unique_config
+    from loopwarden.streams.topics import partition_count
+
+    config = unique_config(kafka.bootstrap)
+    SigningKey.generate("v").save(str(tmp_path / "v.key"))
+    path = tmp_path / "verify.toml"
+    path.write_text(f"broker = '{kafka.bootstrap}'\nsigning_key = '{tmp_path / 'v.key'}'\n"
+                    f"steps_topic = '{config.steps_topic}'\noutcomes_topic = '{config.outcomes_topic}'\n"
+                    f"web_port = {free_port()}\n")
+    proc = subprocess.Popen([*LW, "verify", "--config", str(path)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        line = ""
+        while "waiting for topic" not in line:
+            assert time.monotonic() < deadline and proc.poll() is None, line
+            line = proc.stderr.readline()
+        assert config.steps_topic in line
+        time.sleep(3)
+        assert run(partition_count(config, config.steps_topic)) is None
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and "Traceback" not in err, err
+        assert run(partition_count(config, config.steps_topic)) is None
+    finally:
+        if proc.poll() is None:
+            proc.kill()

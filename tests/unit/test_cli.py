@@ -68,8 +68,10 @@ def test_without_the_processor_extra_a_kafka_command_names_the_extra(command, ca
 
 
 @pytest.mark.parametrize("args", [["tail"], ["simulate", "--runs", "1"], ["tick", "--now-ms", "1"],
-                                  ["worker", "--web-port", "0"]])
+                                  ["worker", "--web-port", "0"], ["board", "--board-port", "0"]])
 def test_an_unreachable_broker_is_one_line_not_a_traceback(args) -> None:
+    """A broker nobody listens at: one line naming it and aiokafka's reason, said once (not after aiokafka's
+    own ERROR line), exit 1."""
     from dev.localkafka import free_port
 
     broker = f"127.0.0.1:{free_port()}"  # nothing listens there
@@ -79,7 +81,8 @@ def test_an_unreachable_broker_is_one_line_not_a_traceback(args) -> None:
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith(f"loopwarden {args[0]}: cannot connect to Kafka at {broker}: ")
     assert "Connect call failed" in last and last.endswith("; is the broker up? (--broker / LOOPWARDEN_BROKER)")
-    if args[0] != "worker":  # the worker logs too (one aiokafka line); the client commands say it once
+    assert "Unable connect" not in res.stderr and "Error: KafkaConnectionError" not in res.stderr
+    if args[0] not in ("worker", "board"):  # the services print their settings first; the client commands only this
         assert res.stderr.strip() == last
 
 
@@ -99,8 +102,10 @@ def test_tail_help_links_every_state_to_its_doc() -> None:
     for state in STATES:
         line = next(ln for ln in res.stdout.splitlines() if ln.strip().startswith(state + " "))
         assert line.rstrip().endswith(f"docs/states.md#{state.lower()}"), line
+
+
 def test_the_cli_sets_up_the_worker_process_in_one_place() -> None:
-    """`loopwarden worker`'s logging, collector thresholds and post-recovery gc.freeze come from set_up_process."""
+    """`loopwarden worker`'s logging, collector thresholds and post-recovery hook (gc.freeze) come from set_up_process."""
     code = (
         "import gc, logging, sys\n"
         "from loopwarden import cli, gctune\n"
@@ -108,7 +113,7 @@ def test_the_cli_sets_up_the_worker_process_in_one_place() -> None:
         "assert not logging.getLogger().handlers and gc.get_threshold() != gctune.THRESHOLDS\n"
         "cli.set_up_process(args)\n"
         "assert gc.get_threshold() == gctune.THRESHOLDS and logging.getLogger().handlers\n"
-        "assert args.on_recovered is cli._freeze_restored\n"
+        "assert args.on_recovered is cli._recovered\n"
         "from loopwarden.streams import logs\n"
         "assert any(isinstance(f, logs.RepeatFilter) for f in logging.getLogger('aiokafka').filters)\n"
         "assert any(isinstance(f, logs.FencedLeftovers) for f in logging.getLogger('asyncio').filters)\n"
@@ -116,3 +121,82 @@ def test_the_cli_sets_up_the_worker_process_in_one_place() -> None:
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("LOOPWARDEN_")}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(("args", "setting"), [
+    (["worker", "--web-port"], "choose another with --web-port (LOOPWARDEN_WEB_PORT)"),
+    (["bridge", "--web-port"], "choose another with --web-port (LOOPWARDEN_WEB_PORT)"),
+    (["board", "--board-port"], "choose another with --board-port (LOOPWARDEN_BOARD_PORT)"),
+])
+def test_a_port_in_use_is_one_line_naming_the_port_and_its_setting(args, setting) -> None:
+    """A service whose HTTP port another process holds exits 1 with one line naming the port and the
+    setting that moves it, no traceback (it binds before it reaches for the broker)."""
+    import socket
+
+    from dev.localkafka import free_port
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = cli(*args, str(port), "--broker", f"127.0.0.1:{free_port()}")
+    assert res.returncode == 1, res.stderr
+    assert "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"loopwarden {args[0]}: port {port} on 127.0.0.1 is already in use (another process listens there): {setting}")
+
+
+def test_the_board_and_the_verifier_listen_on_ports_of_their_own_by_default() -> None:
+    """The worker, the board and the verifier run side by side on one host with their default ports."""
+    from loopwarden.verify.config import VerifyConfig
+
+    assert len({Config().web_port, Config().board_port, VerifyConfig().web_port}) == 3
+
+
+def test_a_second_worker_on_a_data_dir_in_use_is_refused_naming_the_dir(tmp_path) -> None:
+    """`worker --store rocksdb` on a data directory whose lock another process holds exits 1 with one line
+    naming the directory, before it reaches for the broker."""
+    import fcntl
+
+    from dev.localkafka import free_port
+
+    data = tmp_path / "data"
+    data.mkdir()
+    with open(data / "loopwarden.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the first worker holds it
+        res = cli("worker", "--store", "rocksdb", "--data-dir", str(data), "--web-port", "0",
+                  "--broker", f"127.0.0.1:{free_port()}")
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        f"loopwarden: data_dir: {str(data)!r} is in use by another worker (it holds {data / 'loopwarden.lock'}): "
+        "give each worker its own --data-dir (LOOPWARDEN_DATA_DIR)"]
+
+
+def test_a_bad_setting_from_the_environment_is_named_by_its_variable() -> None:
+    """`LOOPWARDEN_LOG_LEVEL=loud` is said as LOOPWARDEN_LOG_LEVEL, the name the user set."""
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("LOOPWARDEN_")}
+    res = subprocess.run([sys.executable, "-m", "loopwarden.cli", "worker"], env={**env, "LOOPWARDEN_LOG_LEVEL": "loud"},
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1
+    assert res.stderr.strip() == "loopwarden: LOOPWARDEN_LOG_LEVEL: 'loud' must be one of debug, info, warning, error"
+
+
+@pytest.mark.parametrize("after_s", [0.0, 0.1, 0.3])
+def test_ctrl_c_while_a_worker_starts_is_no_traceback(after_s: float) -> None:
+    """SIGINT while `loopwarden worker` starts (its first line printed, the broker not answering yet) ends it
+    without a KeyboardInterrupt traceback."""
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as silent:  # a broker that accepts connections and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        proc = subprocess.Popen([sys.executable, "-m", "loopwarden.cli", "worker", "--web-port", "0",
+                                 "--broker", f"127.0.0.1:{silent.getsockname()[1]}"], stderr=subprocess.PIPE, text=True)
+        first = proc.stderr.readline()
+        assert first.startswith("loopwarden worker: broker="), first
+        time.sleep(after_s)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err

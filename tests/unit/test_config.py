@@ -68,7 +68,7 @@ def test_an_empty_setting_is_an_error_not_the_default() -> None:
 
 
 @pytest.mark.parametrize("env,setting", [
-    ({"LOOPWARDEN_LOG_LEVEL": "verbose"}, "log_level: 'verbose'"),
+    ({"LOOPWARDEN_LOG_LEVEL": "verbose"}, "LOOPWARDEN_LOG_LEVEL: 'verbose'"),  # named as the user set it
     ({"LOOPWARDEN_BROKER": ""}, "LOOPWARDEN_BROKER is set but empty"),
     ({"LOOPWARDEN_PARTITIONS": "many"}, "LOOPWARDEN_PARTITIONS: 'many'"),
 ])

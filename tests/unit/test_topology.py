@@ -45,7 +45,7 @@ def test_an_output_recreated_with_another_count_stops_producing() -> None:
     """agent.health deleted and auto-created with 1 partition: produce nothing, say why and what to set."""
     v = assess(C, GOOD | {C.health_topic: 1}, STARTED)
     assert v.fold and not v.produce
-    assert v.reason() == ("agent.health has 1 partitions, it had 8 when this worker started "
+    assert v.reason() == ("agent.health has 1 partition, it had 8 when this worker started "
                           "(deleted and re-created? delete it and create it with 8 partitions; "
                           "set auto.create.topics.enable=false on the brokers)")
 
