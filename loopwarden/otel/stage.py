@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
-from loopwarden.otel.task import BridgeBatch, BridgeTask
+from loopwarden.otel.fold import Limits
+from loopwarden.otel.task import PUNCTUATE_S, BridgeBatch, BridgeTask
 from loopwarden.streams.config import Config
 from loopwarden.streams.exceptions import TopicLayoutError
 from loopwarden.streams.metrics import Metrics
@@ -49,7 +50,10 @@ class BridgeStage(StageBase):
         self.outputs = (config.steps_topic,)
         self.changelog_topic = f"{config.app_id}-traces-changelog"
         self.deadletter_topic = config.deadletter_topic
-        self.punctuate_every_s = config.tick_interval_s
+        # Often, so that a run held for its end grace goes out soon after it is due: a punctuation with
+        # nothing due costs the task one comparison and commits nothing.
+        self.punctuate_every_s = min(config.tick_interval_s, PUNCTUATE_S)
+        self.limits = Limits(end_grace_s=config.otel_end_grace_s)
 
     async def prepare(self) -> None:
         """Create ``otlp_spans`` and the bridge's changelog if missing; refuse them unless co-partitioned."""
@@ -84,8 +88,9 @@ class BridgeStage(StageBase):
 
     def task(self, partition: int, store: Mapping[bytes, bytes]) -> BridgeTask:
         c = self.config
-        return BridgeTask(partition, store, steps_topic=c.steps_topic, max_message_bytes=c.max_message_bytes,
-                          max_future_ms=int(c.max_future_skew_s * 1000))
+        return BridgeTask(partition, store, steps_topic=c.steps_topic, limits=self.limits,
+                          max_message_bytes=c.max_message_bytes, max_future_ms=int(c.max_future_skew_s * 1000),
+                          expire_every_ms=int(c.tick_interval_s * 1000))
 
     def summary(self, parts: list[OwnedPartition]) -> str:
         return f" ({sum(part.task.traces for part in parts)} traces held)"  # type: ignore[attr-defined]

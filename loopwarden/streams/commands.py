@@ -158,6 +158,9 @@ def _otel_flags(p: argparse.ArgumentParser) -> None:
                    help="the Collector's Kafka exporter topic (LOOPWARDEN_OTEL_TOPIC; default otlp_spans)")
     p.add_argument("--otel-partitions", dest="otel_partitions", type=int,
                    help="partitions of the otel topic and the bridge's changelog (LOOPWARDEN_OTEL_PARTITIONS; default 8)")
+    p.add_argument("--otel-end-grace-s", dest="otel_end_grace_s", type=float,
+                   help="hold a run that did not end cleanly this long for spans ending after its run span "
+                        "(LOOPWARDEN_OTEL_END_GRACE_S; default 2)")
 
 
 def cmd_bridge(args: argparse.Namespace) -> int:
