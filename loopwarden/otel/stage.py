@@ -56,7 +56,10 @@ class BridgeStage(StageBase):
         self.limits = Limits(end_grace_s=config.otel_end_grace_s)
 
     async def prepare(self) -> None:
-        """Create ``otlp_spans`` and the bridge's changelog if missing; refuse them unless co-partitioned."""
+        """Create ``otlp_spans`` and the bridge's changelog if missing; refuse them unless co-partitioned.
+
+        The layout is checked before anything is created: a refused layout leaves no topic behind, so the
+        count the refusal names (LOOPWARDEN_OTEL_PARTITIONS) is the one that then works."""
         c = self.config
         admin = AIOKafkaAdminClient(**client_options(c), request_timeout_ms=30_000)
         await admin.start()
@@ -65,6 +68,10 @@ class BridgeStage(StageBase):
             present = set(await admin.list_topics())  # describe only what exists: no auto-creation
             existing = await admin.describe_topics([t for t in wanted if t in present]) if present & set(wanted) else []
             counts = {t["topic"]: len(t["partitions"]) for t in existing if t.get("error_code", 0) == 0}
+            if c.steps_topic not in present:
+                raise TopicLayoutError(f"{c.steps_topic} is missing: start a worker once (it creates the topics), "
+                                       "or run `loopwarden topics repair`")
+            self._check(counts)
             missing = [t for t in wanted if t not in counts]
             if missing:
                 try:
@@ -74,17 +81,22 @@ class BridgeStage(StageBase):
                 except KafkaError as exc:  # another bridge may have created them meanwhile
                     if "TopicAlreadyExists" not in type(exc).__name__:
                         raise
-                counts.update(dict.fromkeys(missing, c.partitions))
-            if set(counts.values()) != {c.partitions}:
-                raise TopicLayoutError(
-                    "the bridge's topics must have otel_partitions="
-                    f"{c.partitions} partitions each, got " + ", ".join(f"{t}={n}" for t, n in counts.items())
-                    + " (set LOOPWARDEN_OTEL_PARTITIONS to the count of the existing topic)")
-            if c.steps_topic not in present:
-                raise TopicLayoutError(f"{c.steps_topic} is missing: start a worker once (it creates the topics), "
-                                       "or run `loopwarden topics repair`")
+                existing = await admin.describe_topics(wanted)
+                self._check({t["topic"]: len(t["partitions"]) for t in existing
+                             if t.get("error_code", 0) == 0 and t["partitions"]})
         finally:
             await admin.close()
+
+    def _check(self, counts: dict[str, int]) -> None:
+        c = self.config
+        if set(counts.values()) - {c.partitions}:
+            shown = ", ".join(f"{t}={n}" for t, n in counts.items())
+            ns = set(counts.values())
+            keep = (f"set LOOPWARDEN_OTEL_PARTITIONS={next(iter(ns))} to use them as they are, or " if len(ns) == 1
+                    else "")
+            raise TopicLayoutError(
+                f"the bridge's topics must have otel_partitions={c.partitions} partitions each, got {shown}: {keep}"
+                "run `loopwarden topics repair --otel` (it recreates those holding no records)")
 
     def task(self, partition: int, store: Mapping[bytes, bytes]) -> BridgeTask:
         c = self.config
