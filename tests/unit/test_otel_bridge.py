@@ -228,6 +228,23 @@ def test_held_run_goes_out_with_a_fold_of_other_records_once_due():
     assert kinds(b.events()) == ["run_started", "run_started", "step_finished", "run_ended"]
 
 
+def test_traces_past_retention_are_looked_for_at_most_once_per_expiry_interval():
+    """Punctuations come every 0.1 s; a trace past retention is dropped at the first one past expire_every_ms."""
+    b = Bridge()
+    b.task = b.new_task(limits=Limits(trace_retention_s=0.5), expire_every_ms=1000)
+    b.fold([traces(Run().chat())])
+    b.now_ms += 1000
+    b.fold([], punctuate=True)
+    assert b.counts["otel", "traces_expired"] == 1
+    b.fold([traces(Run().chat())])
+    b.now_ms += 600  # past retention, within the expiry interval
+    b.fold([], punctuate=True)
+    assert b.counts["otel", "traces_expired"] == 1 and b.task.traces == 1
+    b.now_ms += 400
+    b.fold([], punctuate=True)
+    assert b.counts["otel", "traces_expired"] == 2 and b.task.traces == 0
+
+
 def test_span_of_an_ended_run_is_counted_and_ignored():
     """A span arriving after its run span is counted (span_after_end) and publishes nothing."""
     b = Bridge()
