@@ -87,3 +87,14 @@ def test_topics_check_finds_an_auto_created_otel_topic_and_repair_recreates_it_e
     assert f"delete and recreate {config.otel_topic} with 4 partitions (it has 1; it holds no records)" in res.stdout
     assert counts(config) == dict.fromkeys(otel_topics(config), 4)
     prepare_bridge(config)
+
+
+def test_topics_expand_grows_the_workers_topics_and_leaves_the_otel_topics_as_they_are(kafka):
+    """`topics expand` grows the worker's co-partitioned topics and says why the bridge's keep their count."""
+    config = otel_config(kafka.bootstrap, otel_partitions=3)
+    assert lw(config, "topics", "repair", "--otel", "--yes").returncode == 0
+    res = lw(config, "topics", "expand", "--to", "4", "--yes")
+    assert res.returncode == 0, res.stderr
+    assert "keep their partitions: the Collector places each trace by its own partitioner" in res.stdout
+    assert asyncio.run(partition_count(config, config.steps_topic)) == 4
+    assert counts(config) == dict.fromkeys(otel_topics(config), 3)
