@@ -30,7 +30,7 @@ from loopwarden.streams.metrics import Metrics
 from loopwarden.streams.partition import OwnedPartition
 from loopwarden.streams.security import client_options
 from loopwarden.streams.stage import Input, StageBase
-from loopwarden.streams.topics import COMPACTED
+from loopwarden.streams.topics import COMPACTED, otel_problem
 
 
 def bridge_config(config: Config) -> Config:
@@ -88,15 +88,8 @@ class BridgeStage(StageBase):
             await admin.close()
 
     def _check(self, counts: dict[str, int]) -> None:
-        c = self.config
-        if set(counts.values()) - {c.partitions}:
-            shown = ", ".join(f"{t}={n}" for t, n in counts.items())
-            ns = set(counts.values())
-            keep = (f"set LOOPWARDEN_OTEL_PARTITIONS={next(iter(ns))} to use them as they are, or " if len(ns) == 1
-                    else "")
-            raise TopicLayoutError(
-                f"the bridge's topics must have otel_partitions={c.partitions} partitions each, got {shown}: {keep}"
-                "run `loopwarden topics repair --otel` (it recreates those holding no records)")
+        if set(counts.values()) - {self.config.partitions}:
+            raise TopicLayoutError(otel_problem(self.config.partitions, counts))
 
     def task(self, partition: int, store: Mapping[bytes, bytes]) -> BridgeTask:
         c = self.config

@@ -7,9 +7,7 @@ behind; the error is one line saying what to run. ``loopwarden topics check`` sh
 ``loopwarden topics repair`` creates what is missing and recreates co-partitioned topics of the
 wrong count that hold no records.
 
-The OpenTelemetry bridge's topics (:func:`otel_topics`: the Collector's ``otlp_spans`` and the
-bridge's changelog) are a layout of their own, ``otel_partitions`` each; check and repair look at
-them when asked (``--otel``) or when the Collector's topic exists.
+The OpenTelemetry bridge's topics (:func:`otel_topics`) are a layout of their own, ``otel_partitions`` each.
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ from dataclasses import dataclass, field
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 
-from loopwarden.streams.assignment import murmur2
 from loopwarden.streams.config import Config
 from loopwarden.streams.exceptions import TopicLayoutError
 from loopwarden.streams.security import client_options
@@ -51,9 +48,17 @@ def wanted(config: Config) -> list[str]:
 
 
 def otel_topics(config: Config) -> list[str]:
-    """The bridge's co-partitioned topics, ``otel_partitions`` each: the Collector's and the bridge's changelog
-    (its stage runs under app id ``<app id>-otel``: loopwarden.otel.stage)."""
+    """The Collector's topic and the bridge's changelog (its stage's app id is ``<app id>-otel``)."""
     return [config.otel_topic, f"{config.app_id}-otel-traces-changelog"]
+
+
+def otel_problem(partitions: int, counts: dict[str, int]) -> str:
+    """One line: the bridge's topics have ``counts``, not ``partitions`` each; what to run."""
+    ns = set(counts.values())
+    keep = f"set LOOPWARDEN_OTEL_PARTITIONS={min(ns)} to use them as they are, or " if len(ns) == 1 else ""
+    return (f"the bridge's topics must have otel_partitions={partitions} partitions each, got "
+            + ", ".join(f"{t}={n}" for t, n in counts.items())
+            + f": {keep}run `loopwarden topics repair --otel` (it recreates those holding no records)")
 
 
 def expected(config: Config, topic: str) -> int:
@@ -79,27 +84,13 @@ class Layout:
     def ok(self) -> bool:
         return not self.wrong and not self.otel_wrong
 
-    @property
-    def topics(self) -> list[str]:
-        return wanted(self.config) + (otel_topics(self.config) if self.otel else [])
+    topics = property(lambda self: wanted(self.config) + (otel_topics(self.config) if self.otel else []))
 
     def problem(self) -> str:
         """One line: what does not fit, and what to run."""
-        lines = ([self._problem()] if self.wrong else []) + ([self._otel_problem()] if self.otel_wrong else [])
-        return "; ".join(lines)
-
-    def _otel_problem(self) -> str:
-        c = self.config
-        counts = {t: self.counts[t] for t in otel_topics(c) if t in self.counts}
-        shown = ", ".join(f"{t}={n}" for t, n in counts.items())
-        if len(set(counts.values())) == 1:
-            (n,) = set(counts.values())
-            keep = f"LOOPWARDEN_OTEL_PARTITIONS={n} to use them as they are, or "
-        else:
-            keep = ""
-        return (f"topic layout: the OpenTelemetry bridge's topics must have otel_partitions={c.otel_partitions} "
-                f"partitions each, got {shown}: set {keep}run `loopwarden topics repair --otel` (it recreates "
-                f"those holding no records with {c.otel_partitions})")
+        otel = {t: self.counts[t] for t in otel_topics(self.config) if t in self.counts}
+        return "; ".join(([self._problem()] if self.wrong else [])
+                         + ([f"topic layout: {otel_problem(self.config.otel_partitions, otel)}"] if self.otel_wrong else []))
 
     def _problem(self) -> str:
         c = self.config
@@ -307,40 +298,3 @@ async def _settled(admin: AIOKafkaAdminClient, config: Config, names: list[str],
                                        f"within {wait_s:g} s: run `loopwarden topics check`, then repair again")
             return off
         await asyncio.sleep(0.1)
-
-
-HASHES_HELD = 16_384  # Router: keys whose hash is kept
-
-
-class Router:
-    """Which partition an output goes to when its stage leaves it to the default partitioner.
-
-    The partition counts of the output topics are learned once a producer is up
-    (:meth:`learn`); a topic keyed like the inputs with their partition count maps
-    partition *i*'s outputs to *i* without hashing each key again (the default
-    partitioner would pick the same)."""
-
-    def __init__(self, input_partitions: int, keyed_like_input: frozenset[str] = frozenset()) -> None:
-        self.input_partitions = input_partitions
-        self.keyed_like_input = keyed_like_input
-        self.counts: dict[str, int] = {}
-        # key -> its hash, for the keys met again soon (the bridge's run ids: a run's events come in a few
-        # batches); bounded, emptied when full. Outputs keyed like the inputs never get here.
-        self._hashes: dict[bytes, int] = {}
-
-    async def learn(self, producer, topics) -> None:
-        for topic in topics:
-            self.counts[topic] = len(await producer.partitions_for(topic))
-
-    def partition(self, topic: str, key: bytes | None, p: int) -> int:
-        n = self.counts[topic]
-        if n == self.input_partitions and topic in self.keyed_like_input:
-            return p
-        if key is None:
-            return p % n
-        h = self._hashes.get(key)
-        if h is None:
-            if len(self._hashes) >= HASHES_HELD:
-                self._hashes.clear()
-            h = self._hashes[key] = murmur2(key) & 0x7FFFFFFF
-        return h % n  # partition_of(key, n)
