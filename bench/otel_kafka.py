@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import subprocess
 import sys
 import time
 import urllib.request
@@ -38,6 +40,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from bench.common import Report, cpu_s, median, progress, si
 from bench.ingest import (
     PARTITIONS,
+    REPO,
     Backlog,
     Result,
     _env,
@@ -270,6 +273,222 @@ def otel_kafka(report: Report, workdir: Path, runs: int, rounds: int, cap_s: flo
                    "CPU per event, steady windows; target >= 1x")
 
 
+# -- through the real Collector: its CPU per span beside the bridge's, and span end -> transition latency --------
+
+OTELCOL = REPO / ".tools" / "otelcol"  # `make otelcol`
+DEPLOYED = REPO / "deploy" / "otel-collector.yaml"
+
+
+def _start_collector(bootstrap: str, topic: str, adir: Path) -> tuple[subprocess.Popen, int]:
+    """`.tools/otelcol` with deploy/otel-collector.yaml as shipped, but for the broker, topic and ports; returns
+    the process and its OTLP/HTTP port once it listens."""
+    import socket
+
+    import yaml
+
+    if not OTELCOL.is_file():
+        raise RuntimeError(f"{OTELCOL} missing: run `make otelcol` (the Collector is built from its Go modules)")
+    config = yaml.safe_load(DEPLOYED.read_text())
+    http_port = free_port()
+    grpc_port = free_port(exclude=(http_port,))
+    config["receivers"]["otlp"]["protocols"]["http"]["endpoint"] = f"127.0.0.1:{http_port}"
+    config["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"] = f"127.0.0.1:{grpc_port}"
+    config["exporters"]["kafka"]["brokers"] = [bootstrap]
+    config["exporters"]["kafka"]["traces"]["topic"] = topic
+    config["service"]["telemetry"] = {"metrics": {"level": "none"}}  # no :8888 of its own
+    adir.mkdir(parents=True, exist_ok=True)
+    path = adir / "otel-collector.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = spawn([str(OTELCOL), "--config", str(path)], _env({}), adir / "otelcol.log")
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"otelcol exited with {proc.returncode}:\n{_tail(adir / 'otelcol.log')}")
+        try:
+            socket.create_connection(("127.0.0.1", http_port), timeout=0.5).close()
+            return proc, http_port
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"otelcol not listening after {READY_TIMEOUT_S:.0f}s") from None
+            time.sleep(0.2)
+
+
+async def _end_offsets(bootstrap: str, topic: str) -> dict[TopicPartition, int]:
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        return await consumer.end_offsets([TopicPartition(topic, p) for p in range(PARTITIONS)])
+    finally:
+        await consumer.stop()
+
+
+async def collector_cpu(bootstrap: str, records: list, spans: int, events: int, rdir: Path) -> tuple[float, Spans]:
+    """The Collector's CPU seconds to take ``records`` in over OTLP/HTTP (64 messages a request, in their order:
+    a TracesData is an ExportTraceServiceRequest on the wire) and write them to a fresh ``otlp_spans`` of 8
+    partitions; returns them and that topic as a backlog for the bridge. The window ends once the topic's end
+    offsets stop moving for a second after the last request (its idle CPU in that second is counted too)."""
+    topic = f"otlp-c-{uuid.uuid4().hex[:8]}"
+    await create_topics(bootstrap, [topic])
+    proc, port = _start_collector(bootstrap, topic, rdir / f"otelcol-{topic}")
+    try:
+        url = f"http://127.0.0.1:{port}/v1/traces"
+
+        def post(body: bytes) -> None:
+            req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/x-protobuf"})
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                resp.read()
+
+        post(records[0].value)  # its first request (connections, first allocations) is not the steady cost
+        await asyncio.sleep(1.0)
+        c0 = cpu_s(proc.pid)
+        loop = asyncio.get_running_loop()
+        for i in range(1, len(records), 64):
+            await loop.run_in_executor(None, post, b"".join(r.value for r in records[i:i + 64]))
+        last, still = None, time.monotonic()
+        while True:
+            ends = await _end_offsets(bootstrap, topic)
+            if ends != last:
+                last, still = ends, time.monotonic()
+            elif time.monotonic() - still >= 1.0:
+                break
+            await asyncio.sleep(0.1)
+        cpu = cpu_s(proc.pid) - c0
+    finally:
+        stop(proc)
+    messages = sum(last.values())
+    return cpu, Spans(topic, last, messages, spans, events, len(records) // 2)
+
+
+async def span_latency(bootstrap: str, rdir: Path, runs: int, delay_ms: int, pace_s: float) -> list[float]:
+    """Span end -> transition readable, in seconds, per run: ``runs`` runs (invoke_agent, chat asking for a tool,
+    execute_tool, chat finishing) ended one every ``pace_s`` by the OpenTelemetry SDK, exported by its
+    BatchSpanProcessor every ``delay_ms`` over OTLP/HTTP to the real Collector, into ``loopwarden worker --otel``
+    (wall clock, its defaults); measured from the run span's end to a read_committed reader of agent.health
+    receiving the run's VERIFYING transition."""
+    import threading
+
+    from aiokafka import AIOKafkaConsumer
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    tag = uuid.uuid4().hex[:8]
+    adir = rdir / f"latency-{delay_ms}-{tag}"
+    adir.mkdir(parents=True)
+    otlp, health, port = f"otlp-l-{tag}", f"health-{tag}", free_port()
+    env = _env({
+        "LOOPWARDEN_BROKER": bootstrap, "LOOPWARDEN_APP_ID": f"otellat-{tag}", "LOOPWARDEN_OTEL_TOPIC": otlp,
+        "LOOPWARDEN_STEPS_TOPIC": f"steps-{tag}", "LOOPWARDEN_OUTCOMES_TOPIC": f"outcomes-{tag}",
+        "LOOPWARDEN_HEALTH_TOPIC": health, "LOOPWARDEN_DEADLETTER_TOPIC": f"dead-{tag}",
+        "LOOPWARDEN_TICKS_TOPIC": f"ticks-{tag}", "LOOPWARDEN_WEB_PORT": str(port),
+    })
+    worker = spawn([sys.executable, "-m", "loopwarden.cli", "worker", "--otel"], env, adir / "app.log")
+    collector = None
+    try:
+        t0 = time.monotonic()
+        while not _readyz(port):  # the worker and its bridge made their topics (otlp_spans with 8 partitions)
+            if worker.poll() is not None or time.monotonic() - t0 > READY_TIMEOUT_S:
+                raise RuntimeError(f"worker --otel not ready; {adir / 'app.log'}:\n{_tail(adir / 'app.log')}")
+            await asyncio.sleep(0.1)
+        collector, http_port = _start_collector(bootstrap, otlp, adir)
+        ended: dict[str, int] = {}  # run id -> its run span's end (ns, wall)
+        arrived: dict[str, int] = {}
+        reader = AIOKafkaConsumer(health, bootstrap_servers=bootstrap, group_id=None, isolation_level="read_committed",
+                                  auto_offset_reset="earliest", enable_auto_commit=False)
+        await reader.start()
+
+        def emit() -> None:
+            provider = TracerProvider()
+            provider.add_span_processor(BatchSpanProcessor(
+                OTLPSpanExporter(endpoint=f"http://127.0.0.1:{http_port}/v1/traces"), schedule_delay_millis=delay_ms))
+            tracer = provider.get_tracer("bench", "1")
+            agent = {"gen_ai.agent.name": "bench-agent"}
+            for _ in range(runs):
+                with tracer.start_as_current_span("invoke_agent bench-agent",
+                                                  attributes={"gen_ai.operation.name": "invoke_agent", **agent}) as run:
+                    for finish, tool in (("tool_calls", True), ("stop", False)):
+                        with tracer.start_as_current_span("chat m", attributes={
+                                "gen_ai.operation.name": "chat", "gen_ai.response.finish_reasons": [finish], **agent}):
+                            time.sleep(0.005)
+                        if tool:
+                            with tracer.start_as_current_span("execute_tool lookup", attributes={
+                                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup",
+                                    "gen_ai.tool.call.id": "call-1", **agent}):
+                                time.sleep(0.002)
+                ctx = run.get_span_context()
+                ended[f"otel-{ctx.trace_id:032x}-{ctx.span_id:016x}"] = run.end_time
+                time.sleep(pace_s)
+            provider.shutdown()
+
+        thread = threading.Thread(target=emit, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + runs * pace_s + 60
+        while time.monotonic() < deadline:
+            for recs in (await reader.getmany(timeout_ms=100)).values():
+                now = time.time_ns()
+                for rec in recs:
+                    t = json.loads(rec.value)
+                    if t.get("to_state") == "VERIFYING":
+                        arrived.setdefault(t["run_id"], now)
+            if not thread.is_alive() and len(arrived) >= len(ended):
+                break
+        await reader.stop()
+        thread.join(5)
+        if len(arrived) < runs:
+            raise RuntimeError(f"{len(arrived)} of {runs} runs reached VERIFYING; {adir}")
+        return [(arrived[r] - ended[r]) / 1e9 for r in ended]
+    finally:
+        if collector is not None:
+            stop(collector)
+        stop(worker)
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def otel_collector(report: Report, workdir: Path, runs: int, latency_runs: int) -> None:
+    """The real Collector's rows: its CPU per span beside the bridge's on the same spans (one trace per message
+    as its exporter writes them), and span end -> transition with 200 ms and the SDK's default 5 s batching."""
+    progress("[o] Collector rows: starting a local Kafka broker (KRaft) ...")
+    kafka = start_broker(workdir / "kafka-otelcol")
+
+    async def rounds() -> tuple[float, Result, Spans, dict[int, list[float]]]:
+        records, spans = traces(runs, 5, 4)
+        _cpu, outputs = _bridge(records)
+        await warm_up(kafka.bootstrap, uuid.uuid4().hex[:8])
+        progress(f"[o]   the Collector takes {len(records):,} messages ({spans:,} spans) over OTLP/HTTP ...")
+        cpu, backlog = await collector_cpu(kafka.bootstrap, records, spans, len(outputs), workdir / "otelcol")
+        progress(f"[o]   the bridge over the {backlog.messages:,} messages the Collector wrote ...")
+        bridge = await run_spans_app("bridge", backlog, kafka.bootstrap, workdir / "otelcol", CAP_S)
+        latencies = {}
+        for delay_ms, n, pace in ((200, latency_runs, 0.1), (5000, max(latency_runs // 3, 10), 0.3)):
+            progress(f"[o]   span end -> transition, {delay_ms} ms batching, {n} runs ...")
+            latencies[delay_ms] = await span_latency(kafka.bootstrap, workdir / "otelcol", n, delay_ms, pace)
+        return cpu, bridge, backlog, latencies
+
+    try:
+        cpu, bridge, backlog, latencies = asyncio.run(rounds())
+    finally:
+        stop_all()
+        kafka.stop()
+    per_event = backlog.spans / backlog.events
+    collector_us = cpu / (backlog.spans - 9) * 1e6  # the warm-up request's run (9 spans) is not in the window
+    note = f"{backlog.spans:,} spans in {backlog.messages:,} messages as the Collector wrote them"
+    report.add(BENCH, "the real Collector (make otelcol, deploy config): OTLP/HTTP in, otlp_spans out",
+               f"{collector_us:.1f} µs CPU/span", f"{collector_us * per_event:.1f} µs CPU per event's spans; {note}")
+    b = bridge.steady_cpu_us
+    report.add(BENCH, "loopwarden bridge over those messages, steady", f"{b / per_event:.1f} µs CPU/span",
+               f"{b:.1f} µs CPU/event; {b / per_event / collector_us:.2f}x the Collector per span")
+    for delay_ms, values in latencies.items():
+        report.add(BENCH, f"span end -> transition readable, {delay_ms} ms span batching (SDK -> Collector -> "
+                          "worker --otel)", f"p50 {_pct(values, 0.5):.2f} s / p99 {_pct(values, 0.99):.2f} s",
+                   f"{len(values)} natural runs; run span end to VERIFYING read (read_committed)")
+
+
 def main(argv: list[str] | None = None) -> int:
     import shutil
     import tempfile
@@ -277,7 +496,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.otel_kafka", description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--apps", default="bridge,worker,pair")
+    parser.add_argument("--apps", default="bridge,worker,pair",
+                        help="of bridge, worker, pair, bridge-base; and collector: the real Collector's rows")
+    parser.add_argument("--latency-runs", type=int, default=100, help="collector: runs timed with 200 ms batching")
     parser.add_argument("--profile", default="", help="run the bridge and the pair under cProfile, stats into DIR")
     parser.add_argument("--base-tree", default="",
                         help="a checkout (e.g. `git archive <commit> | tar -x -C DIR`) whose bridge runs as app bridge-base")
@@ -287,7 +508,11 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="otel-bench-"))
     report = Report("o otel on Kafka")
     try:
-        otel_kafka(report, workdir, args.runs, args.rounds, apps=tuple(args.apps.split(",")))
+        apps = tuple(args.apps.split(","))
+        if set(apps) - {"collector"}:
+            otel_kafka(report, workdir, args.runs, args.rounds, apps=tuple(a for a in apps if a != "collector"))
+        if "collector" in apps:
+            otel_collector(report, workdir, args.runs, args.latency_runs)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     for row in report.rows:

@@ -114,10 +114,12 @@ def main(argv: list[str] | None = None) -> int:
             verify_rows(report, quick=args.quick)
         if "otel" in only:  # spans/s through the OpenTelemetry bridge against bare decoding and the worker
             from bench.otel import otel_rows
-            from bench.otel_kafka import otel_kafka
+            from bench.otel_kafka import otel_collector, otel_kafka
 
             otel_rows(report, quick=args.quick)
             otel_kafka(report, workdir, runs=2000 if args.quick else 5000, rounds=1 if args.quick else 3)
+            # the real Collector beside the bridge on the same spans; span end -> transition through it
+            otel_collector(report, workdir, runs=2000 if args.quick else 5000, latency_runs=30 if args.quick else 100)
     finally:
         if args.keep:
             progress(f"logs kept in {workdir}")

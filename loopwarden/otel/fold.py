@@ -92,7 +92,9 @@ class Limits:
     trace_retention_s: float = 3600.0  # a trace with no new span for this long is dropped
     # How long after its run span a run's last step and run_ended wait for spans that end after the run
     # span (a tool cut short by a cancellation ends after it in Python runtimes; one export batch may
-    # close before the other). 0: at once. Released by the task's punctuation (when caught up).
+    # close before the other). 0: at once. Released by the task's punctuation (when caught up). A run
+    # that ended cleanly after a model call that finished without asking for tools does not wait
+    # (:func:`end_grace_ms`): nothing of it can still be running.
     end_grace_s: float = 2.0
     # How long a run whose spans do not name its agent (gen_ai.agent.name, or its run span) waits for them
     # before it starts under its runtime's name. Runs shorter than an export interval arrive whole.
@@ -272,7 +274,7 @@ def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: in
         progress = state.runs[run] = RunProgress(open=[])
     closing = run_span is not None and not progress.ended
     if closing and not progress.close_ms:
-        progress.close_ms = max(1, now_ms + int(limits.end_grace_s * 1000))
+        progress.close_ms = max(1, now_ms + end_grace_ms(state, run_span, progress, limits))
     closed = closing and progress.close_ms <= now_ms
     if run_span is None and not progress.scope:
         return  # nothing of the run arrived yet
@@ -335,6 +337,33 @@ def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: in
 
 
 _order = attrgetter("start_ns", "span_id")  # (start, span id): a C-level key
+
+
+def end_grace_ms(state: TraceState, run_span: Span, progress: RunProgress, limits: Limits) -> int:
+    """How long a run whose run span arrived waits for spans that end after it: 0 when none can.
+
+    Spans are exported as they end, so the run's own calls, which end before it, arrived with or
+    before its run span; what ends after it is work the run left running — a tool call it asked
+    for and cut short (a cancellation, a timeout), or a call in another task. A run span OK, with no
+    exception or approval marker, whose last model call recorded a finish reason that asked for no
+    tool and was followed by none, left nothing running: it closes at once. Anything else (an
+    error, an exception, a tool request, a model call that recorded no finish reason, spans of the
+    trace still waiting for an ancestor) waits ``end_grace_s``."""
+    grace = int(limits.end_grace_s * 1000)
+    if not grace or run_span.error or run_span.exceptions or run_span.approval or state.waiting:
+        return grace
+    known = state.spans
+    models = [x for x in (known.get(i) for i in progress.open) if x is not None and x.role == ROLE_MODEL]
+    last = max(models, key=_order) if models else (known.get(progress.last_step) if progress.last_step else None)
+    if last is None or last.error or last.exceptions or not last.finish:
+        return grace
+    if FINISH.get(last.finish.lower(), "other") == "tool-calls":
+        return grace
+    for i in progress.open:
+        tool = known.get(i)
+        if tool is not None and tool.role == ROLE_TOOL and tool.start_ns >= last.start_ns:
+            return grace  # a tool after the last model call: the run stopped mid-step
+    return 0
 
 
 def _agent(run_span: Span | None, progress: RunProgress) -> str | None:

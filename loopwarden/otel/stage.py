@@ -22,14 +22,15 @@ from collections.abc import Mapping
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
-from loopwarden.otel.task import BridgeBatch, BridgeTask
+from loopwarden.otel.fold import Limits
+from loopwarden.otel.task import PUNCTUATE_S, BridgeBatch, BridgeTask
 from loopwarden.streams.config import Config
 from loopwarden.streams.exceptions import TopicLayoutError
 from loopwarden.streams.metrics import Metrics
 from loopwarden.streams.partition import OwnedPartition
 from loopwarden.streams.security import client_options
 from loopwarden.streams.stage import Input, StageBase
-from loopwarden.streams.topics import COMPACTED
+from loopwarden.streams.topics import COMPACTED, otel_problem
 
 
 def bridge_config(config: Config) -> Config:
@@ -49,10 +50,16 @@ class BridgeStage(StageBase):
         self.outputs = (config.steps_topic,)
         self.changelog_topic = f"{config.app_id}-traces-changelog"
         self.deadletter_topic = config.deadletter_topic
-        self.punctuate_every_s = config.tick_interval_s
+        # Often, so that a run held for its end grace goes out soon after it is due: a punctuation with
+        # nothing due costs the task one comparison and commits nothing.
+        self.punctuate_every_s = min(config.tick_interval_s, PUNCTUATE_S)
+        self.limits = Limits(end_grace_s=config.otel_end_grace_s)
 
     async def prepare(self) -> None:
-        """Create ``otlp_spans`` and the bridge's changelog if missing; refuse them unless co-partitioned."""
+        """Create ``otlp_spans`` and the bridge's changelog if missing; refuse them unless co-partitioned.
+
+        The layout is checked before anything is created: a refused layout leaves no topic behind, so the
+        count the refusal names (LOOPWARDEN_OTEL_PARTITIONS) is the one that then works."""
         c = self.config
         admin = AIOKafkaAdminClient(**client_options(c), request_timeout_ms=30_000)
         await admin.start()
@@ -61,6 +68,10 @@ class BridgeStage(StageBase):
             present = set(await admin.list_topics())  # describe only what exists: no auto-creation
             existing = await admin.describe_topics([t for t in wanted if t in present]) if present & set(wanted) else []
             counts = {t["topic"]: len(t["partitions"]) for t in existing if t.get("error_code", 0) == 0}
+            if c.steps_topic not in present:
+                raise TopicLayoutError(f"{c.steps_topic} is missing: start a worker once (it creates the topics), "
+                                       "or run `loopwarden topics repair`")
+            self._check(counts)
             missing = [t for t in wanted if t not in counts]
             if missing:
                 try:
@@ -70,22 +81,21 @@ class BridgeStage(StageBase):
                 except KafkaError as exc:  # another bridge may have created them meanwhile
                     if "TopicAlreadyExists" not in type(exc).__name__:
                         raise
-                counts.update(dict.fromkeys(missing, c.partitions))
-            if set(counts.values()) != {c.partitions}:
-                raise TopicLayoutError(
-                    "the bridge's topics must have otel_partitions="
-                    f"{c.partitions} partitions each, got " + ", ".join(f"{t}={n}" for t, n in counts.items())
-                    + " (set LOOPWARDEN_OTEL_PARTITIONS to the count of the existing topic)")
-            if c.steps_topic not in present:
-                raise TopicLayoutError(f"{c.steps_topic} is missing: start a worker once (it creates the topics), "
-                                       "or run `loopwarden topics repair`")
+                existing = await admin.describe_topics(wanted)
+                self._check({t["topic"]: len(t["partitions"]) for t in existing
+                             if t.get("error_code", 0) == 0 and t["partitions"]})
         finally:
             await admin.close()
 
+    def _check(self, counts: dict[str, int]) -> None:
+        if set(counts.values()) - {self.config.partitions}:
+            raise TopicLayoutError(otel_problem(self.config.partitions, counts))
+
     def task(self, partition: int, store: Mapping[bytes, bytes]) -> BridgeTask:
         c = self.config
-        return BridgeTask(partition, store, steps_topic=c.steps_topic, max_message_bytes=c.max_message_bytes,
-                          max_future_ms=int(c.max_future_skew_s * 1000))
+        return BridgeTask(partition, store, steps_topic=c.steps_topic, limits=self.limits,
+                          max_message_bytes=c.max_message_bytes, max_future_ms=int(c.max_future_skew_s * 1000),
+                          expire_every_ms=int(c.tick_interval_s * 1000))
 
     def summary(self, parts: list[OwnedPartition]) -> str:
         return f" ({sum(part.task.traces for part in parts)} traces held)"  # type: ignore[attr-defined]

@@ -18,8 +18,10 @@ topic with the worker's headers (reason, error, source topic, partition, offset)
 record with a content-free description of it (loopwarden.otel.deadletter), never the message's bytes,
 write ``changes`` to the stage's changelog (key = trace id in hex; None = tombstone), commit
 ``offsets``; after the commit apply ``changes`` to the store and call :meth:`BridgeTask.committed`.
-Call ``fold([], punctuate=True, caught_up=...)`` once per tick interval, as for the worker's
-timers. ``counts`` keys: ``("invalid", "otlp_spans", reason)``, ``("otel", label)`` with label in
+Call ``fold([], punctuate=True, caught_up=...)`` often (the stage asks every ``PUNCTUATE_S``): a
+run held for its end grace goes out at the first caught-up fold past its due time, and a fold with
+nothing due costs one comparison; traces past retention are looked for at most every
+``expire_every_ms``. ``counts`` keys: ``("invalid", "otlp_spans", reason)``, ``("otel", label)`` with label in
 ``spans``, ``span_refused``, ``span_duplicate``, ``span_late``, ``span_after_end``, ``span_trace_full``,
 ``runs_ended``, ``traces_expired``, ``runs_unended``, ``message_not_keyed_by_trace`` (the exporter
 lacks ``partition_traces_by_id``), and ``("otel_event", event type)``;
@@ -57,6 +59,8 @@ log = logging.getLogger("loopwarden.otel")
 
 DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # the Collector's exporter sends at most 1 MB by default
 DECODE_BLOCK = 64  # records decoded before they are folded
+PUNCTUATE_S = 0.1  # how often the stage asks a task for what became due (a held run waits at most this more)
+_NEVER = 1 << 62  # a due time no clock reaches
 _encode_event = msgspec.json.Encoder().encode
 _new_output = tuple.__new__
 # the counts label of each event type the fold publishes
@@ -97,7 +101,8 @@ class BridgeTask(TaskBase):  # one input: nothing held back for another (TaskBas
 
     def __init__(self, partition: int, store: Mapping[bytes, bytes], *, steps_topic: str,
                  limits: Limits = Limits(), wall_ms: Callable[[], int] = wall_clock_ms,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, max_future_ms: int = 300_000) -> None:
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, max_future_ms: int = 300_000,
+                 expire_every_ms: int = 1000) -> None:
         self.partition = partition
         self.store = store
         self.steps_topic = steps_topic
@@ -109,6 +114,9 @@ class BridgeTask(TaskBase):  # one input: nothing held back for another (TaskBas
         self.max_future_ms = max_future_ms
         self.last_ms: dict[bytes, int] = {}  # trace id -> last activity (committed), for retention
         self.closing: dict[bytes, int] = {}  # trace id -> when its next run's end grace is over (committed)
+        self.next_due = _NEVER  # the earliest of closing's times: a fold before it has nothing to publish
+        self.expire_every_ms = expire_every_ms
+        self._expire_at = 0  # the wall time from which a punctuation looks for expired traces again
         self._live: dict[bytes, TraceState | None] = {}
         self._warned_keys = False
 
@@ -123,6 +131,7 @@ class BridgeTask(TaskBase):  # one input: nothing held back for another (TaskBas
             due = next_close(state)
             if due is not None:
                 self.closing[key] = due
+        self.next_due = min(self.closing.values(), default=_NEVER)
         return len(self.last_ms)
 
     def load(self, trace_id: bytes) -> TraceState | None:
@@ -158,14 +167,15 @@ class BridgeTask(TaskBase):  # one input: nothing held back for another (TaskBas
                     decoded.clear()
         if decoded:
             self._fold_decoded(decoded, now, out)
-        if caught_up:  # runs in their start or end grace: due ones go out (few: those of the last seconds)
+        if caught_up and self.next_due <= now:  # runs in their start or end grace: due ones go out
             for key, due in list(self.closing.items()):
                 if due <= now:
                     state = self.load(key)
                     if state is not None:
                         self._live[key] = state
                         self._emit(close_due(state, key.decode(), now, self.limits), out)
-        if punctuate and caught_up:
+        if punctuate and caught_up and now >= self._expire_at:
+            self._expire_at = now + self.expire_every_ms
             self._expire(now, out)
         for key, state in self._live.items():
             out.changes[key] = None if state is None else encode_trace(state)
@@ -297,6 +307,8 @@ class BridgeTask(TaskBase):  # one input: nothing held back for another (TaskBas
                 self.last_ms.pop(key, None)
             else:
                 self.last_ms[key] = state.last_ms
+        if self._live:
+            self.next_due = min(self.closing.values(), default=_NEVER)
         self._live.clear()
 
     def discard(self) -> None:

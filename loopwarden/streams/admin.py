@@ -12,12 +12,20 @@ from loopwarden.streams.config import Config
 from loopwarden.streams.security import client_options
 
 def _describe(layout, config: Config) -> list[str]:
-    from loopwarden.streams.topics import co_partitioned, wanted
+    from loopwarden.streams.topics import co_partitioned, otel_topics
 
     lines = []
-    for topic in wanted(config):
+    for topic in layout.topics:
         n = layout.counts.get(topic)
-        if n is None:
+        if topic in otel_topics(config):
+            if n is None:
+                note = (f"missing (created with otel_partitions={config.otel_partitions} by `topics repair --otel` "
+                        "or the bridge)")
+            elif topic in layout.otel_wrong:
+                note = f"{plural(n, 'partition')}: WRONG, otel_partitions={config.otel_partitions}"
+            else:
+                note = f"{plural(n, 'partition')}, ok (OpenTelemetry bridge)"
+        elif n is None:
             note = f"missing (created with {plural(config.partitions, 'partition')} by the worker or `topics repair`)"
         elif topic in layout.wrong:
             note = f"{plural(n, 'partition')}: WRONG, partitions={config.partitions}"
@@ -33,14 +41,17 @@ def _describe(layout, config: Config) -> list[str]:
 
 
 async def _topics(config: Config, args: argparse.Namespace) -> int:
-    from loopwarden.streams.topics import read_layout, repair, repair_plan
+    from loopwarden.streams.topics import expected, partition_count, read_layout, repair, repair_plan
 
+    # The bridge's topics: when asked, or when the Collector's topic exists (a mismatch there shows up here).
+    otel = args.otel or await partition_count(config, config.otel_topic) is not None
     if args.action == "expand":
-        return await _expand(config, args)
+        return await _expand(config, args, otel)
     if args.action == "check":
-        layout = await read_layout(config)
+        layout = await read_layout(config, otel=otel)
         _connected()
-        print(f"loopwarden topics: broker {config.broker}, partitions={config.partitions}")
+        print(f"loopwarden topics: broker {config.broker}, partitions={config.partitions}"
+              + (f", otel_partitions={config.otel_partitions}" if otel else ""))
         print("\n".join(_describe(layout, config)))
         trusted = await _check_trusted_topic(config)
         if layout.ok and trusted:
@@ -50,14 +61,16 @@ async def _topics(config: Config, args: argparse.Namespace) -> int:
             return 1
         print(layout.problem(), file=sys.stderr)
         return 1
-    layout, empty, full, outputs_held = await repair_plan(config)
+    layout, empty, full, outputs_held = await repair_plan(config, otel=otel)
     _connected()
-    print(f"loopwarden topics: broker {config.broker}, partitions={config.partitions}")
+    print(f"loopwarden topics: broker {config.broker}, partitions={config.partitions}"
+          + (f", otel_partitions={config.otel_partitions}" if otel else ""))
     print("\n".join(_describe(layout, config)))
     if full:
+        flag = "--otel-partitions" if full[0] in layout.otel_wrong else "--partitions"
         raise SystemExit(
             "loopwarden topics repair: " + ", ".join(f"{t} ({layout.counts[t]} partitions)" for t in full)
-            + " hold records, which repair never deletes: run with --partitions "
+            + f" hold records, which repair never deletes: run with {flag} "
             + f"{layout.counts[full[0]]} to keep them, or delete them yourself (their data goes with them)")
     kept = {t: n for t, n in outputs_held.items() if n and not args.recreate_outputs}
     if kept:
@@ -74,10 +87,10 @@ async def _topics(config: Config, args: argparse.Namespace) -> int:
     if not empty and not layout.missing:
         print("layout ok: nothing to repair")
         return 0
-    steps = [f"delete and recreate {t} with {config.partitions} partitions (it has {layout.counts[t]}; "
+    steps = [f"delete and recreate {t} with {expected(config, t)} partitions (it has {layout.counts[t]}; "
              + (f"its {outputs_held[t]} offsets of records are deleted)" if outputs_held.get(t) else "it holds no records)")
              for t in empty]
-    steps += [f"create {t} with {config.partitions} partitions" for t in layout.missing if t not in empty]
+    steps += [f"create {t} with {expected(config, t)} partitions" for t in layout.missing if t not in empty]
     print("repair will:\n" + "\n".join(f"  {step}" for step in steps))
     if not args.yes:
         if not sys.stdin.isatty():
@@ -85,7 +98,7 @@ async def _topics(config: Config, args: argparse.Namespace) -> int:
         if input("go ahead? [y/N] ").strip().lower() not in ("y", "yes"):
             print("nothing changed")
             return 1
-    again = await repair(config, empty)
+    again = await repair(config, empty, otel=otel)
     print("repaired: " + "; ".join(steps))
     for topic in again:
         print(f"  {topic} came back with the broker's default count between the delete and the create (a client "
@@ -112,8 +125,9 @@ async def _check_trusted_topic(config: Config) -> bool:
     return False
 
 
-async def _expand(config: Config, args: argparse.Namespace) -> int:
+async def _expand(config: Config, args: argparse.Namespace, otel: bool = False) -> int:
     from loopwarden.streams.expand import expand
+    from loopwarden.streams.topics import otel_topics
 
     if args.expand_to is None:
         raise SystemExit("loopwarden topics expand: --to N is required (the new partition count)")
@@ -130,6 +144,13 @@ async def _expand(config: Config, args: argparse.Namespace) -> int:
     report = await expand(config, args.expand_to)
     _connected()
     print(f"loopwarden topics: {report}")
+    if otel:
+        # The Collector's producer, not loopwarden, places a trace on otlp_spans: grown under a running
+        # bridge, a trace's next spans would land on another partition than its state.
+        print(f"the OpenTelemetry bridge's topics ({' and '.join(otel_topics(config))}) keep their partitions: the "
+              "Collector places each trace by its own partitioner, so expand does not grow them; the bridge reads "
+              f"them whatever the worker's count (a new count: stop the Collector and bridge, then `loopwarden topics "
+              "repair --otel --otel-partitions N` once they hold no records)")
     return 0
 
 

@@ -29,7 +29,7 @@ from aiokafka.errors import IllegalOperation, KafkaError, UnknownTopicOrPartitio
 
 from loopwarden.streams.stage import FoldResult, Output
 from loopwarden.streams.store import OFFSETS_KEY
-from loopwarden.streams.topics import Router
+from loopwarden.streams.router import Router
 
 log = logging.getLogger("loopwarden.worker")
 T = TypeVar("T")

@@ -137,6 +137,10 @@ def add_commands(sub) -> None:
     p.add_argument("action", choices=("check", "repair", "expand"))
     _common(p)
     p.add_argument("--app-id", dest="app_id", help="whose changelog topic (LOOPWARDEN_APP_ID; default loopwarden)")
+    p.add_argument("--otel", action="store_true",
+                   help="also the OpenTelemetry bridge's topics (the otel topic and its changelog, otel_partitions "
+                        "each; looked at without it when the otel topic exists)")
+    _otel_flags(p, grace=False)
     p.add_argument("--to", dest="expand_to", type=int, metavar="N", help="expand: the new partition count")
     p.add_argument("--yes", action="store_true", help="repair or expand without asking")
     p.add_argument("--recreate-outputs", action="store_true",
@@ -160,11 +164,15 @@ def cmd_config_doc(args: argparse.Namespace) -> int:
     return 0
 
 
-def _otel_flags(p: argparse.ArgumentParser) -> None:
+def _otel_flags(p: argparse.ArgumentParser, grace: bool = True) -> None:
     p.add_argument("--otel-topic", dest="otel_topic",
                    help="the Collector's Kafka exporter topic (LOOPWARDEN_OTEL_TOPIC; default otlp_spans)")
     p.add_argument("--otel-partitions", dest="otel_partitions", type=int,
                    help="partitions of the otel topic and the bridge's changelog (LOOPWARDEN_OTEL_PARTITIONS; default 8)")
+    if grace:
+        p.add_argument("--otel-end-grace-s", dest="otel_end_grace_s", type=float,
+                       help="hold a run that did not end cleanly this long for spans ending after its run span "
+                            "(LOOPWARDEN_OTEL_END_GRACE_S; default 2)")
 
 
 def cmd_bridge(args: argparse.Namespace) -> int:

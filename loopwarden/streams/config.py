@@ -20,6 +20,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 # Settings that must lie in a range (bounds included): name -> (lowest, highest).
 _RANGES = {
     "partitions": (1, 10_000), "otel_partitions": (1, 10_000), "replication": (1, 100), "web_port": (0, 65535),
+    "otel_end_grace_s": (0, 600),
     "http_header_timeout_s": (0.1, 3600), "http_max_header_bytes": (1024, 1_048_576),
     "http_max_connections": (1, 100_000), "board_port": (0, 65535), "board_max_runs": (100, 10_000_000),
     "tick_interval_s": (0.05, 3600), "shutdown_timeout_s": (1, 3600), "batch_max_records": (1, 1_000_000),
@@ -96,6 +97,10 @@ class Config:
     otel_topic: str = "otlp_spans"
     # Partitions of the otel topic and of the bridge's changelog (created with this many when missing).
     otel_partitions: int = 8
+    # How long the bridge holds a run that ended in error, cancelled, after a tool request or without a
+    # recorded finish reason, for its spans that end after its run span (a cancelled tool's); a run that
+    # ended cleanly is published at once.
+    otel_end_grace_s: float = 2.0
     # Timers on processing time (`wall`) or on the event-time clock (`event`: steps' and receipts' ts, and explicit ticks).
     clock: str = "wall"
     # How often each partition's due timers fire.

@@ -44,7 +44,7 @@ from loopwarden.streams.security import client_options
 from loopwarden.streams.horizons import Horizons
 from loopwarden.streams.inputbound import InputBound
 from loopwarden.streams.stage import FoldResult, Stage
-from loopwarden.streams.topics import Router
+from loopwarden.streams.router import Router
 from loopwarden.streams.watch import Watch
 
 log = logging.getLogger("loopwarden.worker")

@@ -27,7 +27,7 @@ from loopwarden.streams.pauses import Pauses
 from loopwarden.streams.recovery import restore, seek_committed, transactional_producer
 from loopwarden.streams.stage import Stage, Task
 from loopwarden.streams.store import PartitionStore, open_partition
-from loopwarden.streams.topics import Router
+from loopwarden.streams.router import Router
 
 log = logging.getLogger("loopwarden.worker")
 RECOVERABLE = (KafkaError, OSError, asyncio.TimeoutError)

@@ -6,6 +6,8 @@ checked first and nothing is created when it does not fit, so a wrong setting le
 behind; the error is one line saying what to run. ``loopwarden topics check`` shows the layout and
 ``loopwarden topics repair`` creates what is missing and recreates co-partitioned topics of the
 wrong count that hold no records.
+
+The OpenTelemetry bridge's topics (:func:`otel_topics`) are a layout of their own, ``otel_partitions`` each.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from dataclasses import dataclass, field
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 
-from loopwarden.streams.assignment import murmur2
 from loopwarden.streams.config import Config
 from loopwarden.streams.exceptions import TopicLayoutError
 from loopwarden.streams.security import client_options
@@ -46,6 +47,25 @@ def wanted(config: Config) -> list[str]:
     return [*inputs(config), config.ticks_topic, config.health_topic, config.deadletter_topic, config.changelog_topic]
 
 
+def otel_topics(config: Config) -> list[str]:
+    """The Collector's topic and the bridge's changelog (its stage's app id is ``<app id>-otel``)."""
+    return [config.otel_topic, f"{config.app_id}-otel-traces-changelog"]
+
+
+def otel_problem(partitions: int, counts: dict[str, int]) -> str:
+    """One line: the bridge's topics have ``counts``, not ``partitions`` each; what to run."""
+    ns = set(counts.values())
+    keep = f"set LOOPWARDEN_OTEL_PARTITIONS={min(ns)} to use them as they are, or " if len(ns) == 1 else ""
+    return (f"the bridge's topics must have otel_partitions={partitions} partitions each, got "
+            + ", ".join(f"{t}={n}" for t, n in counts.items())
+            + f": {keep}run `loopwarden topics repair --otel` (it recreates those holding no records)")
+
+
+def expected(config: Config, topic: str) -> int:
+    """The partition count ``topic`` is created with."""
+    return config.otel_partitions if topic in otel_topics(config) else config.partitions
+
+
 @dataclass
 class Layout:
     """What the broker has of the wanted topics, and what does not fit the config."""
@@ -57,13 +77,22 @@ class Layout:
     # output topic -> its count, when not the configured one (allowed: a worker keeps the count an output had at
     # its start; but one auto-created by the broker while workers ran blocks them: `topics repair` recreates it)
     outputs_off: dict[str, int] = field(default_factory=dict)
+    otel: bool = False  # the bridge's topics are part of it
+    otel_wrong: dict[str, int] = field(default_factory=dict)  # otel topic -> its count, not otel_partitions
 
     @property
     def ok(self) -> bool:
-        return not self.wrong
+        return not self.wrong and not self.otel_wrong
+
+    topics = property(lambda self: wanted(self.config) + (otel_topics(self.config) if self.otel else []))
 
     def problem(self) -> str:
         """One line: what does not fit, and what to run."""
+        otel = {t: self.counts[t] for t in otel_topics(self.config) if t in self.counts}
+        return "; ".join(([self._problem()] if self.wrong else [])
+                         + ([f"topic layout: {otel_problem(self.config.otel_partitions, otel)}"] if self.otel_wrong else []))
+
+    def _problem(self) -> str:
         c = self.config
         shown = ", ".join(f"{t} has {n}" for t, n in self.wrong.items())
         existing = {self.counts[t] for t in co_partitioned(c) if t in self.counts}
@@ -94,10 +123,14 @@ async def existing_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict[
     return {t["topic"]: len(t["partitions"]) for t in existing if t.get("error_code", 0) == 0 and t["partitions"]}
 
 
-def plan(config: Config, counts: dict[str, int]) -> Layout:
-    """The layout of ``counts`` against ``config``: missing topics, and co-partitioned ones of another count."""
-    layout = Layout(config, counts)
-    layout.missing = [t for t in wanted(config) if t not in counts]
+def plan(config: Config, counts: dict[str, int], otel: bool = False) -> Layout:
+    """The layout of ``counts`` against ``config``: missing topics, and co-partitioned ones of another count
+    (with ``otel``, the bridge's topics too)."""
+    layout = Layout(config, counts, otel=otel)
+    layout.missing = [t for t in layout.topics if t not in counts]
+    if otel:
+        layout.otel_wrong = {t: counts[t] for t in otel_topics(config)
+                             if t in counts and counts[t] != config.otel_partitions}
     layout.wrong = {t: counts[t] for t in co_partitioned(config) if t in counts and counts[t] != config.partitions}
     layout.outputs_off = {t: counts[t] for t in outputs(config) if t in counts and counts[t] != config.partitions}
     return layout
@@ -113,11 +146,12 @@ async def partition_count(config: Config, topic: str, timeout_s: float = 30) -> 
         await admin.close()
 
 
-async def read_layout(config: Config, timeout_s: float = 30) -> Layout:
+async def read_layout(config: Config, timeout_s: float = 30, otel: bool = False) -> Layout:
+    """The layout; with ``otel``, the bridge's topics are part of it."""
     admin = _admin(config, timeout_s)
     await admin.start()
     try:
-        return plan(config, await existing_counts(admin, wanted(config)))
+        return plan(config, await existing_counts(admin, wanted(config) + (otel_topics(config) if otel else [])), otel)
     finally:
         await admin.close()
 
@@ -126,9 +160,10 @@ async def _create(admin: AIOKafkaAdminClient, config: Config, names: list[str]) 
     """Create ``names`` with the configured count; one that exists already (another worker) is fine."""
     if not names:
         return
+    changelogs = {config.changelog_topic, otel_topics(config)[1]}
     response = await admin.create_topics([
-        NewTopic(name, config.partitions, config.replication,
-                 topic_configs=COMPACTED if name == config.changelog_topic else {})
+        NewTopic(name, expected(config, name), config.replication,
+                 topic_configs=COMPACTED if name in changelogs else {})
         for name in names
     ])
     for topic, code, *rest in response.topic_errors:
@@ -172,18 +207,20 @@ async def records_held(config: Config, topic: str, partitions: int) -> int:
         await consumer.stop()
 
 
-async def repair_plan(config: Config, timeout_s: float = 30) -> tuple[Layout, list[str], list[str], dict[str, int]]:
+async def repair_plan(config: Config, timeout_s: float = 30,
+                      otel: bool = False) -> tuple[Layout, list[str], list[str], dict[str, int]]:
     """The layout, the wrong-count topics that are empty (safe to recreate), those that hold records, and
     the outputs of another count than configured -> the records they hold (0: safe to recreate)."""
-    layout = await read_layout(config, timeout_s)
+    layout = await read_layout(config, timeout_s, otel=otel)
     empty, full = [], []
-    for topic, n in layout.wrong.items():
+    for topic, n in {**layout.wrong, **layout.otel_wrong}.items():
         (full if await holds_records(config, topic, n) else empty).append(topic)
     held = {topic: await records_held(config, topic, n) for topic, n in layout.outputs_off.items()}
     return layout, empty, full, held
 
 
-async def repair(config: Config, recreate: list[str], timeout_s: float = 30, attempts: int = 5) -> list[str]:
+async def repair(config: Config, recreate: list[str], timeout_s: float = 30, attempts: int = 5,
+                 otel: bool = False) -> list[str]:
     """Delete ``recreate`` (wrong count, empty or given up), create them and every missing topic with the
     configured count right after, and check the counts they came back with.
 
@@ -196,7 +233,7 @@ async def repair(config: Config, recreate: list[str], timeout_s: float = 30, att
     again: list[str] = []
     try:
         for _ in range(attempts):
-            await _delete_and_create(admin, config, recreate, timeout_s)
+            await _delete_and_create(admin, config, recreate, timeout_s, otel)
             back = await _settled(admin, config, recreate)
             if not back:
                 return again
@@ -219,10 +256,11 @@ async def repair(config: Config, recreate: list[str], timeout_s: float = 30, att
 
 
 async def _delete_and_create(admin: AIOKafkaAdminClient, config: Config, recreate: list[str],
-                             timeout_s: float) -> None:
+                             timeout_s: float, otel: bool = False) -> None:
     """Delete ``recreate``, then create it and every missing topic at once (the controller has dropped a
     topic when its delete returns), and wait until a broker lists them."""
-    layout = plan(config, await existing_counts(admin, wanted(config)))
+    names = wanted(config) + (otel_topics(config) if otel else [])
+    layout = plan(config, await existing_counts(admin, names), otel=otel)
     names = [*layout.missing, *(t for t in recreate if t not in layout.missing)]
     if recreate:  # the create follows at once: the shorter the gap, the fewer clients can auto-create in it
         await admin.delete_topics(recreate, timeout_ms=int(timeout_s * 1000))
@@ -250,7 +288,7 @@ async def _settled(admin: AIOKafkaAdminClient, config: Config, names: list[str],
     deadline = time.monotonic() + wait_s
     while True:
         counts = await existing_counts(admin, names)
-        off = {t: counts[t] for t in names if t in counts and counts[t] != config.partitions}
+        off = {t: counts[t] for t in names if t in counts and counts[t] != expected(config, t)}
         unseen = [t for t in names if t not in counts]
         if not off and not unseen:
             return off
@@ -260,40 +298,3 @@ async def _settled(admin: AIOKafkaAdminClient, config: Config, names: list[str],
                                        f"within {wait_s:g} s: run `loopwarden topics check`, then repair again")
             return off
         await asyncio.sleep(0.1)
-
-
-HASHES_HELD = 16_384  # Router: keys whose hash is kept
-
-
-class Router:
-    """Which partition an output goes to when its stage leaves it to the default partitioner.
-
-    The partition counts of the output topics are learned once a producer is up
-    (:meth:`learn`); a topic keyed like the inputs with their partition count maps
-    partition *i*'s outputs to *i* without hashing each key again (the default
-    partitioner would pick the same)."""
-
-    def __init__(self, input_partitions: int, keyed_like_input: frozenset[str] = frozenset()) -> None:
-        self.input_partitions = input_partitions
-        self.keyed_like_input = keyed_like_input
-        self.counts: dict[str, int] = {}
-        # key -> its hash, for the keys met again soon (the bridge's run ids: a run's events come in a few
-        # batches); bounded, emptied when full. Outputs keyed like the inputs never get here.
-        self._hashes: dict[bytes, int] = {}
-
-    async def learn(self, producer, topics) -> None:
-        for topic in topics:
-            self.counts[topic] = len(await producer.partitions_for(topic))
-
-    def partition(self, topic: str, key: bytes | None, p: int) -> int:
-        n = self.counts[topic]
-        if n == self.input_partitions and topic in self.keyed_like_input:
-            return p
-        if key is None:
-            return p % n
-        h = self._hashes.get(key)
-        if h is None:
-            if len(self._hashes) >= HASHES_HELD:
-                self._hashes.clear()
-            h = self._hashes[key] = murmur2(key) & 0x7FFFFFFF
-        return h % n  # partition_of(key, n)

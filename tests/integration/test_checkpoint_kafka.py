@@ -15,7 +15,8 @@ from loopwarden.streams.checkpoint import Checkpoint, _Outbox
 from loopwarden.streams.manager import RECOVERABLE
 from loopwarden.streams.recovery import transactional_producer
 from loopwarden.streams.stage import Output
-from loopwarden.streams.topics import Router, existing_counts
+from loopwarden.streams.router import Router
+from loopwarden.streams.topics import existing_counts
 from tests.integration.harness import delete_topic, run, unique_config
 
 

@@ -9,7 +9,7 @@ import pytest
 from loopwarden.streams.assignment import partition_of
 from loopwarden.streams.deadletters import OVERHEAD, deadletter_output
 from loopwarden.streams.stage import DeadLetter, Output, StageBase
-from loopwarden.streams.topics import Router
+from loopwarden.streams.router import Router
 from tests.builders import Rec as _Rec
 
 

@@ -170,13 +170,79 @@ def test_end_grace_waits_while_a_backlog_drains():
     b = Bridge()
     b.task = b.new_task(limits=Limits(end_grace_s=2))
     r = Run()
-    b.fold([traces(r.chat("stop"), r.end())])
+    b.fold([traces(r.chat(), r.end())])  # the last model call asked for tools: the run is held
     b.now_ms += 5_000
     out = b.task.fold([], caught_up=False)
     assert out.outputs == []
     b.task.discard()
     b.fold([traces(Run().chat())])  # any caught-up fold, records or not
     assert kinds(b.events()) == ["run_started", "run_started", "step_finished", "run_ended"]
+
+
+def test_run_ended_cleanly_after_a_natural_finish_is_published_at_once():
+    """A run span OK after a model call that finished without asking for tools is not held for the end grace."""
+    b = Bridge()
+    b.task = b.new_task(limits=Limits(end_grace_s=2))
+    _r, spans = natural_run()
+    b.fold([traces(*spans)])
+    assert kinds(b.events())[-1] == "run_ended" and b.task.closing == {}
+
+
+def test_run_whose_last_model_call_recorded_no_finish_waits_the_end_grace():
+    """A model call without a finish reason may have asked for tools still running: its run is held end_grace_s."""
+    b = Bridge()
+    b.task = b.new_task(limits=Limits(end_grace_s=2))
+    r = Run()
+    b.fold([traces(r.chat(None), r.end())])
+    assert kinds(b.events()) == ["run_started"]
+    b.now_ms += 1_999
+    b.fold([], punctuate=True)
+    assert kinds(b.events()) == ["run_started"]
+    b.now_ms += 1
+    b.fold([], punctuate=True)
+    assert kinds(b.events()) == ["run_started", "step_finished", "run_ended"]
+
+
+@pytest.mark.parametrize("end", [dict(error=True), dict(exception="builtins.TimeoutError")],
+                         ids=["error", "exception"])
+def test_run_span_in_error_or_with_an_exception_waits_the_end_grace(end):
+    """A run span in ERROR or recording an exception is held end_grace_s, even after a natural finish."""
+    b = Bridge()
+    b.task = b.new_task(limits=Limits(end_grace_s=2))
+    r = Run()
+    b.fold([traces(r.chat("stop"), r.end(**end))])
+    assert kinds(b.events()) == ["run_started"]
+    b.now_ms += 2_000
+    b.fold([], punctuate=True)
+    assert kinds(b.events())[-1] == "run_ended"
+
+
+def test_held_run_goes_out_with_a_fold_of_other_records_once_due():
+    """A run past its end grace goes out with the next caught-up fold, whatever else it folds."""
+    b = Bridge()
+    b.task = b.new_task(limits=Limits(end_grace_s=2))
+    r = Run()
+    b.fold([traces(r.chat(), r.end())])
+    b.now_ms += 2_000
+    b.fold([traces(Run().chat("stop"))])
+    assert kinds(b.events()) == ["run_started", "run_started", "step_finished", "run_ended"]
+
+
+def test_traces_past_retention_are_looked_for_at_most_once_per_expiry_interval():
+    """Punctuations come every 0.1 s; a trace past retention is dropped at the first one past expire_every_ms."""
+    b = Bridge()
+    b.task = b.new_task(limits=Limits(trace_retention_s=0.5), expire_every_ms=1000)
+    b.fold([traces(Run().chat())])
+    b.now_ms += 1000
+    b.fold([], punctuate=True)
+    assert b.counts["otel", "traces_expired"] == 1
+    b.fold([traces(Run().chat())])
+    b.now_ms += 600  # past retention, within the expiry interval
+    b.fold([], punctuate=True)
+    assert b.counts["otel", "traces_expired"] == 1 and b.task.traces == 1
+    b.now_ms += 400
+    b.fold([], punctuate=True)
+    assert b.counts["otel", "traces_expired"] == 2 and b.task.traces == 0
 
 
 def test_span_of_an_ended_run_is_counted_and_ignored():

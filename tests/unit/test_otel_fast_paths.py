@@ -20,9 +20,9 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from loopwarden.otel.mapping import RUNTIMES
 from loopwarden.otel.spans import KNOWN, BadTraces, decode_proto, decode_proto_reference
-from loopwarden.streams import topics
+from loopwarden.streams import router as routing
 from loopwarden.streams.assignment import murmur2, partition_of
-from loopwarden.streams.topics import Router
+from loopwarden.streams.router import Router
 
 SCOPES = [s for row in RUNTIMES for s in row.scopes] + ["", "my.own.instrumentation"]
 KEYS = sorted(KNOWN) + ["gen_ai.input.messages", "gen_ai.request.model", "exception.type", "other"]
@@ -168,7 +168,7 @@ def test_murmur2_on_run_ids_and_known_values() -> None:
 
 def test_router_keeps_hashes_and_still_partitions_as_aiokafka(monkeypatch) -> None:
     """The router's kept hashes give aiokafka's partition for a key met again, and after the store is emptied."""
-    monkeypatch.setattr(topics, "HASHES_HELD", 50)
+    monkeypatch.setattr(routing, "HASHES_HELD", 50)
     router = Router(input_partitions=8)
     router.counts = {"agent.steps": 12}
     keys = [f"otel-{n:032x}-{n:016x}".encode() for n in range(120)]
