@@ -120,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
             otel_kafka(report, workdir, runs=2000 if args.quick else 5000, rounds=1 if args.quick else 3)
             # the real Collector beside the bridge on the same spans; span end -> transition through it
             otel_collector(report, workdir, runs=2000 if args.quick else 5000, latency_runs=30 if args.quick else 100)
+            # the bridge's CPU per span with and without the shipped config's content filter
+            from bench.otel_filter import otel_filter_rows
+
+            otel_filter_rows(report, workdir, quick=args.quick)
     finally:
         if args.keep:
             progress(f"logs kept in {workdir}")
