@@ -75,7 +75,7 @@ WORDS: tuple[str, ...] = (
     # docs/contract.md section 11 (producers)
     "cancelled", "late_segment_started", "producer_dropped",
     # appended (tests/unit/test_vocabulary.py: every word of loopwarden.codecs.vocabulary is here)
-    "untracked_step", "duplicate_expectation",
+    "untracked_step", "duplicate_expectation", "stale_receipt",
 )
 _INDEX: dict[str, int] = {}
 for _i, _w in enumerate(WORDS):
@@ -207,6 +207,8 @@ class _State(Struct, array_like=True, omit_defaults=True):
     untrusted_receipt_ids: list[str] = []  # added later, likewise
     expectation_ids: list[str] = []  # added later, likewise
     receipt_trust: dict[str, str] = {}  # added later, likewise
+    started_ts: int | None = None  # added later, likewise
+    held: list[tuple[str, Word, bool, int]] = []  # added later, likewise
 
 
 assert _State.__struct_fields__ == RunState.__struct_fields__, "codec out of step with RunState"
@@ -258,6 +260,8 @@ class _State2(Struct, array_like=True, omit_defaults=True):
     untrusted_receipt_ids: list[Id] = []
     expectation_ids: list[Id] = []
     receipt_trust: dict[str, str] = {}
+    started_ts: int | None = None  # minus last_seen_ts
+    held: list[tuple[Id, Word2, bool, int]] = []  # stamp minus last_seen_ts
 
 
 assert ("run_id", *_State2.__struct_fields__) == RunState.__struct_fields__, "codec v2 out of step with RunState"
@@ -434,6 +438,8 @@ def _encode_v1(state: RunState) -> bytes:
         s.untrusted_receipt_ids,
         s.expectation_ids,
         s.receipt_trust,
+        s.started_ts,
+        [(rid, _INDEX.get(k, k), v, stamp) for rid, k, v, stamp in s.held] if s.held else [],
     ))
 
 
@@ -473,6 +479,8 @@ def _decode_v1(data: bytes) -> RunState:
         s.untrusted_receipt_ids,
         s.expectation_ids,
         s.receipt_trust,
+        s.started_ts,
+        [(rid, _s(k), v, stamp) for rid, k, v, stamp in s.held] if s.held else [],
     )
 
 
@@ -539,6 +547,9 @@ def encode_state(state: RunState) -> bytes:
             _ids_out(s.untrusted_receipt_ids, rid) if n and s.untrusted_receipt_ids else s.untrusted_receipt_ids,
             _ids_out(s.expectation_ids, rid) if n and s.expectation_ids else s.expectation_ids,
             s.receipt_trust,
+            None if s.started_ts is None else s.started_ts - base,
+            [(_id_out(r, rid) if n else r, _number(k, k), v, stamp - base) for r, k, v, stamp in s.held]
+            if s.held else [],
         ))
     except OverflowError:  # a time so far from last_seen_ts that the difference leaves 64 bits
         return _encode_v1(state)
@@ -598,6 +609,9 @@ def decode_state(data: bytes, run_id: str | None = None) -> RunState:
         _ids_in(s.untrusted_receipt_ids, run_id) if s.untrusted_receipt_ids else [],
         _ids_in(s.expectation_ids, run_id) if s.expectation_ids else [],
         s.receipt_trust,
+        None if s.started_ts is None else s.started_ts + base,
+        [(r if type(r) is str else r[0] + run_id + r[1], _word(k, k), v, stamp + base) for r, k, v, stamp in s.held]
+        if s.held else [],
     )
 
 

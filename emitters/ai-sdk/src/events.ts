@@ -123,6 +123,7 @@ export const IGNORED_EVENTS = [
   'untracked_step',
   'duplicate_expectation',
   'late_segment_started',
+  'stale_receipt',
 ] as const;
 export type IgnoredEvent = (typeof IGNORED_EVENTS)[number];
 
