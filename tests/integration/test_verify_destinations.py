@@ -101,6 +101,72 @@ def _count(v: Verifier, checker: str, outcome: str) -> float:
     return v.metrics.registry.get_sample_value("loopwarden_verify_checks_total", {"checker": checker, "outcome": outcome}) or 0
 
 
+def test_a_directory_target_is_a_not_a_file_receipt_never_an_exception(tmp_path: Path) -> None:
+    """A directory under the prefix, and the prefix itself: a signed verified=false receipt, reason not_a_file."""
+    out = tmp_path / "out"
+    (out / "reports").mkdir(parents=True)
+    exps = [_exp(f"file://{out}/reports", {"min_size": 1}, "dir"), _exp(f"file://{out}/", {}, "prefix"),
+            _exp(f"file://{out}/reports/", {"json_schema": "report-v1"}, "schema_dir")]
+    schema = tmp_path / "report.schema.json"
+    schema.write_text(json.dumps(REPORT_SCHEMA))
+    config = VerifyConfig(file_prefixes=(str(out),), retry_negative_s=0, json_schemas={"report-v1": str(schema)})
+    results, v, trusted = asyncio.run(_verify_all(config, exps))
+    assert [(r.receipt_id, r.verified, r.evidence["reason"]) for r in results] == [
+        ("dir", False, "not_a_file"), ("prefix", False, "not_a_file"), ("schema_dir", False, "not_a_file")]
+    assert all(trusted.why_untrusted(r) is None for r in results)
+    assert _count(v, "file", "error") == 0 and _count(v, "json_schema", "error") == 0
+
+
+def test_a_directory_swapped_for_a_symlink_while_checks_run_never_gets_a_file_outside_measured(tmp_path: Path) -> None:
+    """A thread swaps a directory under the prefix for a symlink to one outside, as fast as it can, while
+    3,000 checks run: none measures the outside file (each is the inside file, missing, or refused)."""
+    import threading
+
+    from loopwarden.verify.checkers import CheckError
+    from loopwarden.verify.checkers.base import Context
+    from loopwarden.verify.checkers.file import FileChecker
+
+    out, outside = tmp_path / "out", tmp_path / "outside"
+    (out / "d").mkdir(parents=True)
+    outside.mkdir()
+    (out / "d" / "f.txt").write_text("inside\n")
+    (outside / "f.txt").write_text("the secret outside the prefix\n")
+    secret_size = (outside / "f.txt").stat().st_size
+    config = VerifyConfig(file_prefixes=(str(out),))
+    ctx = Context(config=config, timeout_s=3.0, max_body_bytes=1 << 20)
+    exp = _exp(f"file://{out}/d/f.txt", {"sha256": hashlib.sha256(b"the secret outside the prefix\n").hexdigest()})
+    stop = threading.Event()
+
+    def swap() -> None:
+        while not stop.is_set():
+            (out / "d").rename(out / "d.real")
+            (out / "d").symlink_to(outside, target_is_directory=True)
+            (out / "d").unlink()
+            (out / "d.real").rename(out / "d")
+
+    async def checks() -> dict:
+        seen: dict = {}
+        checker = FileChecker()
+        for _ in range(3000):
+            try:
+                m = await checker.check(exp, ctx)
+                key = "outside" if m.verified or m.evidence.get("size") == secret_size else (m.reason or "inside")
+            except CheckError as exc:
+                key = exc.reason
+            seen[key] = seen.get(key, 0) + 1
+        return seen
+
+    thread = threading.Thread(target=swap)
+    thread.start()
+    try:
+        seen = asyncio.run(checks())
+    finally:
+        stop.set()
+        thread.join()
+    assert "outside" not in seen, seen
+    assert sum(seen.values()) == 3000 and seen.get("sha256_mismatch", 0) > 0, seen  # the inside file was measured
+
+
 def test_file_checker_measures_size_hash_and_sniffed_type_and_refuses_paths_outside(tmp_path: Path) -> None:
     """Present/right → verified; small, wrong hash, wrong type, missing → false with reason; outside → refused."""
     async def main():
@@ -112,6 +178,7 @@ def test_file_checker_measures_size_hash_and_sniffed_type_and_refuses_paths_outs
             (out / "notes.txt").write_text("hello\n")
             (tmp_path / "secret.txt").write_text("no")
             (out / "link").symlink_to(tmp_path / "secret.txt")
+            (out / "inner").symlink_to(out / "notes.txt")  # a link inside the prefix: not followed either
             sha = hashlib.sha256(PDF).hexdigest()
             exps = [
                 _exp(f"file://{out}/report.pdf", {"min_size": 1000, "sha256": sha, "content_type": "application/pdf"}, "ok"),
@@ -122,6 +189,7 @@ def test_file_checker_measures_size_hash_and_sniffed_type_and_refuses_paths_outs
                 _exp(f"file://{tmp_path}/secret.txt", {}, "outside"),
                 _exp(f"file://{out}/link", {}, "symlink_out"),
                 _exp(f"file://{out}/../secret.txt", {}, "dotdot"),
+                _exp(f"file://{out}/inner", {}, "symlink_in"),
                 _exp(f"file://{out}/report.pdf", {"colour": "red"}, "unknown_check"),
             ]
             results, v, trusted = await _verify_all(config, exps)
@@ -135,8 +203,9 @@ def test_file_checker_measures_size_hash_and_sniffed_type_and_refuses_paths_outs
         reasons = {k: r.evidence["reason"] for k, r in by_id.items() if r is not None and not r.verified}
         assert reasons == {"small": "size_below_floor", "hash": "sha256_mismatch", "type": "content_type_mismatch",
                            "missing": "missing"}
-        assert [k for k, r in by_id.items() if r is None] == ["outside", "symlink_out", "dotdot", "unknown_check"]
-        assert _count(v, "file", "refused") == 3 and _count(v, "file", "bad_expectation") == 1
+        assert [k for k, r in by_id.items() if r is None] == ["outside", "symlink_out", "dotdot", "symlink_in",
+                                                              "unknown_check"]
+        assert _count(v, "file", "refused") == 4 and _count(v, "file", "bad_expectation") == 1
         assert all(decode_outcome_event(encode(r)) == r for r in results if r is not None)
     asyncio.run(main())
 
