@@ -31,8 +31,15 @@ REPORT_SCHEMA = {"type": "object", "required": ["summary", "sections"],
 
 
 @pytest.fixture(scope="module")
-def pg():
-    cluster = PostgresCluster().start()
+def pg_ca(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """A throwaway CA and the certificate it signed for the test database (ca.pem, cert.pem, key.pem)."""
+    return make_ca_and_server_cert(tmp_path_factory.mktemp("pg-tls"))
+
+
+@pytest.fixture(scope="module")
+def pg(pg_ca):
+    """The database, offering TLS with a certificate the test CA signed."""
+    cluster = PostgresCluster(tls=pg_ca[1:]).start()
     cluster.psql("CREATE TABLE invoices (id int PRIMARY KEY, status text, amount numeric, paid boolean);"
                  "INSERT INTO invoices VALUES (1, 'sent', 120.50, true), (2, 'draft', 99, false);"
                  "CREATE TABLE secrets (id int);")
@@ -68,7 +75,8 @@ async def _routes_server(tmp: Path):
     return runner, port, ca
 
 
-def _config(tmp: Path, port: int, ca: Path, pg: PostgresCluster | None = None, **kw) -> VerifyConfig:
+def _config(tmp: Path, port: int, ca: Path, pg: PostgresCluster | None = None, pg_ca: Path | None = None,
+            **kw) -> VerifyConfig:
     out = tmp / "out"
     out.mkdir(exist_ok=True)
     schema = tmp / "report.schema.json"
@@ -76,8 +84,8 @@ def _config(tmp: Path, port: int, ca: Path, pg: PostgresCluster | None = None, *
     dbs = ()
     if pg is not None:
         dbs = (Database(host="127.0.0.1", port=pg.port, dbname="postgres", user=pg.user, password_env="LW_TEST_PG_PW",
-                        tables=("invoices",)),
-               Database(host="127.0.0.1", port=free_port(), dbname="postgres", user="x"))  # nothing listens there
+                        tables=("invoices",), sslrootcert=str(pg_ca) if pg_ca else None),
+               Database(host="127.0.0.1", port=free_port(), dbname="postgres", user="x", tables=("t",)))  # nothing listens
     return VerifyConfig(file_prefixes=(str(out),), http_hosts=(f"localhost:{port}",), http_cafile=str(ca),
                         databases=dbs, json_schemas={"report-v1": str(schema)}, check_timeout_s=3.0,
                         max_body_bytes=1024 * 1024, retry_negative_s=0, retry_initial_s=0.05, **kw)
@@ -241,6 +249,8 @@ def test_http_checker_status_header_json_pointer_hash_and_bounded_bad_destinatio
         assert by_id["deployed"].verified and by_id["deployed"].evidence["json:/version"] is True
         assert by_id["deployed"].evidence["header:x-release"] is True
         assert "1.4.2" not in json.dumps(by_id["deployed"].evidence) and "1.4.2" not in json.dumps(by_id["old_version"].evidence)
+        assert by_id["old_version"].evidence["json:/version"] is False  # which pointer differs, no digest of its value
+        assert not [k for k in by_id["old_version"].evidence if k.endswith(":sha256")]
         assert by_id["object"].verified and by_id["object"].evidence["size"] == len(PDF)
         reasons = {k: r.evidence["reason"] for k, r in by_id.items() if r is not None and not r.verified}
         assert reasons == {"old_version": "json_value_mismatch", "not_found": "status_mismatch",
@@ -298,14 +308,16 @@ def test_json_schema_checker_validates_named_schemas_at_files_and_urls(tmp_path:
     asyncio.run(main())
 
 
-def test_postgresql_checker_finds_the_row_compares_fields_and_never_copies_values(pg, tmp_path: Path, monkeypatch) -> None:
-    """Right row → verified; wrong field → false with its hash; missing row → false; refused connection → none."""
+def test_postgresql_checker_finds_the_row_compares_fields_and_never_copies_values(pg, pg_ca, tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    """Right row → verified; wrong field → false, naming the field, with no value nor digest of it; missing
+    row → false; a table not listed → refused; refused connection → none."""
     monkeypatch.setenv("LW_TEST_PG_PW", pg.password)
 
     async def main():
         runner, port, ca = await _routes_server(tmp_path)
         try:
-            config = _config(tmp_path, port, ca, pg)
+            config = _config(tmp_path, port, ca, pg, pg_ca[0])
             target = f"postgresql://127.0.0.1:{pg.port}/postgres#invoices"
             exps = [
                 _exp(target, {"row": {"id": 1}, "fields": {"status": "sent", "amount": "120.50", "paid": True}}, "row_ok", "record"),
@@ -313,6 +325,8 @@ def test_postgresql_checker_finds_the_row_compares_fields_and_never_copies_value
                 _exp(target, {"row": {"id": 3}, "fields": {"status": "sent"}}, "row_missing", "record"),
                 _exp(target, {"row": {"id": 1}, "fields": {"nope": "x"}}, "no_column", "record"),
                 _exp(f"postgresql://127.0.0.1:{pg.port}/postgres#secrets", {"row": {"id": 1}}, "table_not_allowed", "record"),
+                _exp(f"postgresql://127.0.0.1:{pg.port}/postgres#pg_catalog.pg_authid", {"row": {"rolname": "verifier"}},
+                     "catalog", "record"),
                 _exp(f"postgresql://127.0.0.1:{pg.port}/other#invoices", {"row": {"id": 1}}, "db_not_allowed", "record"),
                 _exp(f"postgresql://evil:pw@127.0.0.1:{pg.port}/postgres#invoices", {"row": {"id": 1}}, "creds", "record"),
                 _exp(f"postgresql://127.0.0.1:{config.databases[1].port}/postgres#t", {"row": {"id": 1}}, "refused", "record"),
@@ -325,14 +339,61 @@ def test_postgresql_checker_finds_the_row_compares_fields_and_never_copies_value
         assert by_id["row_ok"].verified and by_id["row_ok"].evidence["field:status"] is True
         wrong = by_id["row_wrong"]
         assert (wrong.verified, wrong.evidence["reason"], wrong.evidence["field:status"]) == (False, "fields_mismatch", False)
-        assert wrong.evidence["field:status:sha256"] == hashlib.sha256(b"draft").hexdigest()[:16]
-        assert "draft" not in json.dumps(wrong.evidence)
+        assert wrong.evidence == {"rows": 1, "field:status": False, "reason": "fields_mismatch",
+                                  "checker_target": wrong.evidence["checker_target"]}
+        assert "draft" not in json.dumps(wrong.evidence) and hashlib.sha256(b"draft").hexdigest()[:16] not in encode(wrong).decode()
         assert by_id["row_missing"].evidence["reason"] == "row_missing"
         assert by_id["no_column"].evidence["reason"] == "no_such_column"
-        assert [k for k, r in by_id.items() if r is None] == ["table_not_allowed", "db_not_allowed", "creds", "refused",
-                                                              "injection"]
-        assert _count(v, "postgresql", "refused") == 3 and _count(v, "postgresql", "bad_expectation") == 1
+        assert [k for k, r in by_id.items() if r is None] == ["table_not_allowed", "catalog", "db_not_allowed", "creds",
+                                                              "refused", "injection"]
+        assert _count(v, "postgresql", "refused") == 4 and _count(v, "postgresql", "bad_expectation") == 1
         assert v.metrics.registry.get_sample_value("loopwarden_verify_gave_up_total",
                                                    {"checker": "postgresql", "reason": "unreachable"}) == 1
         assert pg.psql("SELECT count(*) FROM invoices").strip() == "2"
     asyncio.run(main())
+
+
+def _pg_config(cluster: PostgresCluster, **db) -> VerifyConfig:
+    return VerifyConfig(databases=(Database(host="127.0.0.1", port=cluster.port, dbname="postgres", user=cluster.user,
+                                            password_env="LW_TEST_PG_PW", tables=("invoices",), **db),),
+                        check_timeout_s=3.0, retry_negative_s=0, retry_initial_s=0.05)
+
+
+def _row_ok(cluster: PostgresCluster) -> OutcomeExpected:
+    return _exp(f"postgresql://127.0.0.1:{cluster.port}/postgres#invoices", {"row": {"id": 1}, "fields": {"status": "sent"}},
+                "row_ok", "record")
+
+
+def _gave_up(v: Verifier, reason: str) -> float:
+    return v.metrics.registry.get_sample_value("loopwarden_verify_gave_up_total",
+                                               {"checker": "postgresql", "reason": reason}) or 0
+
+
+def test_postgresql_is_asked_over_tls_verified_against_the_configured_ca_and_an_untrusted_server_cannot_answer(
+        pg, pg_ca, tmp_path: Path, monkeypatch) -> None:
+    """verify-full (the default) with the CA that signed the server: verified. With another CA, or the
+    system's, the server's certificate is refused: no receipt, counted as tls."""
+    monkeypatch.setenv("LW_TEST_PG_PW", pg.password)
+    other_ca = make_ca_and_server_cert(tmp_path)[0]
+    results = {}
+    for name, db in (("right_ca", {"sslrootcert": str(pg_ca[0])}), ("verify_ca", {"sslrootcert": str(pg_ca[0]),
+                                                                                "sslmode": "verify-ca"}),
+                     ("other_ca", {"sslrootcert": str(other_ca)}), ("system_cas", {})):
+        (result,), v, trusted = asyncio.run(_verify_all(_pg_config(pg, **db), [_row_ok(pg)], window_s=1.5))
+        results[name] = (result is not None and result.verified, _gave_up(v, "tls"))
+    assert results == {"right_ca": (True, 0), "verify_ca": (True, 0), "other_ca": (False, 1), "system_cas": (False, 1)}
+
+
+def test_postgresql_in_plaintext_only_when_the_config_says_sslmode_disable(tmp_path: Path, monkeypatch) -> None:
+    """A server that offers no TLS: refused by default (no fallback to plaintext), counted as tls; with
+    sslmode = "disable" written in the config, asked in plaintext."""
+    plain = PostgresCluster().start()
+    try:
+        plain.psql("CREATE TABLE invoices (id int PRIMARY KEY, status text); INSERT INTO invoices VALUES (1, 'sent');")
+        monkeypatch.setenv("LW_TEST_PG_PW", plain.password)
+        (refused,), v, _ = asyncio.run(_verify_all(_pg_config(plain), [_row_ok(plain)], window_s=1.5))
+        assert refused is None and _gave_up(v, "tls") == 1
+        (asked,), v, _ = asyncio.run(_verify_all(_pg_config(plain, sslmode="disable"), [_row_ok(plain)]))
+        assert asked is not None and asked.verified and _gave_up(v, "tls") == 0
+    finally:
+        plain.stop()

@@ -240,6 +240,12 @@ def test_a_persons_signed_receipt_decides_a_run_only_when_their_key_is_trusted(t
     ("[http]\nhosts = ['https://x.example']", "http.hosts: 'https://x.example' must be host or host:port"),
     ("[json_schemas]\nreport = '/no/such/schema.json'", "json_schemas.report: '/no/such/schema.json' is not a readable"),
     ("[[postgresql.databases]]\nhost = 'db'", "postgresql.databases\\[0\\]: .* needs host, dbname, user"),
+    ("[[postgresql.databases]]\nhost = 'db'\ndbname = 'app'\nuser = 'v'",
+     "postgresql.databases\\[0\\] \\(db:5432/app\\): tables is required"),
+    ("[[postgresql.databases]]\nhost = 'db'\ndbname = 'app'\nuser = 'v'\ntables = ['t']\nsslmode = 'require'",
+     "postgresql.databases\\[0\\] \\(db:5432/app\\): sslmode 'require' must be one of verify-full, verify-ca, disable"),
+    ("[[postgresql.databases]]\nhost = 'db'\ndbname = 'app'\nuser = 'v'\ntables = ['t']\nssl = false",
+     "postgresql.databases\\[0\\]: unknown setting 'ssl'"),
     ("colour = 'red'", "unknown setting 'colour'"),
     ("broker = ", "not valid TOML"),
 ])
