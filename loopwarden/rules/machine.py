@@ -9,7 +9,8 @@ that the shell must publish and count.
 Notes are ``(kind, label)`` pairs from bounded sets, for metrics:
 ``("ignored", <why>)``, ``("disagreement", <name>)``, ``("cause", <derived cause>)``,
 ``("reported_cause", <cause>)``, ``("receipt", on_time|late|negative|held|duplicate|orphan)``,
-``("timer", <kind>)``, ``("evicted", <state>)``, and ``("receipt", untrusted_<why>)`` for an untrusted receipt.
+``("timer", <kind>)``, ``("evicted", <state>)``, and ``("receipt", untrusted_<why>)`` for an untrusted receipt
+(``untrusted_stale``, decided here: a receipt of an earlier occurrence of the run id, docs/contract.md section 10).
 """
 
 from __future__ import annotations
