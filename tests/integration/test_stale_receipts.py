@@ -42,9 +42,7 @@ def _steps(events: list[dict]) -> list[tuple]:
 
 def test_the_worker_refuses_an_old_signed_receipt_for_a_reused_run_id_before_and_after_the_run_ends(
         kafka, tmp_path: Path) -> None:
-    """Occurrence one verified by a signed receipt, dropped after retention; occurrence two gets the same
-    receipt re-sent while running and after its end: untrusted_stale twice, the run stays VERIFYING; its own
-    receipt (signed for its run_started) then verifies it."""
+    """The first occurrence's receipt re-sent twice to the reused run id: untrusted_stale, VERIFYING; its own verifies."""
     config = unique_config(kafka.bootstrap, partitions=2)
     key = SigningKey.generate("verifier-1")
     worker = make_worker(config, tmp_path, clock="event", retention_s=60)

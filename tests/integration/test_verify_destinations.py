@@ -126,8 +126,7 @@ def test_a_directory_target_is_a_not_a_file_receipt_never_an_exception(tmp_path:
 
 
 def test_a_directory_swapped_for_a_symlink_while_checks_run_never_gets_a_file_outside_measured(tmp_path: Path) -> None:
-    """A thread swaps a directory under the prefix for a symlink to one outside, as fast as it can, while
-    3,000 checks run: none measures the outside file (each is the inside file, missing, or refused)."""
+    """3,000 checks while a thread swaps a directory for a symlink to outside the prefix: 0 outside measurements."""
     import threading
 
     from loopwarden.verify.checkers import CheckError
@@ -310,8 +309,7 @@ def test_json_schema_checker_validates_named_schemas_at_files_and_urls(tmp_path:
 
 def test_postgresql_checker_finds_the_row_compares_fields_and_never_copies_values(pg, pg_ca, tmp_path: Path,
                                                                                    monkeypatch) -> None:
-    """Right row → verified; wrong field → false, naming the field, with no value nor digest of it; missing
-    row → false; a table not listed → refused; refused connection → none."""
+    """Right row verified; a wrong field named, never its value nor a digest; unlisted tables refused."""
     monkeypatch.setenv("LW_TEST_PG_PW", pg.password)
 
     async def main():
@@ -371,8 +369,7 @@ def _gave_up(v: Verifier, reason: str) -> float:
 
 def test_postgresql_is_asked_over_tls_verified_against_the_configured_ca_and_an_untrusted_server_cannot_answer(
         pg, pg_ca, tmp_path: Path, monkeypatch) -> None:
-    """verify-full (the default) with the CA that signed the server: verified. With another CA, or the
-    system's, the server's certificate is refused: no receipt, counted as tls."""
+    """verify-full with the server's CA answers; with another CA or the system's: no receipt, counted as tls."""
     monkeypatch.setenv("LW_TEST_PG_PW", pg.password)
     other_ca = make_ca_and_server_cert(tmp_path)[0]
     results = {}
@@ -385,8 +382,7 @@ def test_postgresql_is_asked_over_tls_verified_against_the_configured_ca_and_an_
 
 
 def test_postgresql_in_plaintext_only_when_the_config_says_sslmode_disable(tmp_path: Path, monkeypatch) -> None:
-    """A server that offers no TLS: refused by default (no fallback to plaintext), counted as tls; with
-    sslmode = "disable" written in the config, asked in plaintext."""
+    """A server without TLS is refused by default (counted as tls) and asked only with sslmode = "disable"."""
     plain = PostgresCluster().start()
     try:
         plain.psql("CREATE TABLE invoices (id int PRIMARY KEY, status text); INSERT INTO invoices VALUES (1, 'sent');")

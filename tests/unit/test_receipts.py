@@ -305,8 +305,7 @@ def _occurrences(replay: Replay, key: SigningKey):
 
 @pytest.mark.parametrize("channel", [False, True], ids=["signed", "by_channel"])
 def test_an_old_receipt_resent_to_a_reused_run_id_is_refused_as_stale_before_and_after_the_run_ends(channel) -> None:
-    """The first occurrence's signed receipt, re-sent unchanged while the second runs and after it ended:
-    counted as untrusted_stale, changes no state; the second occurrence's own receipt still verifies."""
+    """An old receipt re-sent to a reused run id, before and after the run ends: untrusted_stale, no state change."""
     from loopwarden.rules import Settings
 
     key = SigningKey.generate("verifier-1")
@@ -333,8 +332,7 @@ def test_an_old_receipt_resent_to_a_reused_run_id_is_refused_as_stale_before_and
 
 
 def test_an_old_receipt_held_before_the_reused_run_id_starts_is_refused_at_the_start() -> None:
-    """Re-sent into the tomb before the second occurrence's first event, the old receipt is held, then
-    refused when the occurrence starts: the run goes RUNNING, VERIFYING, never VERIFIED_COMPLETE."""
+    """An old receipt held before the reused run id's first event is refused when the occurrence starts."""
     from loopwarden.rules import Settings
 
     key = SigningKey.generate("verifier-1")
@@ -348,8 +346,7 @@ def test_an_old_receipt_held_before_the_reused_run_id_starts_is_refused_at_the_s
 
 
 def test_an_unbound_receipt_signed_as_old_verifiers_sign_is_stale_by_its_own_ts() -> None:
-    """A receipt without run_started_ts (an older verifier's) is judged by its signed ts: before the second
-    occurrence started, it is stale; the signature is checked first (a stale forgery is bad_signature)."""
+    """A receipt without run_started_ts is stale when its signed ts is before the occurrence's start."""
     from loopwarden.rules import Settings
 
     key = SigningKey.generate("verifier-1")
