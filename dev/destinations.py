@@ -79,8 +79,9 @@ def pg_bin(name: str) -> str:
 class PostgresCluster:
     """A throwaway PostgreSQL cluster on a free port, password (SCRAM) authentication for ``user``."""
 
-    def __init__(self, user: str = "verifier", password: str = "s3cret-pw") -> None:
-        self.user, self.password = user, password
+    def __init__(self, user: str = "verifier", password: str = "s3cret-pw", tls: tuple[Path, Path] | None = None) -> None:
+        """``tls``: (certificate, key) PEM files: the server then offers TLS with them (ssl=on)."""
+        self.user, self.password, self.tls = user, password, tls
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="lw-pg-"))
         self.data = self.dir / "data"
@@ -103,8 +104,16 @@ class PostgresCluster:
             os.chown(pwfile, *self._owner)
         self._run(pg_bin("initdb"), "-D", str(self.data), "-U", self.user, f"--pwfile={pwfile}",
                   "--auth=scram-sha-256", "-E", "UTF8", "--no-sync")
+        options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off"
+        if self.tls is not None:  # the server reads its key only when it is private to its user
+            for name, src in zip(("server.crt", "server.key"), self.tls):
+                shutil.copyfile(src, self.dir / name)
+                os.chmod(self.dir / name, 0o600)
+                if self._owner:
+                    os.chown(self.dir / name, *self._owner)
+            options += f" -c ssl=on -c ssl_cert_file={self.dir / 'server.crt'} -c ssl_key_file={self.dir / 'server.key'}"
         self._run(pg_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "-t", "60",
-                  "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+                  "-o", options, "start")
         return self
 
     def psql(self, sql: str) -> str:

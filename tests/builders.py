@@ -49,9 +49,12 @@ def resolved(aid: str = "ap1", approved: bool = True, run: str = "r", ts: int = 
     return {"type": "approval_resolved", "run_id": run, "ts": ts, "approval_id": aid, "approved": approved}
 
 
-def receipt(rid: str, kind: str = "file", verified: bool = True, run: str = "r", ts: int = 0) -> dict:
-    return {"type": "outcome_receipt", "run_id": run, "ts": ts, "receipt_id": rid, "kind": kind,
-            "verifier": "destination", "verified": verified, "evidence": {"sha256": "ab" * 32, "size": 10}}
+def receipt(rid: str, kind: str = "file", verified: bool = True, run: str = "r", ts: int = 0,
+            run_started_ts: int | None = None) -> dict:
+    """``run_started_ts``: the occurrence the receipt names (absent: its ``ts`` stands in)."""
+    out = {"type": "outcome_receipt", "run_id": run, "ts": ts, "receipt_id": rid, "kind": kind,
+           "verifier": "destination", "verified": verified, "evidence": {"sha256": "ab" * 32, "size": 10}}
+    return out if run_started_ts is None else {**out, "run_started_ts": run_started_ts}
 
 
 def timed(*events: dict, start: int = 1_000_000, gap_ms: int = 1000) -> list[dict]:

@@ -20,13 +20,15 @@ from decimal import Decimal
 
 import msgspec
 from typing import Any
+from msgspec import UNSET
 
 from loopwarden.codecs.events import OutcomeReceipt
 
 MAX_SAFE_INT = 2**53 - 1
 # The fields of a receipt the signature covers: every wire field but `signature`, defaults included
-# (an absent `evidence` is signed as {}), unknown fields never (a decoder drops them).
-SIGNED_FIELDS = ("type", "run_id", "ts", "receipt_id", "kind", "verifier", "verified", "evidence")
+# (an absent `evidence` is signed as {}), unknown fields never (a decoder drops them); `run_started_ts`
+# when it is present (absent, the bytes are those of a receipt without it).
+SIGNED_FIELDS = ("type", "run_id", "ts", "receipt_id", "kind", "verifier", "verified", "evidence", "run_started_ts")
 
 _SHORT = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -158,6 +160,8 @@ def receipt_signing_bytes(receipt: OutcomeReceipt) -> bytes:
         "verified": receipt.verified,
         "evidence": evidence,
     }
+    if receipt.run_started_ts is not UNSET:  # the occurrence it answers; absent: signed as before
+        doc["run_started_ts"] = receipt.run_started_ts
     # The common case, in C: ASCII keys (code-point order is then UTF-16 order) and no floats (their
     # notation differs) nor integers beyond 2**53: msgspec's sorted JSON is then exactly RFC 8785
     # (its string escapes are JSON.stringify's; a lone surrogate raises and takes the slow path).

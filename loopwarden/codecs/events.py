@@ -239,6 +239,10 @@ class OutcomeReceipt(_Event, tag="outcome_receipt"):
     verifier: Verifier
     verified: bool
     evidence: Annotated[dict[Annotated[str, Meta(max_length=100)], EvidenceValue], Meta(max_length=64)] = {}
+    # The ``ts`` of the ``run_started`` of the occurrence of the run this receipt answers (docs/contract.md
+    # section 10, "One occurrence"): signed, so a receipt cannot be re-sent to a later run that reuses the
+    # run id. UNSET (absent on the wire) when the verifier did not see it: the receipt's own ``ts`` stands in.
+    run_started_ts: TsMs | UnsetType = UNSET
     # UNSET (absent on the wire) when not signed, so an unsigned receipt encodes without the key.
     signature: Signature | UnsetType = UNSET
 

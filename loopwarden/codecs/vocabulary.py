@@ -27,12 +27,15 @@ Ignored = Literal[
     "unmatched_approval", "duplicate_receipt", "untracked_step",
     "duplicate_expectation",  # section 10: an outcome_expected whose expectation_id the run already has
     "late_segment_started",  # section 11: a segment_started after its segment's first step or end
+    "stale_receipt",  # section 10: a receipt of an earlier occurrence of the run id (kept as untrusted_stale)
 ]
 # How a receipt arrived.
 ReceiptOutcome = Literal[
     "on_time", "late", "negative", "held", "duplicate", "orphan", "untracked",
     # section 10, with LOOPWARDEN_TRUSTED_VERIFIERS: kept as untrusted, changed nothing
     "untrusted_unsigned", "untrusted_unknown_key", "untrusted_bad_signature", "untrusted_not_canonical",
+    # section 10, any receipt that would count: it answers an earlier occurrence of the run id
+    "untrusted_stale",
 ]
 # Timers that fire transitions (their kind is the transition's reason), and retention, which drops runs.
 TransitionTimer = Literal["no_progress", "approval_expired", "receipt_window_expired"]

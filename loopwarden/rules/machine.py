@@ -9,7 +9,8 @@ that the shell must publish and count.
 Notes are ``(kind, label)`` pairs from bounded sets, for metrics:
 ``("ignored", <why>)``, ``("disagreement", <name>)``, ``("cause", <derived cause>)``,
 ``("reported_cause", <cause>)``, ``("receipt", on_time|late|negative|held|duplicate|orphan)``,
-``("timer", <kind>)``, ``("evicted", <state>)``, and ``("receipt", untrusted_<why>)`` for an untrusted receipt.
+``("timer", <kind>)``, ``("evicted", <state>)``, and ``("receipt", untrusted_<why>)`` for an untrusted receipt
+(``untrusted_stale``, decided here: a receipt of an earlier occurrence of the run id, docs/contract.md section 10).
 """
 
 from __future__ import annotations
@@ -150,6 +151,13 @@ class RunState(Struct, gc=False):
     # How each trusted receipt was trusted (receipt id -> channel:<topic> | key:<key_id>), when a shell
     # decided trust (docs/receipts.md); at most MAX_RECEIPT_IDS, like receipt_ids.
     receipt_trust: dict[str, str] = {}
+    # docs/contract.md section 10, "One occurrence": when this occurrence of the run id started (the ts of
+    # its first event on agent.steps, or of its run_started if earlier). A receipt stamped before it
+    # answers an earlier occurrence: kept as untrusted_stale, it counts for nothing.
+    started_ts: int | None = None
+    # Receipts counted before the occurrence started, (receipt id, kind, verified, stamp): their
+    # occurrence is known only at the start, which refuses the stale ones. Empty once started.
+    held: list[tuple[str, str, bool, int]] = []
 
 
 class Result(Struct, gc=False):  # never in a reference cycle: one event's output, dropped by the shell
@@ -229,7 +237,44 @@ def _activity(state: RunState, res: Result, ts: int, now_ms: int, at: int) -> No
     if at > state.last_seen_ts:
         state.last_seen_ts = at
     if state.health is None:
-        _move(state, res, "RUNNING", "started", ts, now_ms)
+        _start(state, res, ts, now_ms)
+
+
+def _start(state: RunState, res: Result, ts: int, now_ms: int) -> None:
+    """The occurrence starts at ``ts``: receipts held for it that are stamped earlier were an earlier
+    occurrence's (docs/contract.md section 10), and no longer count."""
+    state.started_ts = ts
+    held = state.held
+    if held:
+        state.held = []
+        if any(stamp < ts for _, _, _, stamp in held):
+            state.verified_kinds, state.negative_kinds = [], []
+            for rid, kind, verified, stamp in held:
+                if stamp < ts:
+                    _refuse_stale(state, res, rid)
+                    if rid in state.receipt_ids:
+                        state.receipt_ids.remove(rid)
+                    state.receipt_trust.pop(rid, None)
+                else:
+                    kinds = state.verified_kinds if verified else state.negative_kinds
+                    if kind not in kinds:
+                        kinds.append(kind)
+    _move(state, res, "RUNNING", "started", ts, now_ms)
+
+
+def _stamp(receipt: OutcomeReceipt) -> int:
+    """When the occurrence a receipt answers had started at the latest: its signed ``run_started_ts``,
+    else its own ``ts`` (a receipt is made after the run it answers started)."""
+    started = receipt.run_started_ts
+    return receipt.ts if started is UNSET else started
+
+
+def _refuse_stale(state: RunState, res: Result, rid: str) -> None:
+    _ignore(state, res, "stale_receipt")
+    res.notes.append(("receipt", "untrusted_stale"))
+    ids = state.untrusted_receipt_ids
+    if rid not in ids and len(ids) < MAX_RECEIPT_IDS:
+        ids.append(rid)
 
 
 def _receipts_verdict(state: RunState) -> str | None:
@@ -245,6 +290,9 @@ def _receipts_verdict(state: RunState) -> str | None:
 
 # -- event handlers -----------------------------------------------------------
 def _on_run_started(state: RunState, ev: RunStarted, now_ms: int, res: Result, compiled: CompiledPolicy, at: int) -> None:
+    started = state.started_ts
+    if started is not None and ev.ts < started:  # a late run_started stamped before the first step
+        state.started_ts = ev.ts
     if state.policy is None:
         # A late run_started sets the policy from then on; it is never inferred.
         state.policy = intern_policy(ev.policy)
@@ -289,7 +337,7 @@ def _on_step(state: RunState, ev: StepFinished, now_ms: int, res: Result, compil
     if at > state.last_seen_ts:
         state.last_seen_ts = at
     if state.health is None:
-        _move(state, res, "RUNNING", "started", ts, now_ms)
+        _start(state, res, ts, now_ms)
     segment = ev.segment
     seg = state.open.get(segment)
     if seg is None:  # an open segment is never also ended: the ended list is read only here
@@ -479,9 +527,15 @@ def _on_receipt(state: RunState, ev: OutcomeReceipt, now_ms: int, res: Result, c
         _ignore(state, res, "duplicate_receipt")
         res.notes.append(("receipt", "duplicate"))
         return
+    started = state.started_ts
+    if started is not None and _stamp(ev) < started:  # an earlier occurrence's receipt
+        _refuse_stale(state, res, ev.receipt_id)
+        return
     tracked = len(state.receipt_ids) < MAX_RECEIPT_IDS
     if tracked:
         state.receipt_ids.append(ev.receipt_id)
+        if state.health is None:  # its occurrence is known at the start (_start)
+            state.held.append((ev.receipt_id, ev.kind, ev.verified, _stamp(ev)))
     kinds = state.verified_kinds if ev.verified else state.negative_kinds
     if ev.kind not in kinds:
         kinds.append(ev.kind)
@@ -562,7 +616,10 @@ def _on_trusted_receipt(state: RunState, ev: TrustedReceipt, now_ms: int, res: R
     # A receipt as any other, and the evidence of how it was trusted (before a transition it makes carries it).
     receipt = ev.receipt
     rid = receipt.receipt_id
-    if rid not in state.receipt_ids and len(state.receipt_ids) < MAX_RECEIPT_IDS:
+    started = state.started_ts
+    if rid not in state.receipt_ids and len(state.receipt_ids) < MAX_RECEIPT_IDS and (
+        started is None or _stamp(receipt) >= started  # a stale one is refused by _on_receipt
+    ):
         state.receipt_trust[rid] = ev.by
     _on_receipt(state, receipt, now_ms, res, compiled, at)
 

@@ -7,6 +7,10 @@ either a :class:`TrustedReceipt` saying how it was trusted or an :class:`Untrust
 not. With neither setting the shell hands over the receipt itself: it counts. Checking a
 signature is pure computation, but the keys are configuration, and the core stays a function of
 events alone: the same untrusted receipt gives the same result in the worker and in replay.
+
+Whether a receipt answers the run's current occurrence is the core's own rule, for every receipt that
+would count (trusted by key or channel, or with no setting): one stamped before the occurrence
+started is kept as ``untrusted_stale`` (``loopwarden.rules.machine``, docs/contract.md section 10).
 """
 
 from __future__ import annotations

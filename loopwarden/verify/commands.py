@@ -32,6 +32,9 @@ def add_verify_commands(sub) -> None:
     p.add_argument("--key", required=True, metavar="FILE", help="the person's key file (`loopwarden keys new`)")
     p.add_argument("--receipt-id", dest="receipt_id",
                    help="default human:<kind>:<key id>; an expectation's id answers that expectation")
+    p.add_argument("--run-started-ts", dest="run_started_ts", type=int, metavar="MS",
+                   help="the ts (ms) of the run_started of the run decided on: signed, so the receipt cannot count for "
+                        "a later run with the same id (default: none; the receipt's own ts, now, stands in)")
     p.add_argument("--note-code", dest="note_code", help="a short content-free code kept in evidence (e.g. a ticket id)")
     p.add_argument("--broker", default=None, help="Kafka bootstrap host:port (LOOPWARDEN_BROKER; default 127.0.0.1:9092)")
     p.add_argument("--outcomes-topic", dest="outcomes_topic", default=None)
@@ -108,6 +111,8 @@ def _check_extra(config) -> None:
 def cmd_receipt(args: argparse.Namespace) -> int:
     import os
 
+    import msgspec
+
     from loopwarden.codecs import InvalidEvent, OutcomeReceipt, decode_outcome_event, encode
 
     key = _key(args.key, "receipt")
@@ -117,7 +122,8 @@ def cmd_receipt(args: argparse.Namespace) -> int:
     try:
         receipt = key.sign(OutcomeReceipt(
             run_id=args.run_id, ts=int(time.time() * 1000), receipt_id=args.receipt_id or f"human:{args.kind}:{key.key_id}",
-            kind=args.kind, verifier="human", verified=args.verified, evidence=evidence))
+            kind=args.kind, verifier="human", verified=args.verified, evidence=evidence,
+            run_started_ts=msgspec.UNSET if args.run_started_ts is None else args.run_started_ts))
         decode_outcome_event(encode(receipt))  # what the processor would accept (lengths, ids)
     except InvalidEvent as exc:
         raise SystemExit(f"loopwarden receipt: {exc}") from None

@@ -24,6 +24,13 @@ class VerifyConfigError(ValueError):
     """A verifier setting that cannot be used; the message names it and its value."""
 
 
+# How the verifier talks to a database (libpq's words): verify-full checks the server's certificate
+# and that it names the host; verify-ca only the certificate; disable is plaintext, only when written.
+# libpq's require/prefer/allow are refused: TLS without a verified server lets anyone on the path answer.
+SSLMODES = ("verify-full", "verify-ca", "disable")
+_DATABASE_KEYS = ("host", "port", "dbname", "user", "password_env", "tables", "sslmode", "sslrootcert")
+
+
 @dataclass(frozen=True)
 class Database:
     """One PostgreSQL database checks may read; targets name it by host, port and dbname."""
@@ -33,7 +40,9 @@ class Database:
     dbname: str
     user: str
     password_env: str | None = None
-    tables: tuple[str, ...] = ()  # empty: any table (the verifier's role should allow only what it may read)
+    tables: tuple[str, ...] = ()  # required (the config refuses an entry without): the only tables checks read
+    sslmode: str = "verify-full"
+    sslrootcert: str | None = None  # CA bundle the server's certificate must chain to; default: the system's
 
     @property
     def password(self) -> str | None:
@@ -99,10 +108,19 @@ class VerifyConfig:
             for name, env in headers.items():
                 if not isinstance(env, str) or not env:
                     raise VerifyConfigError(f"http.headers.{host}.{name}: {env!r} must name an environment variable")
-        for db in self.databases:
+        for i, db in enumerate(self.databases):
+            where = f"postgresql.databases[{i}] ({db.host}:{db.port}/{db.dbname})"
+            if not db.tables:
+                raise VerifyConfigError(f"{where}: tables is required: list the tables checks may read "
+                                        "(e.g. tables = [\"public.invoices\"])")
             for t in db.tables:
-                if not _IDENT.match(t):
-                    raise VerifyConfigError(f"postgresql.databases: table {t!r} is not an identifier (schema.table)")
+                if not isinstance(t, str) or not _IDENT.match(t):
+                    raise VerifyConfigError(f"{where}: table {t!r} is not an identifier (schema.table)")
+            if db.sslmode not in SSLMODES:
+                raise VerifyConfigError(f"{where}: sslmode {db.sslmode!r} must be one of {', '.join(SSLMODES)} "
+                                        "(plaintext only with sslmode = \"disable\")")
+            if db.sslrootcert is not None and not Path(db.sslrootcert).is_file():
+                raise VerifyConfigError(f"{where}: sslrootcert {db.sslrootcert!r} is not a readable file")
         for name, path in self.json_schemas.items():
             if not Path(path).is_file():
                 raise VerifyConfigError(f"json_schemas.{name}: {path!r} is not a readable file")
@@ -156,12 +174,16 @@ def load(path: str | os.PathLike | None = None, overrides: dict[str, Any] | None
     values["http_headers"] = dict(h.get("headers", {}))
     dbs = []
     for i, d in enumerate(pg.get("databases", ())):
+        unknown = sorted(set(d) - set(_DATABASE_KEYS)) if isinstance(d, dict) else []
+        if unknown:
+            raise VerifyConfigError(f"postgresql.databases[{i}]: unknown setting {unknown[0]!r}")
         try:
             dbs.append(Database(host=str(d["host"]), port=int(d.get("port", 5432)), dbname=str(d["dbname"]),
-                                user=str(d["user"]), password_env=d.get("password_env"), tables=tuple(d.get("tables", ()))))
+                                user=str(d["user"]), password_env=d.get("password_env"), tables=tuple(d.get("tables", ())),
+                                sslmode=str(d.get("sslmode", "verify-full")), sslrootcert=d.get("sslrootcert")))
         except (KeyError, TypeError, ValueError) as exc:
-            raise VerifyConfigError(f"postgresql.databases[{i}]: {d!r} needs host, dbname, user (and port, "
-                                    f"password_env, tables): {exc!r}") from None
+            raise VerifyConfigError(f"postgresql.databases[{i}]: {d!r} needs host, dbname, user, tables (and port, "
+                                    f"password_env, sslmode, sslrootcert): {exc!r}") from None
     values["databases"] = tuple(dbs)
     values["json_schemas"] = dict(_section(doc, "json_schemas"))
     values["webhook_secrets"] = {name: str(w.get("secret_env", "")) for name, w in _section(doc, "webhooks").items()}

@@ -1,7 +1,8 @@
 """``loopwarden verify``: check each declared outcome at its destination and publish a signed receipt.
 
-Reads ``outcome_expected``, ``run_started`` (for the receipt window) and ``run_ended`` from the
-steps topic (read_committed). When a run's segment ends (any cause but ``approval_required``: that
+Reads ``outcome_expected``, ``run_started`` (for the receipt window, and the occurrence each receipt
+names: its ``run_started_ts``, docs/contract.md section 10) and ``run_ended`` from the steps topic
+(read_committed). When a run's segment ends (any cause but ``approval_required``: that
 run is not done), each of its expectations not yet answered is checked by the checker that accepts
 it, under a semaphore (``max_concurrency``) and a per-check timeout:
 
@@ -27,6 +28,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from msgspec import UNSET
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from loopwarden.codecs import (
@@ -100,6 +102,8 @@ class Verifier:
         self.sem = asyncio.Semaphore(config.max_concurrency)
         self.expected: dict[str, dict[str, OutcomeExpected]] = {}  # run id -> expectation id -> expectation
         self.window_ms: dict[str, int] = {}  # run id -> its policy's receipt window
+        # run id -> ts of its latest run_started: the occurrence a receipt signs (run_started_ts)
+        self.run_started_ts: dict[str, int] = {}
         self.ended_ts: dict[str, int] = {}  # run id -> ts of its last segment end that asks for a check
         self.started: set[tuple[str, str]] = set()  # (run id, expectation id) checked or being checked
         self.tasks: set[asyncio.Task] = set()
@@ -126,6 +130,7 @@ class Verifier:
                 self._schedule(run_id)
         elif isinstance(ev, RunStarted):
             self.window_ms[run_id] = int(ev.policy.receipt_window_s * 1000)
+            self.run_started_ts[run_id] = ev.ts
         elif isinstance(ev, RunEnded):
             self.metrics.events.labels("run_ended").inc()
             self.seen_ms[run_id] = max(self.seen_ms.get(run_id, 0), ev.ts)
@@ -152,6 +157,7 @@ class Verifier:
                 self.started.discard((r, exp_id))
             self.seen_ms.pop(r, None)
             self.window_ms.pop(r, None)
+            self.run_started_ts.pop(r, None)
             self.ended_ts.pop(r, None)
         return len(old)
 
@@ -222,9 +228,12 @@ class Verifier:
     async def _publish(self, exp: OutcomeExpected, result: Measured) -> OutcomeReceipt:
         evidence = {k: v for k, v in result.receipt_evidence().items() if v is not None}
         evidence["checker_target"] = hashlib.sha256(exp.target.encode()).hexdigest()[:16]
+        # Bound to the occurrence it checked; a run whose run_started was not read (before the lookback)
+        # gets an unbound receipt, which the processor judges by its ts.
         receipt = self.key.sign(OutcomeReceipt(
             run_id=exp.run_id, ts=self.now_ms(), receipt_id=exp.expectation_id, kind=exp.kind,
-            verifier="destination", verified=result.verified, evidence=evidence))
+            verifier="destination", verified=result.verified, evidence=evidence,
+            run_started_ts=self.run_started_ts.get(exp.run_id, UNSET)))
         await self.publish(receipt)
         self.metrics.receipts.labels("true" if result.verified else "false").inc()
         log.info("run %r expectation %r: verified=%s %s", exp.run_id, exp.expectation_id, result.verified,

@@ -31,8 +31,15 @@ REPORT_SCHEMA = {"type": "object", "required": ["summary", "sections"],
 
 
 @pytest.fixture(scope="module")
-def pg():
-    cluster = PostgresCluster().start()
+def pg_ca(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """A throwaway CA and the certificate it signed for the test database (ca.pem, cert.pem, key.pem)."""
+    return make_ca_and_server_cert(tmp_path_factory.mktemp("pg-tls"))
+
+
+@pytest.fixture(scope="module")
+def pg(pg_ca):
+    """The database, offering TLS with a certificate the test CA signed."""
+    cluster = PostgresCluster(tls=pg_ca[1:]).start()
     cluster.psql("CREATE TABLE invoices (id int PRIMARY KEY, status text, amount numeric, paid boolean);"
                  "INSERT INTO invoices VALUES (1, 'sent', 120.50, true), (2, 'draft', 99, false);"
                  "CREATE TABLE secrets (id int);")
@@ -68,7 +75,8 @@ async def _routes_server(tmp: Path):
     return runner, port, ca
 
 
-def _config(tmp: Path, port: int, ca: Path, pg: PostgresCluster | None = None, **kw) -> VerifyConfig:
+def _config(tmp: Path, port: int, ca: Path, pg: PostgresCluster | None = None, pg_ca: Path | None = None,
+            **kw) -> VerifyConfig:
     out = tmp / "out"
     out.mkdir(exist_ok=True)
     schema = tmp / "report.schema.json"
@@ -76,8 +84,8 @@ def _config(tmp: Path, port: int, ca: Path, pg: PostgresCluster | None = None, *
     dbs = ()
     if pg is not None:
         dbs = (Database(host="127.0.0.1", port=pg.port, dbname="postgres", user=pg.user, password_env="LW_TEST_PG_PW",
-                        tables=("invoices",)),
-               Database(host="127.0.0.1", port=free_port(), dbname="postgres", user="x"))  # nothing listens there
+                        tables=("invoices",), sslrootcert=str(pg_ca) if pg_ca else None),
+               Database(host="127.0.0.1", port=free_port(), dbname="postgres", user="x", tables=("t",)))  # nothing listens
     return VerifyConfig(file_prefixes=(str(out),), http_hosts=(f"localhost:{port}",), http_cafile=str(ca),
                         databases=dbs, json_schemas={"report-v1": str(schema)}, check_timeout_s=3.0,
                         max_body_bytes=1024 * 1024, retry_negative_s=0, retry_initial_s=0.05, **kw)
@@ -101,6 +109,71 @@ def _count(v: Verifier, checker: str, outcome: str) -> float:
     return v.metrics.registry.get_sample_value("loopwarden_verify_checks_total", {"checker": checker, "outcome": outcome}) or 0
 
 
+def test_a_directory_target_is_a_not_a_file_receipt_never_an_exception(tmp_path: Path) -> None:
+    """A directory under the prefix, and the prefix itself: a signed verified=false receipt, reason not_a_file."""
+    out = tmp_path / "out"
+    (out / "reports").mkdir(parents=True)
+    exps = [_exp(f"file://{out}/reports", {"min_size": 1}, "dir"), _exp(f"file://{out}/", {}, "prefix"),
+            _exp(f"file://{out}/reports/", {"json_schema": "report-v1"}, "schema_dir")]
+    schema = tmp_path / "report.schema.json"
+    schema.write_text(json.dumps(REPORT_SCHEMA))
+    config = VerifyConfig(file_prefixes=(str(out),), retry_negative_s=0, json_schemas={"report-v1": str(schema)})
+    results, v, trusted = asyncio.run(_verify_all(config, exps))
+    assert [(r.receipt_id, r.verified, r.evidence["reason"]) for r in results] == [
+        ("dir", False, "not_a_file"), ("prefix", False, "not_a_file"), ("schema_dir", False, "not_a_file")]
+    assert all(trusted.why_untrusted(r) is None for r in results)
+    assert _count(v, "file", "error") == 0 and _count(v, "json_schema", "error") == 0
+
+
+def test_a_directory_swapped_for_a_symlink_while_checks_run_never_gets_a_file_outside_measured(tmp_path: Path) -> None:
+    """3,000 checks while a thread swaps a directory for a symlink to outside the prefix: 0 outside measurements."""
+    import threading
+
+    from loopwarden.verify.checkers import CheckError
+    from loopwarden.verify.checkers.base import Context
+    from loopwarden.verify.checkers.file import FileChecker
+
+    out, outside = tmp_path / "out", tmp_path / "outside"
+    (out / "d").mkdir(parents=True)
+    outside.mkdir()
+    (out / "d" / "f.txt").write_text("inside\n")
+    (outside / "f.txt").write_text("the secret outside the prefix\n")
+    secret_size = (outside / "f.txt").stat().st_size
+    config = VerifyConfig(file_prefixes=(str(out),))
+    ctx = Context(config=config, timeout_s=3.0, max_body_bytes=1 << 20)
+    exp = _exp(f"file://{out}/d/f.txt", {"sha256": hashlib.sha256(b"the secret outside the prefix\n").hexdigest()})
+    stop = threading.Event()
+
+    def swap() -> None:
+        while not stop.is_set():
+            (out / "d").rename(out / "d.real")
+            (out / "d").symlink_to(outside, target_is_directory=True)
+            (out / "d").unlink()
+            (out / "d.real").rename(out / "d")
+
+    async def checks() -> dict:
+        seen: dict = {}
+        checker = FileChecker()
+        for _ in range(3000):
+            try:
+                m = await checker.check(exp, ctx)
+                key = "outside" if m.verified or m.evidence.get("size") == secret_size else (m.reason or "inside")
+            except CheckError as exc:
+                key = exc.reason
+            seen[key] = seen.get(key, 0) + 1
+        return seen
+
+    thread = threading.Thread(target=swap)
+    thread.start()
+    try:
+        seen = asyncio.run(checks())
+    finally:
+        stop.set()
+        thread.join()
+    assert "outside" not in seen, seen
+    assert sum(seen.values()) == 3000 and seen.get("sha256_mismatch", 0) > 0, seen  # the inside file was measured
+
+
 def test_file_checker_measures_size_hash_and_sniffed_type_and_refuses_paths_outside(tmp_path: Path) -> None:
     """Present/right → verified; small, wrong hash, wrong type, missing → false with reason; outside → refused."""
     async def main():
@@ -112,6 +185,7 @@ def test_file_checker_measures_size_hash_and_sniffed_type_and_refuses_paths_outs
             (out / "notes.txt").write_text("hello\n")
             (tmp_path / "secret.txt").write_text("no")
             (out / "link").symlink_to(tmp_path / "secret.txt")
+            (out / "inner").symlink_to(out / "notes.txt")  # a link inside the prefix: not followed either
             sha = hashlib.sha256(PDF).hexdigest()
             exps = [
                 _exp(f"file://{out}/report.pdf", {"min_size": 1000, "sha256": sha, "content_type": "application/pdf"}, "ok"),
@@ -122,6 +196,7 @@ def test_file_checker_measures_size_hash_and_sniffed_type_and_refuses_paths_outs
                 _exp(f"file://{tmp_path}/secret.txt", {}, "outside"),
                 _exp(f"file://{out}/link", {}, "symlink_out"),
                 _exp(f"file://{out}/../secret.txt", {}, "dotdot"),
+                _exp(f"file://{out}/inner", {}, "symlink_in"),
                 _exp(f"file://{out}/report.pdf", {"colour": "red"}, "unknown_check"),
             ]
             results, v, trusted = await _verify_all(config, exps)
@@ -135,8 +210,9 @@ def test_file_checker_measures_size_hash_and_sniffed_type_and_refuses_paths_outs
         reasons = {k: r.evidence["reason"] for k, r in by_id.items() if r is not None and not r.verified}
         assert reasons == {"small": "size_below_floor", "hash": "sha256_mismatch", "type": "content_type_mismatch",
                            "missing": "missing"}
-        assert [k for k, r in by_id.items() if r is None] == ["outside", "symlink_out", "dotdot", "unknown_check"]
-        assert _count(v, "file", "refused") == 3 and _count(v, "file", "bad_expectation") == 1
+        assert [k for k, r in by_id.items() if r is None] == ["outside", "symlink_out", "dotdot", "symlink_in",
+                                                              "unknown_check"]
+        assert _count(v, "file", "refused") == 4 and _count(v, "file", "bad_expectation") == 1
         assert all(decode_outcome_event(encode(r)) == r for r in results if r is not None)
     asyncio.run(main())
 
@@ -172,6 +248,8 @@ def test_http_checker_status_header_json_pointer_hash_and_bounded_bad_destinatio
         assert by_id["deployed"].verified and by_id["deployed"].evidence["json:/version"] is True
         assert by_id["deployed"].evidence["header:x-release"] is True
         assert "1.4.2" not in json.dumps(by_id["deployed"].evidence) and "1.4.2" not in json.dumps(by_id["old_version"].evidence)
+        assert by_id["old_version"].evidence["json:/version"] is False  # which pointer differs, no digest of its value
+        assert not [k for k in by_id["old_version"].evidence if k.endswith(":sha256")]
         assert by_id["object"].verified and by_id["object"].evidence["size"] == len(PDF)
         reasons = {k: r.evidence["reason"] for k, r in by_id.items() if r is not None and not r.verified}
         assert reasons == {"old_version": "json_value_mismatch", "not_found": "status_mismatch",
@@ -229,14 +307,15 @@ def test_json_schema_checker_validates_named_schemas_at_files_and_urls(tmp_path:
     asyncio.run(main())
 
 
-def test_postgresql_checker_finds_the_row_compares_fields_and_never_copies_values(pg, tmp_path: Path, monkeypatch) -> None:
-    """Right row → verified; wrong field → false with its hash; missing row → false; refused connection → none."""
+def test_postgresql_checker_finds_the_row_compares_fields_and_never_copies_values(pg, pg_ca, tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    """Right row verified; a wrong field named, never its value nor a digest; unlisted tables refused."""
     monkeypatch.setenv("LW_TEST_PG_PW", pg.password)
 
     async def main():
         runner, port, ca = await _routes_server(tmp_path)
         try:
-            config = _config(tmp_path, port, ca, pg)
+            config = _config(tmp_path, port, ca, pg, pg_ca[0])
             target = f"postgresql://127.0.0.1:{pg.port}/postgres#invoices"
             exps = [
                 _exp(target, {"row": {"id": 1}, "fields": {"status": "sent", "amount": "120.50", "paid": True}}, "row_ok", "record"),
@@ -244,6 +323,8 @@ def test_postgresql_checker_finds_the_row_compares_fields_and_never_copies_value
                 _exp(target, {"row": {"id": 3}, "fields": {"status": "sent"}}, "row_missing", "record"),
                 _exp(target, {"row": {"id": 1}, "fields": {"nope": "x"}}, "no_column", "record"),
                 _exp(f"postgresql://127.0.0.1:{pg.port}/postgres#secrets", {"row": {"id": 1}}, "table_not_allowed", "record"),
+                _exp(f"postgresql://127.0.0.1:{pg.port}/postgres#pg_catalog.pg_authid", {"row": {"rolname": "verifier"}},
+                     "catalog", "record"),
                 _exp(f"postgresql://127.0.0.1:{pg.port}/other#invoices", {"row": {"id": 1}}, "db_not_allowed", "record"),
                 _exp(f"postgresql://evil:pw@127.0.0.1:{pg.port}/postgres#invoices", {"row": {"id": 1}}, "creds", "record"),
                 _exp(f"postgresql://127.0.0.1:{config.databases[1].port}/postgres#t", {"row": {"id": 1}}, "refused", "record"),
@@ -256,14 +337,59 @@ def test_postgresql_checker_finds_the_row_compares_fields_and_never_copies_value
         assert by_id["row_ok"].verified and by_id["row_ok"].evidence["field:status"] is True
         wrong = by_id["row_wrong"]
         assert (wrong.verified, wrong.evidence["reason"], wrong.evidence["field:status"]) == (False, "fields_mismatch", False)
-        assert wrong.evidence["field:status:sha256"] == hashlib.sha256(b"draft").hexdigest()[:16]
-        assert "draft" not in json.dumps(wrong.evidence)
+        assert wrong.evidence == {"rows": 1, "field:status": False, "reason": "fields_mismatch",
+                                  "checker_target": wrong.evidence["checker_target"]}
+        assert "draft" not in json.dumps(wrong.evidence) and hashlib.sha256(b"draft").hexdigest()[:16] not in encode(wrong).decode()
         assert by_id["row_missing"].evidence["reason"] == "row_missing"
         assert by_id["no_column"].evidence["reason"] == "no_such_column"
-        assert [k for k, r in by_id.items() if r is None] == ["table_not_allowed", "db_not_allowed", "creds", "refused",
-                                                              "injection"]
-        assert _count(v, "postgresql", "refused") == 3 and _count(v, "postgresql", "bad_expectation") == 1
+        assert [k for k, r in by_id.items() if r is None] == ["table_not_allowed", "catalog", "db_not_allowed", "creds",
+                                                              "refused", "injection"]
+        assert _count(v, "postgresql", "refused") == 4 and _count(v, "postgresql", "bad_expectation") == 1
         assert v.metrics.registry.get_sample_value("loopwarden_verify_gave_up_total",
                                                    {"checker": "postgresql", "reason": "unreachable"}) == 1
         assert pg.psql("SELECT count(*) FROM invoices").strip() == "2"
     asyncio.run(main())
+
+
+def _pg_config(cluster: PostgresCluster, **db) -> VerifyConfig:
+    return VerifyConfig(databases=(Database(host="127.0.0.1", port=cluster.port, dbname="postgres", user=cluster.user,
+                                            password_env="LW_TEST_PG_PW", tables=("invoices",), **db),),
+                        check_timeout_s=3.0, retry_negative_s=0, retry_initial_s=0.05)
+
+
+def _row_ok(cluster: PostgresCluster) -> OutcomeExpected:
+    return _exp(f"postgresql://127.0.0.1:{cluster.port}/postgres#invoices", {"row": {"id": 1}, "fields": {"status": "sent"}},
+                "row_ok", "record")
+
+
+def _gave_up(v: Verifier, reason: str) -> float:
+    return v.metrics.registry.get_sample_value("loopwarden_verify_gave_up_total",
+                                               {"checker": "postgresql", "reason": reason}) or 0
+
+
+def test_postgresql_is_asked_over_tls_verified_against_the_configured_ca_and_an_untrusted_server_cannot_answer(
+        pg, pg_ca, tmp_path: Path, monkeypatch) -> None:
+    """verify-full with the server's CA answers; with another CA or the system's: no receipt, counted as tls."""
+    monkeypatch.setenv("LW_TEST_PG_PW", pg.password)
+    other_ca = make_ca_and_server_cert(tmp_path)[0]
+    results = {}
+    for name, db in (("right_ca", {"sslrootcert": str(pg_ca[0])}), ("verify_ca", {"sslrootcert": str(pg_ca[0]),
+                                                                                "sslmode": "verify-ca"}),
+                     ("other_ca", {"sslrootcert": str(other_ca)}), ("system_cas", {})):
+        (result,), v, trusted = asyncio.run(_verify_all(_pg_config(pg, **db), [_row_ok(pg)], window_s=1.5))
+        results[name] = (result is not None and result.verified, _gave_up(v, "tls"))
+    assert results == {"right_ca": (True, 0), "verify_ca": (True, 0), "other_ca": (False, 1), "system_cas": (False, 1)}
+
+
+def test_postgresql_in_plaintext_only_when_the_config_says_sslmode_disable(tmp_path: Path, monkeypatch) -> None:
+    """A server without TLS is refused by default (counted as tls) and asked only with sslmode = "disable"."""
+    plain = PostgresCluster().start()
+    try:
+        plain.psql("CREATE TABLE invoices (id int PRIMARY KEY, status text); INSERT INTO invoices VALUES (1, 'sent');")
+        monkeypatch.setenv("LW_TEST_PG_PW", plain.password)
+        (refused,), v, _ = asyncio.run(_verify_all(_pg_config(plain), [_row_ok(plain)], window_s=1.5))
+        assert refused is None and _gave_up(v, "tls") == 1
+        (asked,), v, _ = asyncio.run(_verify_all(_pg_config(plain, sslmode="disable"), [_row_ok(plain)]))
+        assert asked is not None and asked.verified and _gave_up(v, "tls") == 0
+    finally:
+        plain.stop()

@@ -80,10 +80,10 @@ def test_fleet_ends_verified_or_false_complete_exactly_where_the_destination_say
     """24 runs × (file, https, postgresql, json_schema) × (right, wrong, missing); forged receipts refused."""
     out = tmp_path / "out"
     out.mkdir()
-    pg = PostgresCluster().start()
-    pg.psql("CREATE TABLE invoices (run_id text PRIMARY KEY, status text)")
     versions: dict[str, str] = {}
     https = HttpsInThread(tmp_path, versions)
+    pg = PostgresCluster(tls=(https.cert, https.key)).start()  # the test CA signed both servers' certificates
+    pg.psql("CREATE TABLE invoices (run_id text PRIMARY KEY, status text)")
     https.start()
     https.ready.wait(30)
     config = unique_config(kafka.bootstrap, partitions=2)
@@ -114,6 +114,7 @@ dbname = "postgres"
 user = "{pg.user}"
 password_env = "E2E_PG_PASSWORD"
 tables = ["invoices"]
+sslrootcert = "{https.ca}"
 [json_schemas]
 report-v1 = "{tmp_path / 'report.schema.json'}"
 """)

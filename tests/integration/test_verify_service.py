@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import msgspec
 import pytest
 
 from loopwarden.codecs import OutcomeExpected, decode_input, decode_step_event
@@ -71,6 +72,31 @@ def test_expectations_are_checked_when_the_segment_ends_not_before_and_not_while
         assert v.metrics.registry.get_sample_value("loopwarden_verify_events_total", {"type": "invalid"}) == 1
         assert v.forget_before(2_000_000) == 1 and not v.expected
     asyncio.run(main())
+
+
+def test_each_receipt_signs_the_run_started_of_the_occurrence_it_checked(tmp_path: Path) -> None:
+    """The receipt carries (signed) the ts of the run's latest run_started read; without one read, none."""
+    (tmp_path / "a.txt").write_text("hello")
+    config = VerifyConfig(file_prefixes=(str(tmp_path),), retry_negative_s=0)
+    key, sent = SigningKey.generate("v"), []
+
+    async def publish(r):
+        sent.append(r)
+
+    async def main():
+        v = Verifier(config, key, publish)
+        target = f"file://{tmp_path}/a.txt"
+        for ev in _events(*timed(started(run="r1"), _expected("r1", "e1", target), step(0, run="r1"),
+                                 ended("natural_finish", 1, run="r1"),
+                                 _expected("r2", "e2", target), ended("natural_finish", 1, run="r2"))):
+            v.on_event(ev)
+        await v.idle()
+    asyncio.run(main())
+    bound = {r.receipt_id: r.run_started_ts for r in sent}
+    assert bound == {"e1": 1_000_000, "e2": msgspec.UNSET}
+    trusted = TrustedVerifiers.parse(key.setting)
+    assert all(trusted.why_untrusted(r) is None for r in sent)
+    assert trusted.why_untrusted(msgspec.structs.replace(sent[0], run_started_ts=1_000_001)) == "bad_signature"
 
 
 def test_a_negative_answer_is_asked_again_until_the_outcome_lands_within_retry_negative_s(tmp_path: Path) -> None:
@@ -197,6 +223,11 @@ def test_a_persons_signed_receipt_decides_a_run_only_when_their_key_is_trusted(t
         for e in events:
             replay.feed(e)
         assert replay.final["r"].to_state == final
+    bound = subprocess.run([*LW, "receipt", "r", "--kind", "analysis", "--verified", "--key", str(person),
+                            "--run-started-ts", str(run_events[0]["ts"]), "--out", "-"], capture_output=True, text=True)
+    assert bound.returncode == 0, bound.stderr
+    signed = decode_input(bound.stdout.encode())
+    assert signed.run_started_ts == run_events[0]["ts"] and TrustedVerifiers.parse(setting).why_untrusted(signed) is None
     bad = subprocess.run([*LW, "receipt", "r", "--kind", "file", "--rejected", "--key", str(tmp_path / "none.key")],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "none.key" in bad.stderr and "cannot read" in bad.stderr
@@ -209,6 +240,12 @@ def test_a_persons_signed_receipt_decides_a_run_only_when_their_key_is_trusted(t
     ("[http]\nhosts = ['https://x.example']", "http.hosts: 'https://x.example' must be host or host:port"),
     ("[json_schemas]\nreport = '/no/such/schema.json'", "json_schemas.report: '/no/such/schema.json' is not a readable"),
     ("[[postgresql.databases]]\nhost = 'db'", "postgresql.databases\\[0\\]: .* needs host, dbname, user"),
+    ("[[postgresql.databases]]\nhost = 'db'\ndbname = 'app'\nuser = 'v'",
+     "postgresql.databases\\[0\\] \\(db:5432/app\\): tables is required"),
+    ("[[postgresql.databases]]\nhost = 'db'\ndbname = 'app'\nuser = 'v'\ntables = ['t']\nsslmode = 'require'",
+     "postgresql.databases\\[0\\] \\(db:5432/app\\): sslmode 'require' must be one of verify-full, verify-ca, disable"),
+    ("[[postgresql.databases]]\nhost = 'db'\ndbname = 'app'\nuser = 'v'\ntables = ['t']\nssl = false",
+     "postgresql.databases\\[0\\]: unknown setting 'ssl'"),
     ("colour = 'red'", "unknown setting 'colour'"),
     ("broker = ", "not valid TOML"),
 ])

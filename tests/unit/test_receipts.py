@@ -286,3 +286,90 @@ def test_the_worker_refuses_to_start_with_a_malformed_setting_naming_it() -> Non
     proc = subprocess.run([*LW, "worker", "--broker", "127.0.0.1:1"], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode != 0
     assert "LOOPWARDEN_TRUSTED_VERIFIERS: entry 'oops' is not KEY_ID=PUBLIC_KEY" in proc.stderr
+
+
+def _occurrences(replay: Replay, key: SigningKey):
+    """The run id ``r`` runs once (verified by a signed receipt), is dropped after retention, and starts again."""
+    first = timed(*[started(), step(0, ("lookup", "result")), step(1), ended("natural_finish", 2)])
+    for e in first:
+        replay.feed(decode_input(json.dumps(e).encode()))
+    old = key.sign(OutcomeReceipt(run_id="r", ts=1_010_000, receipt_id="exp-1", kind="file", verifier="destination",
+                                  verified=True, run_started_ts=first[0]["ts"]))
+    assert [(t.to_state, t.reason) for t in replay.feed(old)] == [("VERIFIED_COMPLETE", "receipt")]
+    replay.advance_to(replay.clock + 3_600_000 + 1000)  # retention: dropped to its tomb
+    assert replay.states["r"].tomb
+    second = timed(*[started(), step(0, ("lookup", "result")), step(1), ended("natural_finish", 2)],
+                   start=replay.clock + 1000)
+    return old, second
+
+
+@pytest.mark.parametrize("channel", [False, True], ids=["signed", "by_channel"])
+def test_an_old_receipt_resent_to_a_reused_run_id_is_refused_as_stale_before_and_after_the_run_ends(channel) -> None:
+    """An old receipt re-sent to a reused run id, before and after the run ends: untrusted_stale, no state change."""
+    from loopwarden.rules import Settings
+
+    key = SigningKey.generate("verifier-1")
+    replay = Replay(Settings(retention_s=3600, seq_memory_s=86400), verifiers=TrustedVerifiers.parse(key.setting),
+                    channel="agent.outcomes.verified" if channel else None)
+    old, second = _occurrences(replay, key)
+    out = []
+    for e in second[:3]:
+        out += replay.feed(decode_input(json.dumps(e).encode()))
+    out += replay.feed(old, channel)  # before the run ends: it must not decide the verdict to come
+    out += replay.feed(decode_input(json.dumps(second[3]).encode()))
+    out += replay.feed(old, channel)  # after: still nothing
+    assert [(t.to_state, t.reason) for t in out] == [("RUNNING", "started"), ("VERIFYING", "natural_finish")]
+    state = replay.states["r"]
+    assert state.receipt_ids == [] and state.untrusted_receipt_ids == ["exp-1"] and state.receipt_trust == {}
+    assert state.ignored == {"stale_receipt": 2} and replay.notes[("receipt", "untrusted_stale")] == 2
+    assert out[-1].evidence.untrusted_receipt_ids == ("exp-1",)
+    fresh = key.sign(OutcomeReceipt(run_id="r", ts=second[3]["ts"] + 5000, receipt_id="exp-1", kind="file",
+                                    verifier="destination", verified=True, run_started_ts=second[0]["ts"]))
+    last = replay.feed(fresh, channel)
+    assert [(t.to_state, t.reason) for t in last] == [("VERIFIED_COMPLETE", "receipt")]
+    assert last[0].evidence.receipt_ids == ("exp-1",)
+    assert decode_state(encode_state(state), state.run_id) == state
+
+
+def test_an_old_receipt_held_before_the_reused_run_id_starts_is_refused_at_the_start() -> None:
+    """An old receipt held before the reused run id's first event is refused when the occurrence starts."""
+    from loopwarden.rules import Settings
+
+    key = SigningKey.generate("verifier-1")
+    replay = Replay(Settings(retention_s=3600, seq_memory_s=86400), verifiers=TrustedVerifiers.parse(key.setting))
+    old, second = _occurrences(replay, key)
+    assert replay.feed(old) == [] and replay.states["r"].receipt_ids == ["exp-1"]  # held: no occurrence yet
+    out = [t for e in second for t in replay.feed(decode_input(json.dumps(e).encode()))]
+    assert [(t.to_state, t.reason) for t in out] == [("RUNNING", "started"), ("VERIFYING", "natural_finish")]
+    assert out[0].evidence.untrusted_receipt_ids == ("exp-1",) and out[0].evidence.receipt_ids == ()
+    assert replay.notes[("receipt", "untrusted_stale")] == 1
+
+
+def test_an_unbound_receipt_signed_as_old_verifiers_sign_is_stale_by_its_own_ts() -> None:
+    """A receipt without run_started_ts is stale when its signed ts is before the occurrence's start."""
+    from loopwarden.rules import Settings
+
+    key = SigningKey.generate("verifier-1")
+    replay = Replay(Settings(retention_s=3600, seq_memory_s=86400), verifiers=TrustedVerifiers.parse(key.setting))
+    old, second = _occurrences(replay, key)
+    unbound = key.sign(msgspec.structs.replace(old, run_started_ts=msgspec.UNSET))
+    assert b"run_started_ts" not in receipt_signing_bytes(unbound)
+    forged = msgspec.structs.replace(unbound, run_started_ts=second[0]["ts"])  # the binding changed, not re-signed
+    for e in second:
+        replay.feed(decode_input(json.dumps(e).encode()))
+    assert replay.feed(unbound) == [] and replay.feed(forged) == []
+    assert replay.notes[("receipt", "untrusted_stale")] == 1 and replay.notes[("receipt", "untrusted_bad_signature")] == 1
+    assert replay.states["r"].health == "VERIFYING"
+
+
+def test_the_signed_bytes_hold_run_started_ts_only_when_it_is_set() -> None:
+    """A receipt without the binding signs the bytes it always did; with it, the binding is signed."""
+    bare = OutcomeReceipt(run_id="r", ts=5, receipt_id="x", kind="file", verifier="destination", verified=True)
+    bound = msgspec.structs.replace(bare, run_started_ts=3)
+    assert receipt_signing_bytes(bare) == (b'{"evidence":{},"kind":"file","receipt_id":"x","run_id":"r","ts":5,'
+                                           b'"type":"outcome_receipt","verified":true,"verifier":"destination"}')
+    assert receipt_signing_bytes(bound) == (b'{"evidence":{},"kind":"file","receipt_id":"x","run_id":"r",'
+                                            b'"run_started_ts":3,"ts":5,"type":"outcome_receipt","verified":true,'
+                                            b'"verifier":"destination"}')
+    assert canonical_json(json.loads(receipt_signing_bytes(bound))) == receipt_signing_bytes(bound)
+    assert decode_outcome_event(encode(bound)).run_started_ts == 3

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import sys
+
+import msgspec
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -38,12 +40,18 @@ EVIDENCE = [
 ]
 
 
+# Cases (by index) whose receipt names the occurrence it answers (run_started_ts, signed when present).
+BOUND = {0: TS - 60_000, 1: TS - 1}
+
+
 def cases() -> list[dict]:
     key = SigningKey("golden-py", Ed25519PrivateKey.from_private_bytes(SEED))
     out = []
-    for i, evidence in enumerate(EVIDENCE):
+    for i, evidence in enumerate([*EVIDENCE, *(EVIDENCE[i] for i in BOUND)]):
         receipt = OutcomeReceipt(run_id=f"golden-{i}", ts=TS + i, receipt_id=f"rc-{i}", kind="file",
                                  verifier="destination", verified=i % 2 == 0, evidence=evidence)
+        if i >= len(EVIDENCE):
+            receipt = msgspec.structs.replace(receipt, run_started_ts=BOUND[i - len(EVIDENCE)])
         signed = key.sign(receipt)
         out.append({"receipt": encode(signed).decode(), "canonical": receipt_signing_bytes(receipt).decode()})
     return out
@@ -56,4 +64,4 @@ def render() -> str:
 
 if __name__ == "__main__":
     PATH.write_text(render())
-    sys.stdout.write(f"wrote {len(EVIDENCE)} signed receipts to {PATH}\n")
+    sys.stdout.write(f"wrote {len(EVIDENCE) + len(BOUND)} signed receipts to {PATH}\n")

@@ -22,11 +22,15 @@ const EVIDENCE = [
   { flag: true, no: false },
 ];
 
+// Cases (by index of EVIDENCE) repeated with run_started_ts: the occurrence the receipt answers, signed.
+const BOUND = [[0, TS - 60_000], [1, TS - 1]];
+
 export function tsReceiptVectors() {
-  const cases = EVIDENCE.map((evidence, i) => {
+  const all = [...EVIDENCE.map((evidence) => [evidence, undefined]), ...BOUND.map(([i, started]) => [EVIDENCE[i], started])];
+  const cases = all.map(([evidence, started], i) => {
     const receipt = {
       type: 'outcome_receipt', run_id: `ts-golden-${i}`, ts: TS + i, receipt_id: `ts-rc-${i}`, kind: 'record',
-      verifier: 'validator', verified: i % 2 === 1, evidence,
+      verifier: 'validator', verified: i % 2 === 1, evidence, ...(started === undefined ? {} : { run_started_ts: started }),
     };
     return { receipt: JSON.stringify(signReceipt(receipt, TS_KEY)), canonical: receiptSigningBytes(receipt).toString('utf8') };
   });

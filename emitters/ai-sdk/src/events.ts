@@ -123,6 +123,7 @@ export const IGNORED_EVENTS = [
   'untracked_step',
   'duplicate_expectation',
   'late_segment_started',
+  'stale_receipt',
 ] as const;
 export type IgnoredEvent = (typeof IGNORED_EVENTS)[number];
 
@@ -260,6 +261,8 @@ export interface OutcomeReceipt {
   verifier: Verifier;
   verified: boolean;
   evidence?: Record<string, EvidenceValue>;
+  /** The `ts` of the `run_started` of the run occurrence this receipt answers (signed when present). */
+  run_started_ts?: number;
 }
 
 /** Output of loopwarden on `agent.health`; typed here for consumers, never produced by the emitter. */
@@ -365,7 +368,7 @@ const KEYS = {
   segment_started: ['type', 'run_id', 'ts', 'segment', 'policy'],
   run_active: ['type', 'run_id', 'ts', 'segment', 'in', 'tool_call_id'],
   events_dropped: ['type', 'run_id', 'ts', 'count'],
-  outcome_receipt: ['type', 'run_id', 'ts', 'receipt_id', 'kind', 'verifier', 'verified', 'evidence'],
+  outcome_receipt: ['type', 'run_id', 'ts', 'receipt_id', 'kind', 'verifier', 'verified', 'evidence', 'run_started_ts'],
   health_transition: [
     'type',
     'run_id',
@@ -746,6 +749,7 @@ export function decodeEvent(input: string | unknown): LoopwardenEvent {
         verified: r.bool('verified'),
       };
       if (r.has('evidence')) event.evidence = decodeEvidence(r, 'evidence');
+      if (r.has('run_started_ts')) event.run_started_ts = r.int('run_started_ts', { min: 0 });
       return event;
     }
   }

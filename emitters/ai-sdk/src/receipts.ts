@@ -67,7 +67,10 @@ export function canonicalize(value: unknown, forWire = false): string {
   return canonicalValue(value, '$', forWire);
 }
 
-/** The bytes `signature.sig` signs: the receipt without `signature`, `evidence` defaulting to {}. */
+/**
+ * The bytes `signature.sig` signs: the receipt without `signature`, `evidence` defaulting to {},
+ * `run_started_ts` (the occurrence of the run it answers) only when present.
+ */
 export function receiptSigningBytes(receipt: OutcomeReceipt): Buffer {
   return Buffer.from(
     canonicalize({
@@ -79,6 +82,7 @@ export function receiptSigningBytes(receipt: OutcomeReceipt): Buffer {
       verifier: receipt.verifier,
       verified: receipt.verified,
       evidence: receipt.evidence ?? {},
+      run_started_ts: receipt.run_started_ts ?? undefined,
     }),
     'utf8',
   );

@@ -45,6 +45,12 @@ test('a Python-signed receipt changed in any signed field, unsigned or under ano
   assert.equal(receiptTrust({ ...signed, signature: { ...signed.signature, sig: 'AAAA' } }, trusted), 'bad_signature');
   assert.equal(receiptTrust({ ...signed, signature: undefined }, trusted), 'unsigned');
   assert.equal(receiptTrust({ ...signed, signature: { ...signed.signature, key_id: 'nobody' } }, trusted), 'unknown_key');
+  // The occurrence a receipt names is signed: moved to another run_started, added or dropped, it no longer verifies.
+  const bound = JSON.parse(PY.cases.find((c) => JSON.parse(c.receipt).run_started_ts !== undefined).receipt);
+  assert.equal(receiptTrust(bound, trusted), null);
+  assert.equal(receiptTrust({ ...bound, run_started_ts: bound.run_started_ts + 1 }, trusted), 'bad_signature');
+  assert.equal(receiptTrust({ ...bound, run_started_ts: undefined }, trusted), 'bad_signature');
+  assert.equal(receiptTrust({ ...signed, run_started_ts: 1 }, trusted), 'bad_signature');
 });
 
 test('a key file in the format `loopwarden keys new` writes signs receipts that verify against its printed key', () => {

@@ -17,7 +17,6 @@ Checkers are plug-ins: the entry point group ``loopwarden.checkers`` maps a name
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -103,8 +102,3 @@ def known_checks(checks: dict, allowed: tuple[str, ...], checker: str) -> None:
     if unknown:
         raise BadExpectation("unknown_check", f"checker {checker!r} has no check {unknown[0]!r} "
                              f"(it knows: {', '.join(allowed)})")
-
-
-def value_hash(value: Any) -> str:
-    """A short content-free fingerprint of a measured value (evidence carries this, never the value)."""
-    return hashlib.sha256(str(value).encode("utf-8", "replace")).hexdigest()[:16]

@@ -5,7 +5,8 @@ The URL's host (and port, 443 by default) must be in ``http.hosts``; TLS is alwa
 allow-list: its status is what was measured). The body is read up to ``max_body_bytes``.
 Checks: ``status`` (int, default 200), ``header`` ({name: value}), ``json`` ({JSON pointer: value},
 e.g. ``{"/version": "1.4.2"}``), ``min_size``, ``sha256``, ``content_type`` (the header's media type).
-Evidence: status, size, sha256, and for each header / pointer whether it matched — never values.
+Evidence: status, size, sha256, and for each header / pointer whether it matched — never a value nor a
+digest of one (a digest of a version string or a status is the value to anyone who tries the candidates).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import aiohttp
 
 from loopwarden.codecs import OutcomeExpected
 from loopwarden.verify.checkers.base import (
-    BadExpectation, CannotAsk, Context, Measured, NotAllowed, known_checks, mapping, scalar, value_hash,
+    BadExpectation, CannotAsk, Context, Measured, NotAllowed, known_checks, mapping, scalar,
 )
 
 CHUNK = 64 * 1024
@@ -124,8 +125,6 @@ class HttpChecker:
             got = lower.get(name.lower())
             evidence[f"header:{name.lower()[:60]}"] = got == str(want)
             if got != str(want):
-                if got is not None:
-                    evidence[f"header:{name.lower()[:60]}:sha256"] = value_hash(got)
                 return Measured(False, evidence, "header_mismatch")
         if want_type is not None:
             media = lower.get("content-type", "").split(";")[0].strip().lower()
@@ -146,7 +145,6 @@ class HttpChecker:
                 ok = got == want and type(got) is type(want) or (not isinstance(got, (dict, list)) and str(got) == str(want))
                 evidence[f"json:{pointer[:60]}"] = bool(ok)
                 if not ok:
-                    evidence[f"json:{pointer[:60]}:sha256"] = value_hash(got)
                     return Measured(False, evidence, "json_value_mismatch")
         if min_size is not None and size < min_size:
             return Measured(False, evidence, "size_below_floor")

@@ -46,8 +46,8 @@ class JsonSchemaChecker:
             raise BadExpectation("unknown_schema", f"json_schema {name!r} is not in the verifier's [json_schemas]")
         target = expectation.target
         if target.startswith("file:"):
-            real = local_path(target, ctx)
-            m = await asyncio.to_thread(read_measure, real, True, time.monotonic() + ctx.timeout_s, ctx.max_body_bytes)
+            where = local_path(target, ctx)
+            m = await asyncio.to_thread(read_measure, where, True, time.monotonic() + ctx.timeout_s, ctx.max_body_bytes)
             if not m["exists"]:
                 return Measured(False, {}, "missing")
             if not m["regular"]:

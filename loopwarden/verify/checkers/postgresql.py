@@ -1,22 +1,28 @@
 """``postgresql``: a row found by key whose named fields equal the expected values.
 
 Target ``postgresql://HOST:PORT/DBNAME#TABLE`` (``TABLE`` may be ``schema.table``). The database must
-be one of ``postgresql.databases`` (and the table in its ``tables`` when listed); the user and the
-password come from that entry (its ``password_env``), never from the event. Checks: ``row``
+be one of ``postgresql.databases`` and the table one of its ``tables``; the user and the password come
+from that entry (its ``password_env``), never from the event. The connection is TLS with the server's
+certificate verified (the entry's ``sslmode``: ``verify-full`` unless it says ``verify-ca``, or
+``disable`` for plaintext), so nobody on the path can answer in the database's place. Checks: ``row``
 ({key column: value}, required) and ``fields`` ({column: expected value}). Values are compared as
-PostgreSQL's text form of the column (``true``/``false`` for booleans) and never copied into
-evidence: a field that differs shows as the sha256 prefix of what was found.
+PostgreSQL's text form of the column (``true``/``false`` for booleans) and never leave the verifier:
+evidence says which fields matched (``field:<column>``: true/false), never a value nor a digest of one
+(a digest of a low-entropy value, a status or an amount, is the value to anyone who tries the few
+candidates).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import ssl
+from functools import lru_cache
 from urllib.parse import unquote, urlsplit
 
 from loopwarden.codecs import OutcomeExpected
 from loopwarden.verify.checkers.base import (
-    BadExpectation, CannotAsk, Context, Measured, NotAllowed, known_checks, mapping, value_hash,
+    BadExpectation, CannotAsk, Context, Measured, NotAllowed, known_checks, mapping,
 )
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -27,6 +33,16 @@ def _quoted(name: str, what: str) -> str:
     if len(parts) > 2 or not all(_IDENT.match(p) for p in parts):
         raise BadExpectation("bad_check", f"{what} {name[:100]!r} is not an identifier ([A-Za-z_][A-Za-z0-9_]*)")
     return ".".join(f'"{p}"' for p in parts)
+
+
+@lru_cache(maxsize=64)
+def _tls(sslmode: str, sslrootcert: str | None) -> ssl.SSLContext | bool:
+    """asyncpg's ``ssl`` argument for a database entry: a verifying context, or False (``disable``)."""
+    if sslmode == "disable":
+        return False
+    context = ssl.create_default_context(cafile=sslrootcert)
+    context.check_hostname = sslmode == "verify-full"  # verify-ca: the chain, not the name
+    return context
 
 
 def _text(value) -> str:
@@ -61,7 +77,7 @@ class PostgresqlChecker:
         db = ctx.config.database(host, port, dbname)
         if db is None:
             raise NotAllowed("outside_allow_list", f"database {host}:{port}/{dbname[:100]} is not in postgresql.databases")
-        if db.tables and table not in db.tables:
+        if table not in db.tables:
             raise NotAllowed("outside_allow_list", f"table {table[:100]!r} is not in the tables of {host}:{port}/{dbname}")
         qtable = _quoted(table, "table")
         cols = list(fields)
@@ -70,7 +86,15 @@ class PostgresqlChecker:
         sql = f"SELECT {select} FROM {qtable} WHERE {where} LIMIT 2"
         try:
             conn = await asyncpg.connect(host=db.host, port=db.port, user=db.user, password=db.password,
-                                         database=db.dbname, timeout=ctx.timeout_s, ssl=False)
+                                         database=db.dbname, timeout=ctx.timeout_s,
+                                         ssl=_tls(db.sslmode, db.sslrootcert))
+        except ssl.SSLError as exc:  # the server's certificate is not one the entry trusts
+            raise CannotAsk("tls", f"{host}:{port}/{dbname}: TLS ({db.sslmode}): {exc}") from None
+        except ConnectionError as exc:
+            if db.sslmode != "disable" and "SSL" in str(exc):  # the server offers no TLS: never fall back
+                raise CannotAsk("tls", f"{host}:{port}/{dbname}: the server refused TLS (sslmode {db.sslmode}; "
+                                "plaintext only with sslmode = \"disable\")") from None
+            raise CannotAsk("unreachable", f"{host}:{port}/{dbname}: cannot connect: {type(exc).__name__}: {exc}") from None
         except (OSError, asyncio.TimeoutError) as exc:
             raise CannotAsk("unreachable", f"{host}:{port}/{dbname}: cannot connect: {type(exc).__name__}: {exc}") from None
         except asyncpg.InvalidAuthorizationSpecificationError as exc:
@@ -100,7 +124,6 @@ class PostgresqlChecker:
             ok = got == _text(fields[col])
             evidence[f"field:{col[:60]}"] = ok
             if not ok:
-                evidence[f"field:{col[:60]}:sha256"] = value_hash(got)
                 wrong.append(col)
         if wrong:
             return Measured(False, evidence, "fields_mismatch")
