@@ -82,8 +82,9 @@ class Runtime:
 
 
 RUNTIMES: tuple[Runtime, ...] = (
-    # 0: any runtime that follows the GenAI semantic conventions (ADK, ...): no bound, no approval known
-    Runtime(name="genai"),
+    # 0: any runtime that follows the GenAI semantic conventions: no bound, no approval known. Its model and
+    # tool calls are children of the agent span.
+    Runtime(name="genai", parent_is_run=(ROLE_MODEL, ROLE_TOOL)),
     # AI SDK 7 + @ai-sdk/otel: `invoke_agent` > `step N` (agent_step) > `chat`, `execute_tool`.
     # A pending approval leaves no tool span and no marker: the cause is then `unknown`.
     Runtime(name="ai-sdk-7", scopes=("gen_ai", "@ai-sdk/otel"), wrapper_ops=("agent_step",),
