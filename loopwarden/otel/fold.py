@@ -157,7 +157,7 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
     waiting = state.waiting
     runs = state.runs
     touched: dict[str, None] = {}
-    after_end = late = hook_bad = 0
+    after_end = late = hook_bad = misplaced = 0
     i = 0
     while i < len(queue):
         span = queue[i]
@@ -167,6 +167,17 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
             if woken:
                 queue += [known[w] for w in woken if w in known]
         role = span.role
+        if role != ROLE_RUN and span.span_id in runs:
+            # A missing parent taken for a run (see Runtime.parent_is_run) arrived and is none: a wrapper of a
+            # runtime read by another row (an AI SDK 7 tracer of another name). Its spans are placed again,
+            # through it, unless the guessed run was already published.
+            guessed = runs[span.span_id]
+            if not guessed.started:
+                del runs[span.span_id]
+                touched.pop(span.span_id, None)
+                queue += [known[x] for x in guessed.open if x in known]
+            else:
+                misplaced += 1
         if role == ROLE_RUN:
             run = span.span_id
         elif role == ROLE_MODEL or role == ROLE_TOOL:
@@ -208,6 +219,8 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
         counts["span_late"] = late
     if hook_bad:
         counts["hook_attribute_bad"] = hook_bad
+    if misplaced:
+        counts["run_guessed_wrong"] = misplaced
     for run in (touched if len(touched) == 1 else sorted(touched, key=lambda r: _first_start(state, r))):
         _advance(state, trace_id, run, out, now_ms, limits)
     return state, out
