@@ -3,7 +3,8 @@ an approval, a cancellation, a timeout (spec.md section 9). Data, not code paths
 
 A row is chosen by the span's instrumentation scope name; a span from an unknown scope
 gets the OpenInference row when it carries ``openinference.span.kind``, the AI SDK <= 6
-row when its name starts with ``ai.``, and the GenAI-conventions row otherwise.
+row when its name starts with ``ai.``, the AI SDK 7 row when it is a ``step N`` wrapper
+(``agent_step``), and the GenAI-conventions row otherwise.
 
 What a row cannot tell is not guessed: a runtime with no bound exception in its row can
 never report ``stop_condition``, and a run whose cause no rule of spec section 9
@@ -57,8 +58,20 @@ class Runtime:
     # must not (LangGraph: the graph's own span has no ``langgraph_node``; every node's span has one)
     run_metadata: tuple[tuple[str, str], ...] = ()
     run_metadata_absent: str = ""
+    # LangChain ``metadata`` key naming the graph node a span runs in: the node's own span (named as the node)
+    # is a wrapper between the graph's run span and the node's model and tool calls
+    node_metadata: str = ""
+    # LangChain ``metadata`` key of the conversation thread: every run on one thread is one run (a resumed
+    # interrupt, the conversation's next turn), each trace of it a segment, as with loopwarden.run.id
+    thread_metadata: str = ""
+    # tool names (or the tool-role operation of a span without one) that hand the conversation to another
+    # agent: a run whose last step did that ends stop_condition custom:handoff (a completion)
+    handoff_tools: tuple[str, ...] = ()
+    agent_on_run_only: bool = False  # gen_ai.agent.name on other spans is not the agent's (a generic name)
     # Roles whose missing parent span is taken to be the run span (it ends last, so it is the one
-    # missing while the run goes on): lets a run start, and go STUCK, before its run span arrives.
+    # missing while the run goes on): lets a run start, and go STUCK, before its run span arrives. A wrapper
+    # listed here must be a direct child of its run (AI SDK 7's `step N`, an OpenAI Agents turn, a
+    # LangGraph node).
     parent_is_run: tuple[int, ...] = (ROLE_MODEL,)
 
     def bound_name(self, exc_type: str) -> str | None:
@@ -70,8 +83,9 @@ class Runtime:
 
 
 RUNTIMES: tuple[Runtime, ...] = (
-    # 0: any runtime that follows the GenAI semantic conventions (ADK, ...): no bound, no approval known
-    Runtime(name="genai"),
+    # 0: any runtime that follows the GenAI semantic conventions: no bound, no approval known. Its model and
+    # tool calls are children of the agent span.
+    Runtime(name="genai", parent_is_run=(ROLE_MODEL, ROLE_TOOL)),
     # AI SDK 7 + @ai-sdk/otel: `invoke_agent` > `step N` (agent_step) > `chat`, `execute_tool`.
     # A pending approval leaves no tool span and no marker: the cause is then `unknown`.
     Runtime(name="ai-sdk-7", scopes=("gen_ai", "@ai-sdk/otel"), wrapper_ops=("agent_step",),
@@ -87,10 +101,15 @@ RUNTIMES: tuple[Runtime, ...] = (
             cancelled=CANCELLED + ("RunCancelled",), timeouts=TIMEOUTS + ("RunTimedOut",)),
     # OpenAI Agents SDK through opentelemetry-instrumentation-openai-agents-v2: max_turns raises
     # (its workflow root is also invoke_agent, without an agent name: not a run). MaxTurnsExceeded is only
-    # in the agent span's status description.
+    # in the agent span's status description. Each turn is a span of operation `unknown` under the agent
+    # span, holding the turn's `chat` and tool spans (the SDK's task span above the agent is `unknown` too:
+    # no model or tool call has it for a parent). Every span names the agent "OpenAI Agent": only the
+    # agent span's name is the agent's. A handoff is an `agent_handoff` span in the handing-off turn.
     Runtime(name="openai-agents", scopes=("opentelemetry.instrumentation.openai_agents",),
-            bounds=(("MaxTurnsExceeded", "max_turns"),), parent_is_run=(),
-            status_exceptions=(("Max turns exceeded", "MaxTurnsExceeded"),), run_needs_agent_name=True),
+            tool_ops=("execute_tool", "agent_handoff"), handoff_tools=("agent_handoff",), wrapper_ops=("unknown",),
+            bounds=(("MaxTurnsExceeded", "max_turns"),), parent_is_run=(ROLE_WRAPPER,),
+            status_exceptions=(("Max turns exceeded", "MaxTurnsExceeded"),), run_needs_agent_name=True,
+            agent_on_run_only=True),
     # LangGraph through OpenInference: the graph is the AGENT (or top CHAIN) span; interrupt() raises
     # GraphInterrupt; recursion_limit raises GraphRecursionError.
     # OpenInference calls AGENT any run whose name holds "agent" (the react agent's model node too), so
@@ -99,10 +118,17 @@ RUNTIMES: tuple[Runtime, ...] = (
     Runtime(name="langgraph-openinference", scopes=("openinference.instrumentation.langchain",),
             run_ops=(), run_kinds=("CHAIN", "AGENT"), model_ops=(), model_kinds=("LLM",), tool_ops=(),
             tool_kinds=("TOOL",), approval_exceptions=("GraphInterrupt", "NodeInterrupt"),
-            bounds=(("GraphRecursionError", "recursion_limit"),), parent_is_run=(),
-            run_metadata=(("ls_integration", "langgraph"),), run_metadata_absent="langgraph_node"),
+            bounds=(("GraphRecursionError", "recursion_limit"),), parent_is_run=(ROLE_WRAPPER,),
+            run_metadata=(("ls_integration", "langgraph"),), run_metadata_absent="langgraph_node",
+            node_metadata="langgraph_node", thread_metadata="thread_id"),
+    # (rows are appended: a span's row is kept by its index in the bridge's state)
+    # Google ADK (tracer gcp.vertex.agent): invoke_workflow > invoke_agent > generate_content, execute_tool.
+    # max_llm_calls raises LlmCallsLimitExceededError before the next model call; a transfer to another agent
+    # is its transfer_to_agent tool, and the target runs as an invoke_agent span of its own.
+    Runtime(name="adk", scopes=("gcp.vertex.agent",), handoff_tools=("transfer_to_agent",),
+            bounds=(("LlmCallsLimitExceededError", "max_llm_calls"),), parent_is_run=(ROLE_MODEL, ROLE_TOOL)),
 )
-GENAI, AI_SDK_6, OPENINFERENCE = 0, 2, 5
+GENAI, AI_SDK_7, AI_SDK_6, OPENINFERENCE = 0, 1, 2, 5
 BY_SCOPE = {scope: (i, row) for i, row in enumerate(RUNTIMES) for scope in row.scopes}
 
 
@@ -115,6 +141,8 @@ def select_runtime(scope_name: str, span_name: str, attrs: dict[str, Any]) -> tu
         return OPENINFERENCE, RUNTIMES[OPENINFERENCE]
     if span_name.startswith("ai.") or "ai.operationId" in attrs:
         return AI_SDK_6, RUNTIMES[AI_SDK_6]
+    if attrs.get("gen_ai.operation.name") == "agent_step":  # AI SDK 7 under a tracer of another name
+        return AI_SDK_7, RUNTIMES[AI_SDK_7]
     return GENAI, RUNTIMES[GENAI]
 
 
@@ -135,8 +163,12 @@ def classify(row: Runtime, span_name: str, attrs: dict[str, Any]) -> int:
         if op in row.tool_ops:
             return ROLE_TOOL
     if kind is not None:
-        if kind in row.run_kinds and (not row.run_metadata or _metadata_says_run(row, attrs.get("metadata"))):
-            return ROLE_RUN
+        if kind in row.run_kinds:
+            if not row.run_metadata:
+                return ROLE_RUN
+            role = _metadata_role(row, span_name, attrs.get("metadata"))
+            if role != ROLE_OTHER:
+                return role
         if kind in row.model_kinds:
             return ROLE_MODEL
         if kind in row.tool_kinds:
@@ -153,12 +185,34 @@ def classify(row: Runtime, span_name: str, attrs: dict[str, Any]) -> int:
 _metadata = msgspec.json.Decoder(dict[str, Any])
 
 
-def _metadata_says_run(row: Runtime, text: str | None) -> bool:
+def _metadata_role(row: Runtime, span_name: str, text: str | None) -> int:
+    """A CHAIN/AGENT span's role from its LangChain metadata: the graph's own span is the run, a node's own
+    span (named as its node) a wrapper, anything else inside a node nothing."""
     if not text:
-        return False
+        return ROLE_OTHER
     try:
         meta = _metadata.decode(text)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-        return False
-    return (all(meta.get(k) == v for k, v in row.run_metadata)
-            and (not row.run_metadata_absent or row.run_metadata_absent not in meta))
+        return ROLE_OTHER
+    if not all(meta.get(k) == v for k, v in row.run_metadata):
+        return ROLE_OTHER
+    if row.run_metadata_absent and row.run_metadata_absent in meta:
+        return ROLE_WRAPPER if row.node_metadata and meta.get(row.node_metadata) == span_name else ROLE_OTHER
+    return ROLE_RUN
+
+
+THREAD_RUN_PREFIX = "langgraph-thread:"
+
+
+def thread_run_id(row: Runtime, text: str | None) -> str:
+    """The run id a span's thread gives (``langgraph-thread:<thread id>``), or "" when it has none."""
+    if not text or not row.thread_metadata or f'"{row.thread_metadata}"' not in text:
+        return ""
+    try:
+        thread = _metadata.decode(text).get(row.thread_metadata)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return ""
+    if isinstance(thread, bool) or not isinstance(thread, (str, int)) or thread == "":
+        return ""
+    run_id = f"{THREAD_RUN_PREFIX}{thread}"
+    return run_id if len(run_id) <= 200 else ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from opentelemetry.sdk.trace import SpanProcessor
 from pydantic_ai import Agent, DeferredToolRequests, RunContext
 from pydantic_ai.exceptions import AgentRunError, ApprovalRequired
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
@@ -48,6 +49,23 @@ async def _run(agent: Agent, **kw) -> str | None:
     except (AgentRunError, Exception) as exc:  # noqa: BLE001 - what the framework raised is the fact
         return type(exc).__name__
     return None
+
+
+class _Marks(SpanProcessor):
+    """The producer hook's part, by hand: ``run_id`` on every span at its start, the last run span kept."""
+
+    run_id: str | None = None
+    root = None
+
+    def on_start(self, span, parent_context=None) -> None:
+        if self.run_id is None:
+            return
+        span.set_attribute("loopwarden.run.id", self.run_id)
+        if span.name.startswith("invoke_agent"):
+            self.root = span
+
+
+marks = _Marks()
 
 
 async def scenarios(settings: InstrumentationSettings) -> list[Expected]:
@@ -140,6 +158,72 @@ async def scenarios(settings: InstrumentationSettings) -> list[Expected]:
         raised = "CancelledError"
     done.append(Expected("pa-task-cancelled", "BOUNDED_STOP", "aborted", raised))
 
+    async def slow_second_call(messages, info: AgentInfo) -> ModelResponse:
+        if len(messages) > 1:
+            await asyncio.sleep(5)
+        return ModelResponse(parts=[ToolCallPart("lookup", {"q": SECRET})], finish_reason="tool_call")
+
+    model_cancelled = Agent(FunctionModel(slow_second_call), name="pa-model-cancelled")
+
+    @model_cancelled.tool_plain
+    def lookup(q: str) -> str:  # noqa: F811 - one tool of each scenario's agent
+        return f"found {SECRET}"
+
+    # the task is cancelled during the second model call: that chat span ends with no response attribute and
+    # nothing records the cancellation (the run span ends UNSET): the cause was not recorded, never a finish
+    task = asyncio.ensure_future(_run(model_cancelled))
+    await asyncio.sleep(0.3)
+    task.cancel()
+    try:
+        await task
+        raised = None
+    except asyncio.CancelledError:
+        raised = "CancelledError"
+    done.append(Expected("pa-model-cancelled", "UNCERTAIN", "cause_mismatch", raised, truth="aborted"))
+
+    # the same, with the producer's record set by hand as the hook does: the run id on every span at its
+    # start, the cause on the run span before the application cancels it
+    hooked = Agent(FunctionModel(slow_second_call), name="pa-model-cancelled-hooked")
+
+    @hooked.tool_plain
+    def lookup(q: str) -> str:  # noqa: F811
+        return f"found {SECRET}"
+
+    marks.run_id = "pa-order-7"
+    task = asyncio.ensure_future(_run(hooked))
+    await asyncio.sleep(0.3)
+    marks.root.set_attribute("loopwarden.stop.cause", "aborted")
+    task.cancel()
+    try:
+        await task
+        raised = None
+    except asyncio.CancelledError:
+        raised = "CancelledError"
+    marks.run_id = None
+    done.append(Expected("pa-model-cancelled-hooked", "BOUNDED_STOP", "aborted", raised))
+
+    # limits checked after the model asked for tools and before they ran: the last step gets one call
+    # `cancelled` for them, so the steps bear the bound out
+    two_calls = Agent(FunctionModel(lambda messages, info: ModelResponse(
+        parts=[ToolCallPart("lookup", {"q": SECRET}), ToolCallPart("lookup", {"q": SECRET})],
+        finish_reason="tool_call")), name="pa-tool-calls-limit")
+
+    @two_calls.tool_plain
+    def lookup(q: str) -> str:  # noqa: F811
+        return f"found {SECRET}"
+
+    done.append(Expected("pa-tool-calls-limit", "BOUNDED_STOP", "stop_condition",
+                         await _run(two_calls, usage_limits=UsageLimits(tool_calls_limit=3))))
+
+    tokens = Agent(FunctionModel(_calls_tool("lookup", then_text=False)), name="pa-tokens-limit")
+
+    @tokens.tool_plain
+    def lookup(q: str) -> str:  # noqa: F811
+        return f"found {SECRET}"
+
+    done.append(Expected("pa-tokens-limit", "BOUNDED_STOP", "stop_condition",
+                         await _run(tokens, usage_limits=UsageLimits(total_tokens_limit=150))))
+
     failing = Agent(FunctionModel(_failing_model), name="pa-exception")
     done.append(Expected("pa-exception", "FAILED", "error", await _run(failing)))
     return done
@@ -149,4 +233,5 @@ def run(tracer_provider) -> list[Expected]:
     """Every scenario, exporting through ``tracer_provider``."""
     from pydantic_ai.models.instrumented import InstrumentationSettings
 
+    tracer_provider.add_span_processor(marks)
     return asyncio.run(scenarios(InstrumentationSettings(tracer_provider=tracer_provider)))
