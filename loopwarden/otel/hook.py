@@ -233,8 +233,9 @@ class Run:
             marks[APPROVAL + "resume_token"] = _text("resume_token", resume_token)
         live = trace_api.get_current_span()
         with self._lock:
-            if STOP_CAUSE not in self._stop:
-                self._stop.update({STOP_CAUSE: "approval_required", **marks})
+            if STOP_CAUSE in self._stop:
+                return
+            self._stop.update({STOP_CAUSE: "approval_required", **marks})
             current_open = self._open.get(live.get_span_context().span_id) is live
         if current_open:
             live.set_attributes(marks)
