@@ -38,7 +38,8 @@ def _scope(hooked: bool, **kw):
 
 
 def _name(base: str, hooked: bool) -> str:
-    return f"{base}-{'hook' if hooked else 'bare'}"
+    sep = "_" if "_" in base else "-"  # ADK agent names must be Python identifiers
+    return f"{base}{sep}{'hook' if hooked else 'bare'}"
 
 
 async def _cancel_after(aw, hooked: bool, delay_s: float = 0.3) -> None:
@@ -292,3 +293,84 @@ def run_langgraph(tracer_provider) -> list[Case]:
         return asyncio.run(langgraph(tracer_provider))
     finally:
         instrumentor.uninstrument()
+
+
+# -- Google ADK ---------------------------------------------------------------------------------------------
+async def adk() -> list[Case]:
+    from typing import AsyncGenerator
+
+    from google.adk.agents import LlmAgent
+    from google.adk.models.base_llm import BaseLlm
+    from google.adk.models.llm_response import LlmResponse
+    from google.adk.runners import InMemoryRunner
+    from google.adk.tools import FunctionTool
+    from google.genai import types
+
+    class FakeLlm(BaseLlm):
+        """Calls ``tool`` once, then answers (no model calls)."""
+
+        tool: str = ""
+
+        async def generate_content_async(self, llm_request, stream=False) -> AsyncGenerator[LlmResponse, None]:
+            answered = any(p.function_response for c in llm_request.contents for p in (c.parts or []))
+            if self.tool and not answered:
+                part = types.Part.from_function_call(name=self.tool, args={"q": SECRET})
+            else:
+                part = types.Part.from_text(text=f"done {SECRET}")
+            yield LlmResponse(content=types.Content(role="model", parts=[part]), finish_reason=types.FinishReason.STOP)
+
+    def delete(q: str) -> str:
+        """Delete something, after a human confirms."""
+        return f"deleted {SECRET}"
+
+    async def hang(q: str) -> str:
+        """Take a long time."""
+        await asyncio.sleep(5)
+        return f"late {SECRET}"
+
+    async def start(name: str, tool: str, tools: list):
+        runner = InMemoryRunner(agent=LlmAgent(name=name, model=FakeLlm(model="fake", tool=tool), tools=tools),
+                                app_name="app")
+        session = await runner.session_service.create_session(app_name="app", user_id="u")
+        message = types.Content(role="user", parts=[types.Part.from_text(text=f"task {SECRET}")])
+        return runner.run_async(user_id="u", session_id=session.id, new_message=message)
+
+    async def drain(events) -> None:
+        async for _ in events:
+            pass
+
+    done: list[Case] = []
+    for hooked in (True, False):
+        name = _name("adk_cancel", hooked)
+        await _cancel_after(drain(await start(name, "hang", [hang])), hooked)
+        done.append(Case(name, "BOUNDED_STOP", "aborted") if hooked else Case(name, "UNCERTAIN"))
+
+        name = _name("adk_timeout", hooked)
+        await _timeout(drain(await start(name, "hang", [hang])), hooked)
+        done.append(Case(name, "STUCK", "timeout") if hooked else Case(name, "UNCERTAIN"))
+
+        for routed in (False, True):
+            name = _name("adk_approval" + ("_routed" if routed else ""), hooked)
+            events = await start(name, "delete", [FunctionTool(delete, require_confirmation=True)])
+            with _scope(hooked) as run:
+                async for event in events:  # the confirmation request names the call it holds back
+                    for call in event.get_function_calls():
+                        if hooked and call.name == "adk_request_confirmation":
+                            held = call.args["originalFunctionCall"]
+                            route = dict(owner="ops-oncall", deadline_ts=DEADLINE_MS) if routed else {}
+                            run.mark_approval(held["id"], held["name"], **route)
+            if hooked:
+                done.append(Case(name, "WAITING" if routed else "WAITING_UNROUTED", "approval_required"))
+            else:
+                done.append(Case(name, "UNCERTAIN"))
+    return done
+
+
+def run_adk(tracer_provider) -> list[Case]:
+    """ADK traces through the global tracer provider: ``tracer_provider`` becomes it (once per process)."""
+    from opentelemetry import trace
+
+    trace.set_tracer_provider(tracer_provider)
+    if trace.get_tracer_provider() is not tracer_provider:
+        raise RuntimeError(f"ADK traces through the global tracer provider, already {trace.get_tracer_provider()!r}")
+    return asyncio.run(adk())

@@ -16,7 +16,7 @@ from tests.otel import hook_runs
 from tests.otel.bridge import Bridge, replay
 from tests.otel.pydantic_ai_runs import SECRET
 
-RUNTIMES = ["pydantic_ai", "openai_agents", "langgraph"]
+RUNTIMES = ["pydantic_ai", "openai_agents", "langgraph", "adk"]
 
 
 @functools.cache
@@ -39,7 +39,7 @@ def outcome(runtime: str) -> tuple[list[hook_runs.Case], dict[str, tuple[str, st
 
 
 def _expected(cases, suffix: str) -> dict[str, tuple[str, str | None]]:
-    return {c.agent: (c.state, c.reason) for c in cases if c.agent.endswith(suffix)}
+    return {c.agent: (c.state, c.reason) for c in cases if c.agent.endswith(suffix)}  # "-hook" or "_hook"
 
 
 def _seen(got, expected) -> dict[str, tuple[str, str | None]]:
@@ -52,7 +52,7 @@ def _seen(got, expected) -> dict[str, tuple[str, str | None]]:
 def test_with_the_hook_cancels_timeouts_approvals_and_quiet_stops_reach_the_runtimes_own_state(runtime):
     """With the hook: a cancel is BOUNDED_STOP aborted, a timeout STUCK timeout, an approval WAITING(_UNROUTED), a stop that does not raise what its condition's role says."""
     cases, got, _ = outcome(runtime)
-    expected = _expected(cases, "-hook")
+    expected = _expected(cases, "hook")
     assert _seen(got, expected) == expected
 
 
@@ -60,7 +60,7 @@ def test_with_the_hook_cancels_timeouts_approvals_and_quiet_stops_reach_the_runt
 def test_without_the_hook_what_the_spans_cannot_tell_stays_uncertain(runtime):
     """The same runs without the hook: what the spans show, else UNCERTAIN, never a confident wrong state."""
     cases, got, _ = outcome(runtime)
-    expected = _expected(cases, "-bare")
+    expected = _expected(cases, "bare")
     assert _seen(got, expected) == expected
 
 
