@@ -115,6 +115,8 @@ class Run:
         self._stop_event: str | None = None  # the exception type a cancel or timeout adds to the run span
         self._open: dict[int, Any] = {}  # span id -> the live span, while it is open
         self._parent: dict[int, int] = {}  # span id -> parent span id, for every span of the scope
+        self._runs: set[int] = set()  # spans that were run spans when they started
+        self._outer: int | None = None  # the outermost of them
         self._held: list[tuple[RunSpans, ReadableSpan]] = []
         self._closed = False
         self._token: contextvars.Token | None = None
@@ -180,13 +182,33 @@ class Run:
     def _started(self, span: Any) -> None:
         ctx = span.get_span_context()
         parent = span.parent
+        is_run = _is_run_span(span)  # by the attributes it starts with: some runtimes name a run only at its end
         with self._lock:
             self._open[ctx.span_id] = span
             if parent is not None:
                 self._parent[ctx.span_id] = parent.span_id
+            if is_run:
+                self._runs.add(ctx.span_id)
+            owner = ctx.span_id if is_run else self._run_above(ctx.span_id)
+            if owner is not None and self._outer is None:
+                self._outer = owner  # the first run span to start is the outermost
+            # The bridge fixes a run's id and policy with its first span to arrive, a model or tool call
+            # (spans arrive as they end): the outer run's spans carry them from their start, not a
+            # sub-agent's (where no run is named yet, every span does).
+            ours = owner is None or owner == self._outer
             stop = self._stop_event
+        if ours and self._run_attrs:
+            span.set_attributes(self._run_attrs)
         if stop is not None:  # a span started after the cancel (a cleanup step) is part of the stop too
             self._stamp(span, stop)
+
+    def _run_above(self, span_id: int) -> int | None:
+        node = self._parent.get(span_id)
+        for _ in range(256):  # parent ids come from the runtime: a bounded walk
+            if node is None or node in self._runs:
+                return node
+            node = self._parent.get(node)
+        return None
 
     def _ended(self, processor: RunSpans, span: ReadableSpan) -> bool:
         """True when the run keeps ``span`` until the scope exits (a run span, the scope still open)."""
@@ -199,7 +221,9 @@ class Run:
 
     # -- what the application records ---------------------------------------------------------------
     def record_policy(self, policy: Policy | Mapping[str, Any]) -> None:
-        """The run's stop policy (a loopwarden Policy, or its JSON form as a dict), so its bounds are evaluated."""
+        """The run's stop policy (a loopwarden Policy, or its JSON form as a dict), so its bounds are evaluated.
+
+        Record it before the run starts (``run(policy=...)``): the bridge takes it from the run's first span."""
         self._run_attrs[POLICY] = _policy_json(policy)
 
     def stop_condition(self, fired: Sequence[str]) -> None:
