@@ -65,6 +65,14 @@ class RunProgress(msgspec.Struct, array_like=True, gc=False):
     last_tool_error: bool = False  # ... and whether it was a tool call in ERROR
     close_ms: int = 0  # the run span arrived: run_ended is due at this processing time (0: not yet arrived)
     open_ms: int = 0  # no span has named the agent yet: run_started waits until this processing time
+    # The producer hook (spans.Hook): the run id and policy its spans gave before run_started (fixed then),
+    # and how many hook attributes its spans carried that were refused
+    key: str = ""
+    policy: Policy | None = None
+    bad: int = 0
+    segment: int = 0  # the segment of its events: 0, or (with a producer run id) its run_started ts
+    late_models: int = 0  # model calls that arrived after a later step was published: steps lost
+    late_tools: int = 0  # tool calls that arrived after their step was published
 
 
 class TraceState(msgspec.Struct, array_like=True, gc=False):
@@ -149,7 +157,7 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
     waiting = state.waiting
     runs = state.runs
     touched: dict[str, None] = {}
-    after_end = late = 0
+    after_end = late = hook_bad = 0
     i = 0
     while i < len(queue):
         span = queue[i]
@@ -184,14 +192,22 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
         if role != ROLE_RUN:
             if span.start_ns < progress.last_step_start:  # older than a step already published
                 late += 1
+                if role == ROLE_MODEL:
+                    progress.late_models += 1
+                else:
+                    progress.late_tools += 1
                 del known[span.span_id]
                 continue
             _join(progress, span)
+        if span.hook is not None and span.hook.bad:
+            hook_bad += span.hook.bad
         touched[run] = None
     if after_end:
         counts["span_after_end"] = after_end
     if late:
         counts["span_late"] = late
+    if hook_bad:
+        counts["hook_attribute_bad"] = hook_bad
     for run in (touched if len(touched) == 1 else sorted(touched, key=lambda r: _first_start(state, r))):
         _advance(state, trace_id, run, out, now_ms, limits)
     return state, out
@@ -205,6 +221,14 @@ def _join(progress: RunProgress, span: Span) -> None:
         progress.scope, progress.runtime = span.scope, span.runtime
     if not progress.agent and span.agent:
         progress.agent = span.agent
+    hook = span.hook
+    if hook is not None:
+        progress.bad += hook.bad
+        if not progress.started:
+            if hook.run_id and not progress.key:
+                progress.key = hook.run_id
+            if hook.policy is not None and progress.policy is None:
+                progress.policy = hook.policy
     is_tool = span.role == ROLE_TOOL
     if span.end_ns > progress.last_end or (span.end_ns == progress.last_end and is_tool):
         progress.last_end = span.end_ns
@@ -269,7 +293,6 @@ def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: in
     if run_span is None and not progress.scope:
         return  # nothing of the run arrived yet
     row = RUNTIMES[run_span.runtime if run_span is not None else progress.runtime]
-    run_id = run_id_of(trace_id, run)
     if not progress.started:
         agent = _agent(run_span, progress)
         if agent is None:
@@ -279,8 +302,25 @@ def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: in
                 return  # nothing of the run goes out before its run_started
             agent = row.name
         progress.started = True
-        out.events.append(RunStarted(run_id=run_id, ts=_ms(_first_start(state, run)), agent=agent,
+        hook = run_span.hook if run_span is not None else None
+        if hook is not None:
+            if hook.run_id:
+                progress.key = hook.run_id  # the run span's own word wins over its children's
+            if hook.policy is not None:
+                progress.policy = hook.policy
+        if progress.key and any(p.key == progress.key for r, p in state.runs.items() if r != run and p.started):
+            progress.key = ""  # another run of the trace has this run id: this one keeps its own
+            out.counts["hook_run_id_reused"] = out.counts.get("hook_run_id_reused", 0) + 1
+        start_ms = _ms(_first_start(state, run))
+        if progress.key:
+            # A producer's run id may come back in later traces (a resumed interrupt, an approval's resume),
+            # which may be on other partitions: each trace's part of the run is a segment numbered by its own
+            # start, so later parts have higher segments with no state shared between traces.
+            progress.segment = start_ms
+        out.events.append(RunStarted(run_id=progress.key or run_id_of(trace_id, run), ts=start_ms, agent=agent,
                                      policy=_policy(row, run_span, progress)))
+    run_id = progress.key or run_id_of(trace_id, run)
+    segment = progress.segment
     opened = [known[i] for i in progress.open if i in known]
     models = sorted((x for x in opened if x.role == ROLE_MODEL), key=_order)
     tools = sorted((x for x in opened if x.role == ROLE_TOOL), key=_order)
@@ -298,7 +338,8 @@ def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: in
                 end += 1
         else:
             end = n_tools
-        out.events.append(_step(run_id, progress.steps, m, tools[j:end]))
+        out.events.append(_step(run_id, progress.steps, m, tools[j:end], segment, row, closed and k + 1 == len(ready)
+                                and run_span is not None and _bound_exception(row, run_span) is not None))
         progress.steps += 1
         if progress.last_step:
             known.pop(progress.last_step, None)  # a step before the last: nothing reads it again
@@ -314,6 +355,8 @@ def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: in
         last_model = known.get(progress.last_step) if progress.last_step else None
         last_calls = [t for t in tools if last_model is not None and t.start_ns >= last_model.start_ns]
         out.events.append(_ended(run_id, row, run_span, last_model, last_calls, progress))
+        if progress.bad:
+            out.counts["runs_hook_refused"] = out.counts.get("runs_hook_refused", 0) + 1
         out.counts["runs_ended"] = out.counts.get("runs_ended", 0) + 1
         for span_id in progress.open:  # the run is over: its calls are never read again
             known.pop(span_id, None)
@@ -341,15 +384,48 @@ _policies: dict[tuple[str, str], Policy] = {}  # (row, scope) -> its Policy (fro
 
 
 def _policy(row: Runtime, run_span: Span | None, progress: RunProgress) -> Policy:
+    if progress.policy is not None:
+        return _hooked_policy(row, progress.policy)
     scope = (run_span.scope if run_span is not None else "") or progress.scope or row.name
     policy = _policies.get((row.name, scope))
     if policy is None:
         if len(_policies) >= 1024:  # scopes come from producers: the cache stays bounded
             _policies.clear()
-        bounds = tuple(Custom(name=name, role="bound") for _exc, name in row.bounds)
+        bounds = _row_conditions(row)
         # Spans carry no stop policy: only the bounds the runtime enforces by raising are declared.
         policy = _policies[row.name, scope] = Policy(version=f"otel:{scope}"[:200], stop_when=bounds)
     return policy
+
+
+def _row_conditions(row: Runtime) -> tuple[Custom, ...]:
+    """The conditions a runtime enforces itself: its bounds (raised), and a handoff (a completion)."""
+    return (tuple(Custom(name=name, role="bound") for _exc, name in row.bounds)
+            + ((Custom(name=HANDOFF, role="completion"),) if row.handoff_tools else ()))
+
+
+def _hooked_policy(row: Runtime, policy: Policy) -> Policy:
+    """The producer's policy, with the conditions its runtime enforces by itself added when it lists its own
+    (a null ``stop_when`` is the contract's default, left as the producer sent it)."""
+    if policy.stop_when is None:
+        return policy
+    have = {c for cond in policy.stop_when for c in cond.ids}
+    extra = tuple(c for c in _row_conditions(row) if c.ids[0] not in have)
+    return msgspec.structs.replace(policy, stop_when=policy.stop_when + extra) if extra else policy
+
+
+HANDOFF = "handoff"  # custom:handoff: the agent handed the conversation to another (a completion of its part)
+
+
+def _bound_exception(row: Runtime, run_span: Span) -> str | None:
+    """The custom bound a run span's exceptions (or the producer hook's cause) say fired; None if none."""
+    hook = run_span.hook
+    if hook is not None and hook.cause == "stop_condition":
+        return hook.fired[0] if hook.fired else "custom:stop"
+    for exc in run_span.exceptions:
+        bound = row.bound_name(exc)
+        if bound is not None:
+            return f"custom:{bound}"
+    return None
 
 
 def _finish(model: Span, calls: list[Span]) -> str:
@@ -381,32 +457,66 @@ def _status(tool: Span) -> str:
     return "result"
 
 
-def _step(run_id: str, index: int, model: Span, calls: list[Span]) -> StepFinished:
+def _step(run_id: str, index: int, model: Span, calls: list[Span], segment: int = 0, row: Runtime | None = None,
+          bounded: bool = False) -> StepFinished:
+    """A model call and its tool calls as a step. ``bounded``: it is the run's last step and a bound stopped
+    the run: a bound that fires after the model asked for tools and before they ran (Pydantic AI's
+    tool_calls_limit, LangGraph's recursion_limit) leaves no tool span, and the step gets one call
+    ``cancelled`` for the calls that never ran, so its steps bear the bound out (the tools' names are in the
+    model's output, content the bridge never reads)."""
     end_ns = model.end_ns
     for t in calls:
         if t.end_ns > end_ns:
             end_ns = t.end_ns
+    tool_calls = tuple([ToolCall(t.tool_id or t.span_id, t.tool_name or "unknown", _status(t)) for t in calls])
+    finish = _finish(model, calls)
+    if bounded and not calls and (finish == "tool-calls" or (not model.finish and not model.incomplete)):
+        tool_calls = (ToolCall(f"{model.span_id}-unrun", "unknown", CANCELLED_STATUS),)
+        finish = "tool-calls"
     # positional: run_id, ts, step, finish_reason, segment, tool_calls, usage
     return StepFinished(
-        run_id, end_ns // NS_PER_MS, index, _finish(model, calls), 0,
-        tuple([ToolCall(t.tool_id or t.span_id, t.tool_name or "unknown", _status(t)) for t in calls]),
+        run_id, end_ns // NS_PER_MS, index, finish, segment, tool_calls,
         Usage(model.input_tokens, model.output_tokens, model.total_tokens),
     )
 
 
 def _ended(run_id: str, row: Runtime, run_span: Span, last_model: Span | None, last_calls: list[Span],
            progress: RunProgress) -> RunEnded:
-    """The reported cause (spec section 9), first match."""
-    base = dict(run_id=run_id, ts=_ms(run_span.end_ns), step_count=progress.steps)
+    """The reported cause (docs/opentelemetry.md, "Reported cause"), first match."""
+    base = dict(run_id=run_id, ts=_ms(run_span.end_ns), step_count=progress.steps + progress.late_models,
+                segment=progress.segment)
+    hook = run_span.hook
+    # 0. What the bridge cannot vouch for: spans that came after a later step was published (that step went
+    # out without them), or a producer hook attribute it had to refuse. The run is UNCERTAIN: its steps miss
+    # what they lost (step_count counts the lost model calls too), and its cause is not the bridge's to give.
+    if progress.late_models or progress.late_tools or progress.bad or (hook is not None and hook.bad):
+        return RunEnded(**base, cause="unknown", approval=None, error_name=None)
     excs = run_span.exceptions
+    shorts = [e.rsplit(".", 1)[-1] for e in excs]
     # 1. an approval deferral (a tool call marked so, or the runtime's interrupt on any span)
     deferred = next((t for t in last_calls if t.approval), None)
     if deferred is None:
         deferred = next((x for x in (run_span, last_model) if x is not None and x.approval), None)
+    if hook is not None and hook.cause:  # the producer's record wins over inference
+        if hook.cause == "approval_required":
+            if deferred is None:
+                deferred = next((t for t in reversed(last_calls)), None)
+            if deferred is None:  # no call to tie the approval to: the record cannot be used
+                return RunEnded(**base, cause="unknown", approval=None, error_name=None)
+        else:
+            return RunEnded(**base, cause=hook.cause, fired=hook.fired, approval=None,
+                            error_name=shorts[0][:200] if shorts else None)
     if deferred is not None:
         call_id = deferred.tool_id or deferred.span_id
-        approval = Approval(approval_id=call_id, tool_call_id=call_id,
-                            tool_name=deferred.tool_name or deferred.name or "unknown")
+        marks = deferred.hook
+        if marks is not None and marks.approval_id:
+            approval = Approval(approval_id=marks.approval_id, tool_call_id=call_id,
+                                tool_name=deferred.tool_name or deferred.name or "unknown",
+                                owner=marks.owner or None, deadline_ts=marks.deadline_ts,
+                                resume_token=marks.resume_token or None)
+        else:
+            approval = Approval(approval_id=call_id, tool_call_id=call_id,
+                                tool_name=deferred.tool_name or deferred.name or "unknown")
         return RunEnded(**base, cause="approval_required", approval=approval, error_name=None)
     # 2. a bound the runtime enforces by raising
     for exc in excs:
@@ -414,14 +524,16 @@ def _ended(run_id: str, row: Runtime, run_span: Span, last_model: Span | None, l
         if bound is not None:
             return RunEnded(**base, cause="stop_condition", fired=(f"custom:{bound}",), approval=None,
                             error_name=exc.rsplit(".", 1)[-1][:200])
-    shorts = [e.rsplit(".", 1)[-1] for e in excs]
-    # 3. a cancellation, 4. a timeout: on the run span, or on the last step's model call or tool calls
-    # (a runtime may end its run span cleanly after a cancellation cut a tool short)
-    inner = [e.rsplit(".", 1)[-1] for s in ([last_model] if last_model else []) + last_calls for e in s.exceptions]
-    for cause, names in (("aborted", row.cancelled), ("timeout", row.timeouts)):
-        hit = next((s for s in shorts + inner if s in names), None)
-        if hit is not None:
-            return RunEnded(**base, cause=cause, approval=None, error_name=hit[:200])
+    # 3. a timeout, 4. a cancellation: the run span's own first (its timeout beats the cancellation it caused
+    # inside), then the last step's model call and tool calls (a runtime may end its run span cleanly after a
+    # cancellation cut a tool short)
+    inner = [e.rsplit(".", 1)[-1] for x in ([last_model] if last_model else []) + last_calls for e in x.exceptions]
+    # (on one span a timeout beats a cancellation too: the cancellation is how the timeout stopped the run)
+    for names in (shorts, inner):
+        for cause, known in (("timeout", row.timeouts), ("aborted", row.cancelled)):
+            hit = next((name for name in names if name in known), None)
+            if hit is not None:
+                return RunEnded(**base, cause=cause, approval=None, error_name=hit[:200])
     if run_span.error:
         error_name = shorts[0][:200] if shorts else None
         # 5. a tool span in ERROR was the last thing that happened
@@ -429,12 +541,15 @@ def _ended(run_id: str, row: Runtime, run_span: Span, last_model: Span | None, l
             return RunEnded(**base, cause="tool_error", approval=None, error_name=error_name)
         # 6. any other error
         return RunEnded(**base, cause="error", approval=None, error_name=error_name)
-    # 7. ended well, and the last step did not ask for tools
-    if last_model is not None:
-        finish = _finish(last_model, last_calls)
-        if finish != "tool-calls":
+    if last_model is not None and not last_model.incomplete:
+        # 7. a handoff to another agent was the last step's call: the runtime's own completion of this agent
+        if row.handoff_tools and last_calls and any(t.tool_name in row.handoff_tools for t in last_calls):
+            return RunEnded(**base, cause="stop_condition", fired=(f"custom:{HANDOFF}",), approval=None,
+                            error_name=None)
+        # 8. ended well, and the last step did not ask for tools
+        if _finish(last_model, last_calls) != "tool-calls":
             return RunEnded(**base, cause="natural_finish", approval=None, error_name=None)
-    # 8. the cause was not recorded
+    # 9. the cause was not recorded (a model call cut short with nothing recorded included: never a finish)
     return RunEnded(**base, cause="unknown", approval=None, error_name=None)
 
 

@@ -57,8 +57,17 @@ class Runtime:
     # must not (LangGraph: the graph's own span has no ``langgraph_node``; every node's span has one)
     run_metadata: tuple[tuple[str, str], ...] = ()
     run_metadata_absent: str = ""
+    # LangChain ``metadata`` key naming the graph node a span runs in: the node's own span (named as the node)
+    # is a wrapper between the graph's run span and the node's model and tool calls
+    node_metadata: str = ""
+    # tool names (or the tool-role operation of a span without one) that hand the conversation to another
+    # agent: a run whose last step did that ends stop_condition custom:handoff (a completion)
+    handoff_tools: tuple[str, ...] = ()
+    agent_on_run_only: bool = False  # gen_ai.agent.name on other spans is not the agent's (a generic name)
     # Roles whose missing parent span is taken to be the run span (it ends last, so it is the one
-    # missing while the run goes on): lets a run start, and go STUCK, before its run span arrives.
+    # missing while the run goes on): lets a run start, and go STUCK, before its run span arrives. A wrapper
+    # listed here must be a direct child of its run (AI SDK 7's `step N`, an OpenAI Agents turn, a
+    # LangGraph node).
     parent_is_run: tuple[int, ...] = (ROLE_MODEL,)
 
     def bound_name(self, exc_type: str) -> str | None:
@@ -87,10 +96,15 @@ RUNTIMES: tuple[Runtime, ...] = (
             cancelled=CANCELLED + ("RunCancelled",), timeouts=TIMEOUTS + ("RunTimedOut",)),
     # OpenAI Agents SDK through opentelemetry-instrumentation-openai-agents-v2: max_turns raises
     # (its workflow root is also invoke_agent, without an agent name: not a run). MaxTurnsExceeded is only
-    # in the agent span's status description.
+    # in the agent span's status description. Each turn is a span of operation `unknown` under the agent
+    # span, holding the turn's `chat` and tool spans (the SDK's task span above the agent is `unknown` too:
+    # no model or tool call has it for a parent). Every span names the agent "OpenAI Agent": only the
+    # agent span's name is the agent's. A handoff is an `agent_handoff` span in the handing-off turn.
     Runtime(name="openai-agents", scopes=("opentelemetry.instrumentation.openai_agents",),
-            bounds=(("MaxTurnsExceeded", "max_turns"),), parent_is_run=(),
-            status_exceptions=(("Max turns exceeded", "MaxTurnsExceeded"),), run_needs_agent_name=True),
+            tool_ops=("execute_tool", "agent_handoff"), handoff_tools=("agent_handoff",), wrapper_ops=("unknown",),
+            bounds=(("MaxTurnsExceeded", "max_turns"),), parent_is_run=(ROLE_WRAPPER,),
+            status_exceptions=(("Max turns exceeded", "MaxTurnsExceeded"),), run_needs_agent_name=True,
+            agent_on_run_only=True),
     # LangGraph through OpenInference: the graph is the AGENT (or top CHAIN) span; interrupt() raises
     # GraphInterrupt; recursion_limit raises GraphRecursionError.
     # OpenInference calls AGENT any run whose name holds "agent" (the react agent's model node too), so
@@ -99,8 +113,9 @@ RUNTIMES: tuple[Runtime, ...] = (
     Runtime(name="langgraph-openinference", scopes=("openinference.instrumentation.langchain",),
             run_ops=(), run_kinds=("CHAIN", "AGENT"), model_ops=(), model_kinds=("LLM",), tool_ops=(),
             tool_kinds=("TOOL",), approval_exceptions=("GraphInterrupt", "NodeInterrupt"),
-            bounds=(("GraphRecursionError", "recursion_limit"),), parent_is_run=(),
-            run_metadata=(("ls_integration", "langgraph"),), run_metadata_absent="langgraph_node"),
+            bounds=(("GraphRecursionError", "recursion_limit"),), parent_is_run=(ROLE_WRAPPER,),
+            run_metadata=(("ls_integration", "langgraph"),), run_metadata_absent="langgraph_node",
+            node_metadata="langgraph_node"),
 )
 GENAI, AI_SDK_6, OPENINFERENCE = 0, 2, 5
 BY_SCOPE = {scope: (i, row) for i, row in enumerate(RUNTIMES) for scope in row.scopes}
@@ -135,8 +150,12 @@ def classify(row: Runtime, span_name: str, attrs: dict[str, Any]) -> int:
         if op in row.tool_ops:
             return ROLE_TOOL
     if kind is not None:
-        if kind in row.run_kinds and (not row.run_metadata or _metadata_says_run(row, attrs.get("metadata"))):
-            return ROLE_RUN
+        if kind in row.run_kinds:
+            if not row.run_metadata:
+                return ROLE_RUN
+            role = _metadata_role(row, span_name, attrs.get("metadata"))
+            if role != ROLE_OTHER:
+                return role
         if kind in row.model_kinds:
             return ROLE_MODEL
         if kind in row.tool_kinds:
@@ -153,12 +172,17 @@ def classify(row: Runtime, span_name: str, attrs: dict[str, Any]) -> int:
 _metadata = msgspec.json.Decoder(dict[str, Any])
 
 
-def _metadata_says_run(row: Runtime, text: str | None) -> bool:
+def _metadata_role(row: Runtime, span_name: str, text: str | None) -> int:
+    """A CHAIN/AGENT span's role from its LangChain metadata: the graph's own span is the run, a node's own
+    span (named as its node) a wrapper, anything else inside a node nothing."""
     if not text:
-        return False
+        return ROLE_OTHER
     try:
         meta = _metadata.decode(text)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-        return False
-    return (all(meta.get(k) == v for k, v in row.run_metadata)
-            and (not row.run_metadata_absent or row.run_metadata_absent not in meta))
+        return ROLE_OTHER
+    if not all(meta.get(k) == v for k, v in row.run_metadata):
+        return ROLE_OTHER
+    if row.run_metadata_absent and row.run_metadata_absent in meta:
+        return ROLE_WRAPPER if row.node_metadata and meta.get(row.node_metadata) == span_name else ROLE_OTHER
+    return ROLE_RUN

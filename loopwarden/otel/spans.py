@@ -21,8 +21,10 @@ from typing import Any
 
 import msgspec
 
+from loopwarden.codecs.events import CAUSES, Policy
 from loopwarden.otel.mapping import (
     BY_SCOPE,
+    ROLE_MODEL,
     ROLE_OTHER,
     ROLE_RUN,
     ROLE_TOOL,
@@ -41,6 +43,13 @@ STR = "str"
 INT = "int"
 STRS = "strs"  # a string array (a lone string accepted: runtimes differ)
 JSONTEXT = "json"  # a JSON object as text, read for a few keys; anything else is ignored, not refused
+# The producer hook's attributes (docs/opentelemetry.md, "The hook's attributes"): a value of the wrong type
+# costs that attribute only (it reads as BAD, counted on its span), never the span or its message.
+HOOK_STR = "hook_str"
+HOOK_INT = "hook_int"
+HOOK_STRS = "hook_strs"
+HOOK_KINDS = (HOOK_STR, HOOK_INT, HOOK_STRS)
+PRESENT = "present"  # read for its presence only: a model call's response attributes (never its value)
 KNOWN: dict[str, str] = {
     "gen_ai.operation.name": STR,
     "gen_ai.agent.name": STR,
@@ -72,7 +81,24 @@ KNOWN: dict[str, str] = {
     "metadata": JSONTEXT,  # LangChain run metadata: only which LangGraph node a span is (never copied)
     # Pydantic AI
     "pydantic_ai.tool.deferral.name": STR,
+    # a model call that got a response says so (with the finish reasons and usage above): a call cut short
+    # (cancelled, hung) has none of them
+    "gen_ai.response.model": PRESENT,
+    "gen_ai.response.id": PRESENT,
+    # the producer hook (loopwarden.otel.hook, or set by hand), on any runtime
+    "loopwarden.run.id": HOOK_STR,
+    "loopwarden.stop.cause": HOOK_STR,
+    "loopwarden.stop.fired": HOOK_STRS,
+    "loopwarden.policy": HOOK_STR,
+    "loopwarden.job.id": HOOK_STR,
+    "loopwarden.attempt": HOOK_INT,
+    "loopwarden.recovers": HOOK_STR,
+    "loopwarden.approval.id": HOOK_STR,
+    "loopwarden.approval.owner": HOOK_STR,
+    "loopwarden.approval.deadline_ts": HOOK_INT,
+    "loopwarden.approval.resume_token": HOOK_STR,
 }
+BAD = object()  # a hook attribute whose value had the wrong type
 _INPUT_KEYS = ("gen_ai.usage.input_tokens", "ai.usage.inputTokens", "ai.usage.promptTokens", "llm.token_count.prompt")
 _OUTPUT_KEYS = ("gen_ai.usage.output_tokens", "ai.usage.outputTokens", "ai.usage.completionTokens",
                 "llm.token_count.completion")
@@ -90,6 +116,72 @@ class BadTraces(ValueError):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class Hook(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """The producer hook's attributes on one span, checked (docs/opentelemetry.md, "The hook's attributes").
+
+    Each refused value is left out and counted in ``bad``: the run it belongs to cannot be trusted to
+    say why it stopped, and ends ``unknown``; the span and its message are kept."""
+
+    run_id: str = ""  # loopwarden.run.id: the application's run id
+    cause: str = ""  # loopwarden.stop.cause: a run_ended cause
+    fired: tuple[str, ...] = ()  # loopwarden.stop.fired
+    policy: Policy | None = None  # loopwarden.policy, decoded
+    approval_id: str = ""  # loopwarden.approval.*: the tool span that asked for approval
+    owner: str = ""
+    deadline_ts: int | None = None
+    resume_token: str = ""
+    bad: int = 0  # hook attributes refused on this span (wrong type, bad JSON, out of bounds)
+
+
+_policy_json = msgspec.json.Decoder(Policy)
+_HOOK_KEYS = frozenset(k for k, kind in KNOWN.items() if kind in HOOK_KINDS)
+
+
+def _hook(attrs: dict[str, Any]) -> Hook | None:
+    """The hook attributes of a span, each checked against the contract's bounds; None when it has none."""
+    if _HOOK_KEYS.isdisjoint(attrs):
+        return None
+    get = attrs.get
+    bad = 0
+
+    def text(key: str, cap: int) -> str:
+        nonlocal bad
+        v = get(key)
+        if v is None:
+            return ""
+        if v is BAD or not v or len(v) > cap:
+            bad += 1
+            return ""
+        return v
+
+    run_id = text("loopwarden.run.id", 200)
+    cause = text("loopwarden.stop.cause", 40)
+    if cause and cause not in CAUSES:
+        bad, cause = bad + 1, ""
+    fired = get("loopwarden.stop.fired") or ()
+    if fired is BAD or len(fired) > 200 or not all(0 < len(f) <= 300 for f in fired):
+        bad, fired = bad + 1, ()
+    policy = None
+    raw = text("loopwarden.policy", 65536)
+    if raw:
+        try:
+            policy = _policy_json.decode(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            bad += 1
+    text("loopwarden.job.id", 200)  # the contract's jobs (section 12): checked, not carried by these events
+    text("loopwarden.recovers", 200)
+    attempt = get("loopwarden.attempt")
+    if attempt is BAD or (attempt is not None and attempt < 1):
+        bad += 1
+    approval_id = text("loopwarden.approval.id", 200)
+    owner = text("loopwarden.approval.owner", 200)
+    resume_token = text("loopwarden.approval.resume_token", 1000)
+    deadline_ts = get("loopwarden.approval.deadline_ts")
+    if deadline_ts is BAD:
+        bad, deadline_ts = bad + 1, None
+    return Hook(run_id, cause, tuple(fired), policy, approval_id, owner, deadline_ts, resume_token, bad)
 
 
 class Span(msgspec.Struct, array_like=True, frozen=True, gc=False):
@@ -114,6 +206,10 @@ class Span(msgspec.Struct, array_like=True, frozen=True, gc=False):
     tool_id: str = ""
     approval: bool = False  # the runtime marked this tool call as deferred for approval
     exceptions: tuple[str, ...] = ()  # exception types recorded on the span (error.type first)
+    # a model call with no response attribute at all (finish reasons, usage, response model or id) and no
+    # error: it never completed (cancelled, or cut short), so it is never a natural finish
+    incomplete: bool = False
+    hook: Hook | None = None  # the producer hook's attributes, when the span has any
 
 
 def _cut(text: str) -> str:
@@ -160,6 +256,10 @@ def _checked(key: str, kind: str, value: Any, where: str) -> Any:
         return value
     if kind == JSONTEXT:
         return value if isinstance(value, str) else None
+    if kind == PRESENT:
+        return True
+    if kind in HOOK_KINDS:
+        return _hook_value(kind, value)
     if kind == INT:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
             raise _wrong(key, "an int >= 0", value, where)
@@ -169,6 +269,20 @@ def _checked(key: str, kind: str, value: Any, where: str) -> Any:
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
         raise _wrong(key, "a string array", value, where)
     return tuple(value)
+
+
+def _hook_value(kind: str, value: Any) -> Any:
+    """A hook attribute's value, or BAD (never an exception: it costs the attribute, not the span)."""
+    if kind == HOOK_STR:
+        return value if isinstance(value, str) else BAD
+    if kind == HOOK_INT:
+        ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS
+        return value if ok else BAD
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    return BAD
 
 
 def _build(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int, end_ns: int, status: int,
@@ -189,9 +303,14 @@ def _build(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int
     if error and runtime.status_exceptions and status_message:
         excs = [*excs, *(exc for prefix, exc in runtime.status_exceptions if status_message.startswith(prefix))]
     agent = get("gen_ai.agent.name") or get("ai.telemetry.functionId") or ""
+    if agent and runtime.agent_on_run_only and role != ROLE_RUN:
+        agent = ""
     tool_name = tool_id = ""
     if role == ROLE_TOOL:
         tool_name = get("gen_ai.tool.name") or get("ai.toolCall.name") or get("tool.name") or ""
+        if not tool_name and runtime.handoff_tools:
+            op = get("gen_ai.operation.name")
+            tool_name = op if op in runtime.handoff_tools else ""
         tool_id = get("gen_ai.tool.call.id") or get("ai.toolCall.id") or get("tool_call.id") or ""
     # The first key present of each usage list; on a span with none of the other runtimes' usage keys that
     # is GenAI's (one look-up each).
@@ -209,8 +328,13 @@ def _build(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int
         finish[:MAX_NAME],
         input_tokens, output_tokens, total_tokens,
         tool_name[:MAX_NAME], tool_id[:MAX_NAME],
-        _approval(runtime, attrs, excs) if ((role == ROLE_TOOL and runtime.approval_attrs) or excs) else False,
+        _approval(runtime, attrs, excs) if ((role == ROLE_TOOL and (runtime.approval_attrs or "loopwarden.approval.id" in attrs))
+                                            or excs) else False,
         tuple(e[:MAX_NAME] for e in excs[:8]) if excs else (),
+        role == ROLE_MODEL and not (finish or error or input_tokens is not None or output_tokens is not None
+                                    or total_tokens is not None or "gen_ai.response.model" in attrs
+                                    or "gen_ai.response.id" in attrs),
+        _hook(attrs),
     )
 
 
@@ -222,6 +346,9 @@ def _first(attrs: dict[str, Any], keys: tuple[str, ...]) -> Any:
 
 
 def _approval(runtime: Runtime, attrs: dict[str, Any], exceptions: list[str] | tuple[()]) -> bool:
+    marked = attrs.get("loopwarden.approval.id")
+    if marked and marked is not BAD:
+        return True
     for key, value in runtime.approval_attrs:
         if attrs.get(key) == value:
             return True
@@ -399,6 +526,10 @@ def _proto_checked(key: str, kind: str, v, span_id: str, trace_id: str) -> Any:
                 return (values[0].string_value,)  # finish reasons: one, nearly always
             if all(x.WhichOneof("value") == "string_value" for x in values):
                 return tuple(x.string_value for x in values)
+    elif kind == PRESENT:
+        return True
+    elif kind in HOOK_KINDS:
+        return _hook_value(kind, _proto_value(v))
     else:  # JSONTEXT: read when text, ignored otherwise
         return v.string_value if which == "string_value" else None
     return _checked(key, kind, _proto_value(v), f"span {span_id} of trace {trace_id}")  # raises, naming the value

@@ -449,8 +449,12 @@ def _row(name: str):
     ("ai-sdk-6", "ai.toolCall", {"ai.operationId": "ai.toolCall"}, ROLE_TOOL),
     ("langgraph-openinference", "my-graph", {"openinference.span.kind": "CHAIN",
                                              "metadata": '{"ls_integration": "langgraph", "thread_id": "t"}'}, ROLE_RUN),
+    # a node's own span (named as its node) is a wrapper between the graph and the node's calls
     ("langgraph-openinference", "agent", {"openinference.span.kind": "AGENT", "metadata":
-                                          '{"ls_integration": "langgraph", "langgraph_node": "agent"}'}, ROLE_OTHER),
+                                          '{"ls_integration": "langgraph", "langgraph_node": "agent"}'}, ROLE_WRAPPER),
+    ("langgraph-openinference", "RunnableSequence", {"openinference.span.kind": "CHAIN", "metadata":
+                                                     '{"ls_integration": "langgraph", "langgraph_node": "agent"}'},
+     ROLE_OTHER),
     ("langgraph-openinference", "agent", {"openinference.span.kind": "AGENT"}, ROLE_OTHER),
     ("langgraph-openinference", "my-graph", {"openinference.span.kind": "CHAIN", "metadata": "not json"}, ROLE_OTHER),
     ("langgraph-openinference", "ChatModel", {"openinference.span.kind": "LLM"}, ROLE_MODEL),
