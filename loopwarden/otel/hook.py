@@ -164,7 +164,9 @@ class Run:
         return False
 
     def _finalized(self, span: ReadableSpan, exc: BaseException | None) -> ReadableSpan:
-        attrs = {**self._run_attrs, **self._stop}
+        # the run-level attributes only where the run is the outer one (an agent handed off to is a run of its own)
+        outer = self._outer is None or self._outer == span.context.span_id
+        attrs = {**(self._run_attrs if outer else {}), **self._stop}
         events: tuple[Event, ...] = ()
         if STOP_CAUSE not in attrs and exc is not None:
             name = type(exc).__name__

@@ -72,6 +72,22 @@ def test_run_level_attributes_are_on_the_outer_runs_spans_never_on_a_sub_agents(
     assert marks == {"invoke_agent sub": {}, "execute_tool delete": {}}
 
 
+def test_after_a_handoff_the_stop_marks_the_agent_handed_to_and_the_run_id_stays_with_the_first():
+    """Two agents in turn under one workflow span: the stop is the last one's; the run id the first one's alone."""
+    s = Spans()
+    with hook.run("run-h") as run:
+        with s.tracer.start_as_current_span("workflow"):
+            with s.agent("triage"), s.chat():
+                pass
+            with s.agent("billing"), s.chat():
+                pass
+        run.mark_approval("call-2", "refund")
+    marks = s.marks()
+    assert marks["invoke_agent triage"] == {"loopwarden.run.id": "run-h"}
+    assert marks["invoke_agent billing"]["loopwarden.stop.cause"] == "approval_required"
+    assert "loopwarden.run.id" not in marks["invoke_agent billing"]
+
+
 def test_calls_are_exported_as_they_end_and_the_run_span_when_the_scope_exits():
     """Inside a scope only the run span waits (for marks made after the runtime returned): a hung run's calls still reach the bridge."""
     s = Spans()
