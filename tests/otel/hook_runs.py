@@ -23,7 +23,8 @@ from pydantic_ai.models.function import FunctionModel
 from loopwarden.otel import hook
 from tests.otel.pydantic_ai_runs import SECRET
 
-DEADLINE_MS = 4_102_444_800_000  # 2100-01-01: routed approvals in the future
+# what routes an approval (WAITING rather than WAITING_UNROUTED): an owner, a deadline, a resume token
+ROUTE = {"owner": "ops-oncall", "deadline_ts": 4_102_444_800_000, "resume_token": "resume-1"}
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ async def pydantic_ai(settings) -> list[Case]:
                 result = await a.run(f"task {SECRET}")
                 if hooked:  # the deferred output names the calls awaiting approval
                     call = result.output.approvals[0]
-                    route = dict(owner="ops-oncall", deadline_ts=DEADLINE_MS) if routed else {}
+                    route = ROUTE if routed else {}
                     run.mark_approval(call.tool_call_id, call.tool_name, **route)
             if hooked:
                 done.append(Case(a.name, "WAITING" if routed else "WAITING_UNROUTED", "approval_required"))
@@ -211,7 +212,7 @@ async def openai_agents(tracer_provider) -> list[Case]:
                     result = await Runner.run(a, f"task {SECRET}")
                     if hooked:  # the run returned with the calls awaiting approval
                         item = result.interruptions[0]
-                        route = dict(owner="ops-oncall", deadline_ts=DEADLINE_MS) if routed else {}
+                        route = ROUTE if routed else {}
                         run.mark_approval(item.call_id, item.tool_name, **route)
                 if hooked:
                     done.append(Case(a.name, "WAITING" if routed else "WAITING_UNROUTED", "approval_required"))
@@ -268,7 +269,7 @@ async def langgraph(tracer_provider) -> list[Case]:
             result = await a.ainvoke(msgs, {"configurable": {"thread_id": a.name}})
             if hooked:
                 call = result["messages"][-1].tool_calls[0]
-                run.mark_approval(call["id"], call["name"], owner="ops-oncall", deadline_ts=DEADLINE_MS)
+                run.mark_approval(call["id"], call["name"], **ROUTE)
         done.append(Case(a.name, "WAITING" if hooked else "WAITING_UNROUTED", "approval_required"))
 
         # create_react_agent at an even recursion_limit stops by itself ("need more steps"), raising nothing
@@ -357,7 +358,7 @@ async def adk() -> list[Case]:
                     for call in event.get_function_calls():
                         if hooked and call.name == "adk_request_confirmation":
                             held = call.args["originalFunctionCall"]
-                            route = dict(owner="ops-oncall", deadline_ts=DEADLINE_MS) if routed else {}
+                            route = ROUTE if routed else {}
                             run.mark_approval(held["id"], held["name"], **route)
             if hooked:
                 done.append(Case(name, "WAITING" if routed else "WAITING_UNROUTED", "approval_required"))

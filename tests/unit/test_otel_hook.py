@@ -55,7 +55,7 @@ class Spans:
 
 
 def test_run_level_attributes_are_on_the_outer_runs_spans_never_on_a_sub_agents():
-    """run id, policy, job id, attempt and recovers are on the run span and its calls (the bridge fixes them with its first span), never on a sub-agent's."""
+    """Run id, policy, job, attempt and recovers are on the run span and its calls, never on a sub-agent's."""
     s = Spans()
     with hook.run("run-7", policy=POLICY, job_id="job-1", attempt=2, recovers="run-6"):
         with s.agent("outer"):

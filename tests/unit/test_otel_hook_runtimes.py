@@ -50,7 +50,7 @@ def _seen(got, expected) -> dict[str, tuple[str, str | None]]:
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_with_the_hook_cancels_timeouts_approvals_and_quiet_stops_reach_the_runtimes_own_state(runtime):
-    """With the hook: a cancel is BOUNDED_STOP aborted, a timeout STUCK timeout, an approval WAITING(_UNROUTED), a stop that does not raise what its condition's role says."""
+    """With the hook: cancel BOUNDED_STOP, timeout STUCK, approval WAITING(_UNROUTED), a quiet stop as its role says."""
     cases, got, _ = outcome(runtime)
     expected = _expected(cases, "hook")
     assert _seen(got, expected) == expected
