@@ -18,6 +18,7 @@ python: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[otel-adk]'  # before dev: see pyproject.toml's otel-adk
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 

@@ -60,6 +60,9 @@ class Runtime:
     # LangChain ``metadata`` key naming the graph node a span runs in: the node's own span (named as the node)
     # is a wrapper between the graph's run span and the node's model and tool calls
     node_metadata: str = ""
+    # LangChain ``metadata`` key of the conversation thread: every run on one thread is one run (a resumed
+    # interrupt, the conversation's next turn), each trace of it a segment, as with loopwarden.run.id
+    thread_metadata: str = ""
     # tool names (or the tool-role operation of a span without one) that hand the conversation to another
     # agent: a run whose last step did that ends stop_condition custom:handoff (a completion)
     handoff_tools: tuple[str, ...] = ()
@@ -115,7 +118,13 @@ RUNTIMES: tuple[Runtime, ...] = (
             tool_kinds=("TOOL",), approval_exceptions=("GraphInterrupt", "NodeInterrupt"),
             bounds=(("GraphRecursionError", "recursion_limit"),), parent_is_run=(ROLE_WRAPPER,),
             run_metadata=(("ls_integration", "langgraph"),), run_metadata_absent="langgraph_node",
-            node_metadata="langgraph_node"),
+            node_metadata="langgraph_node", thread_metadata="thread_id"),
+    # (rows are appended: a span's row is kept by its index in the bridge's state)
+    # Google ADK (tracer gcp.vertex.agent): invoke_workflow > invoke_agent > generate_content, execute_tool.
+    # max_llm_calls raises LlmCallsLimitExceededError before the next model call; a transfer to another agent
+    # is its transfer_to_agent tool, and the target runs as an invoke_agent span of its own.
+    Runtime(name="adk", scopes=("gcp.vertex.agent",), handoff_tools=("transfer_to_agent",),
+            bounds=(("LlmCallsLimitExceededError", "max_llm_calls"),), parent_is_run=(ROLE_MODEL, ROLE_TOOL)),
 )
 GENAI, AI_SDK_6, OPENINFERENCE = 0, 2, 5
 BY_SCOPE = {scope: (i, row) for i, row in enumerate(RUNTIMES) for scope in row.scopes}
@@ -186,3 +195,20 @@ def _metadata_role(row: Runtime, span_name: str, text: str | None) -> int:
     if row.run_metadata_absent and row.run_metadata_absent in meta:
         return ROLE_WRAPPER if row.node_metadata and meta.get(row.node_metadata) == span_name else ROLE_OTHER
     return ROLE_RUN
+
+
+THREAD_RUN_PREFIX = "langgraph-thread:"
+
+
+def thread_run_id(row: Runtime, text: str | None) -> str:
+    """The run id a span's thread gives (``langgraph-thread:<thread id>``), or "" when it has none."""
+    if not text or not row.thread_metadata or f'"{row.thread_metadata}"' not in text:
+        return ""
+    try:
+        thread = _metadata.decode(text).get(row.thread_metadata)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return ""
+    if isinstance(thread, bool) or not isinstance(thread, (str, int)) or thread == "":
+        return ""
+    run_id = f"{THREAD_RUN_PREFIX}{thread}"
+    return run_id if len(run_id) <= 200 else ""

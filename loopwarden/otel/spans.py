@@ -31,6 +31,7 @@ from loopwarden.otel.mapping import (
     Runtime,
     classify,
     select_runtime,
+    thread_run_id,
 )
 
 MAX_NAME = 200  # names (agent, tool, span) are cut to the wire types' bound
@@ -295,6 +296,11 @@ def _build(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int
     runtime_index, runtime = found if found is not None else select_runtime(scope_name, name, attrs)
     role = classify(runtime, name, attrs)
     get = attrs.get
+    hook = _hook(attrs)
+    if runtime.thread_metadata and role != ROLE_OTHER and (hook is None or not hook.run_id):
+        thread = thread_run_id(runtime, get("metadata"))
+        if thread:  # the runtime's own run id across traces, below the producer's
+            hook = msgspec.structs.replace(hook, run_id=thread) if hook is not None else Hook(run_id=thread)
     reasons = get("gen_ai.response.finish_reasons")
     finish = reasons[0] if reasons else (get("ai.response.finishReason") or get("llm.finish_reason") or "")
     err_type = get("error.type")
@@ -334,7 +340,7 @@ def _build(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int
         role == ROLE_MODEL and not (finish or error or input_tokens is not None or output_tokens is not None
                                     or total_tokens is not None or "gen_ai.response.model" in attrs
                                     or "gen_ai.response.id" in attrs),
-        _hook(attrs),
+        hook,
     )
 
 

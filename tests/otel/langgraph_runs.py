@@ -4,6 +4,8 @@ instrumentation, one per health state LangGraph can express."""
 from __future__ import annotations
 
 import itertools
+import threading
+import time
 import warnings
 
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -12,7 +14,7 @@ from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, create_react_agent, tools_condition
-from langgraph.types import interrupt
+from langgraph.types import Command, interrupt
 from langgraph.warnings import LangGraphDeprecatedSinceV10
 
 from tests.otel.pydantic_ai_runs import SECRET, Expected
@@ -46,6 +48,13 @@ def lookup(q: str) -> str:
 def boom(q: str) -> str:
     """Fail."""
     raise RuntimeError(f"tool failed {SECRET}")
+
+
+@tool
+def slow(q: str) -> str:
+    """Take longer than the graph's step timeout."""
+    time.sleep(1.0)
+    return f"late {SECRET}"
 
 
 @tool
@@ -126,6 +135,49 @@ def run(tracer_provider) -> list[Expected]:
 
         a = _react(Failing(messages=iter([])), [lookup], name="lg-exception")
         done.append(Expected("lg-exception", "FAILED", "error", _invoke(a)))
+        # an interrupt resumed on the same thread: one run (the thread's), the resume its next segment
+        a = _agent("lg-resumed", [_calls("delete"), _answer()], [delete], checkpointer=InMemorySaver())
+        config = {"configurable": {"thread_id": "t-resumed"}}
+        _invoke(a, config)
+        try:
+            a.invoke(Command(resume="yes"), config=config)
+            raised = None
+        except Exception as exc:  # noqa: BLE001
+            raised = type(exc).__name__
+        done.append(Expected("lg-resumed", "VERIFYING", "natural_finish", raised))
+        # step_timeout: the graph's own TimeoutError on its run span
+        a = _agent("lg-step-timeout", [_calls("slow"), _answer()], [slow])
+        a.step_timeout = 0.3
+        done.append(Expected("lg-step-timeout", "STUCK", "timeout", _invoke(a)))
         return done
     finally:
         instrumentor.uninstrument()
+
+
+def hung(tracer_provider, finished) -> tuple[Expected, list]:
+    """A graph hung in its tool node (its graph span never ends), and the spans that ended while it hangs."""
+    from openinference.instrumentation.langchain import LangChainInstrumentor
+
+    instrumentor = LangChainInstrumentor()
+    instrumentor.instrument(tracer_provider=tracer_provider)
+    try:
+        release = threading.Event()
+
+        @tool
+        def hang(q: str) -> str:
+            """Hang until released."""
+            release.wait()
+            return f"late {SECRET}"
+
+        a = _agent("lg-hung", [_calls("hang"), _answer()], [hang])
+        thread = threading.Thread(target=_invoke, args=(a,), daemon=True)
+        thread.start()
+        time.sleep(1.0)
+        spans = list(finished())  # what ended while it hangs
+        release.set()  # then let it finish, so the process can exit (its later spans are not read)
+        thread.join(10)
+    finally:
+        instrumentor.uninstrument()
+    # it starts at its model node's spans (the first to end) and goes STUCK after the inactivity timeout;
+    # only the graph's span names it, so it starts under the runtime's name
+    return Expected("langgraph-openinference", "STUCK", "no_progress", None, truth="hung"), spans

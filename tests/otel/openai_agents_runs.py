@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 
 from agents import Agent, Runner, function_tool, set_trace_processors
 from agents.items import ModelResponse
@@ -32,8 +34,10 @@ def _tool_call(name: str) -> ResponseFunctionToolCall:
 class FakeModel(Model):
     """Calls ``tool`` until ``tool_turns`` model calls were made, then answers (or raises ``fail``)."""
 
-    def __init__(self, tool: str | None = None, tool_turns: int = 1, fail: Exception | None = None) -> None:
+    def __init__(self, tool: str | None = None, tool_turns: int = 1, fail: Exception | None = None,
+                 hang_at: int | None = None) -> None:
         self.tool, self.tool_turns, self.fail, self.turn = tool, tool_turns, fail, 0
+        self.hang_at = hang_at  # the model call (1-based) that never returns
 
     async def get_response(self, system_instructions, input, model_settings, tools, output_schema, handoffs,
                            tracing, *, previous_response_id=None, conversation_id=None, prompt=None):
@@ -43,6 +47,8 @@ class FakeModel(Model):
                              disabled=tracing.is_disabled()) as span:
             if self.fail is not None:
                 raise self.fail
+            if self.turn == self.hang_at:
+                await asyncio.Event().wait()  # until cancelled
             usage = Usage(requests=1, input_tokens=10, output_tokens=5, total_tokens=15)
             if self.tool and self.turn <= self.tool_turns:
                 out, finish = [_tool_call(self.tool)], "tool_calls"
@@ -123,9 +129,60 @@ async def scenarios(tracer_provider) -> list[Expected]:
         done.append(Expected("oa-bounded", "BOUNDED_STOP", "stop_condition", await _run(a, max_turns=3)))
         a = Agent(name="oa-exception", model=FakeModel(fail=ValueError(f"provider exploded {SECRET}")))
         done.append(Expected("oa-exception", "FAILED", "error", await _run(a)))
+        # cancelled during its second model call: that chat span ends with no response attribute, every span
+        # OK: the cause was not recorded, never a natural finish
+        a = Agent(name="oa-model-cancelled", model=FakeModel("lookup", hang_at=2), tools=[lookup])
+        task = asyncio.ensure_future(_run(a))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        done.append(Expected("oa-model-cancelled", "UNCERTAIN", "cause_mismatch", "CancelledError", truth="aborted"))
+        # a handoff: the handing-off agent's part ends as a handoff (a completion), the target's run its own
+        target = Agent(name="oa-handoff-target", model=FakeModel())
+        a = Agent(name="oa-handoff", model=FakeModel("transfer_to_oa_handoff_target"), handoffs=[target])
+        done.append(Expected("oa-handoff", "VERIFYING", "stop_condition", await _run(a)))
+        done.append(Expected("oa-handoff-target", "VERIFYING", "natural_finish", None))
+
         return done
     finally:
         instrumentor.uninstrument()
+
+
+def hung(tracer_provider, finished) -> tuple[Expected, list]:
+    """A run hung in its second model call, and the spans that ended while it hangs (``finished()``), read
+    before the instrumentation's shutdown ends its open spans ("Application shutdown")."""
+    from opentelemetry.instrumentation.openai_agents import OpenAIAgentsInstrumentor
+
+    set_trace_processors([])
+    instrumentor = OpenAIAgentsInstrumentor()
+    instrumentor.instrument(tracer_provider=tracer_provider)
+    try:
+        agent = Agent(name="oa-hung", model=FakeModel("lookup", hang_at=2), tools=[lookup])
+        # on a loop of its own in a thread, hung until the spans are read, then cancelled so the test ends
+        loop = asyncio.new_event_loop()
+        task = loop.create_task(_run(agent))
+
+        def hang() -> None:
+            try:
+                loop.run_until_complete(task)
+            except asyncio.CancelledError:
+                pass
+
+        thread = threading.Thread(target=hang, daemon=True)
+        thread.start()
+        time.sleep(1.0)
+        spans = list(finished())
+        loop.call_soon_threadsafe(task.cancel)
+        thread.join(10)
+        loop.close()
+    finally:
+        instrumentor.uninstrument()
+    # it starts at its first turn's spans and goes STUCK after the inactivity timeout; only the agent span
+    # names the agent, so it starts under the runtime's name
+    return Expected("openai-agents", "STUCK", "no_progress", None, truth="hung"), spans
 
 
 def run(tracer_provider) -> list[Expected]:

@@ -140,6 +140,51 @@ async def scenarios(settings: InstrumentationSettings) -> list[Expected]:
         raised = "CancelledError"
     done.append(Expected("pa-task-cancelled", "BOUNDED_STOP", "aborted", raised))
 
+    async def slow_second_call(messages, info: AgentInfo) -> ModelResponse:
+        if len(messages) > 1:
+            await asyncio.sleep(5)
+        return ModelResponse(parts=[ToolCallPart("lookup", {"q": SECRET})], finish_reason="tool_call")
+
+    model_cancelled = Agent(FunctionModel(slow_second_call), name="pa-model-cancelled")
+
+    @model_cancelled.tool_plain
+    def lookup(q: str) -> str:  # noqa: F811 - one tool of each scenario's agent
+        return f"found {SECRET}"
+
+    # the task is cancelled during the second model call: that chat span ends with no response attribute and
+    # nothing records the cancellation (the run span ends UNSET): the cause was not recorded, never a finish
+    task = asyncio.ensure_future(_run(model_cancelled))
+    await asyncio.sleep(0.3)
+    task.cancel()
+    try:
+        await task
+        raised = None
+    except asyncio.CancelledError:
+        raised = "CancelledError"
+    done.append(Expected("pa-model-cancelled", "UNCERTAIN", "cause_mismatch", raised, truth="aborted"))
+
+    # limits checked after the model asked for tools and before they ran: the last step gets one call
+    # `cancelled` for them, so the steps bear the bound out
+    two_calls = Agent(FunctionModel(lambda messages, info: ModelResponse(
+        parts=[ToolCallPart("lookup", {"q": SECRET}), ToolCallPart("lookup", {"q": SECRET})],
+        finish_reason="tool_call")), name="pa-tool-calls-limit")
+
+    @two_calls.tool_plain
+    def lookup(q: str) -> str:  # noqa: F811
+        return f"found {SECRET}"
+
+    done.append(Expected("pa-tool-calls-limit", "BOUNDED_STOP", "stop_condition",
+                         await _run(two_calls, usage_limits=UsageLimits(tool_calls_limit=3))))
+
+    tokens = Agent(FunctionModel(_calls_tool("lookup", then_text=False)), name="pa-tokens-limit")
+
+    @tokens.tool_plain
+    def lookup(q: str) -> str:  # noqa: F811
+        return f"found {SECRET}"
+
+    done.append(Expected("pa-tokens-limit", "BOUNDED_STOP", "stop_condition",
+                         await _run(tokens, usage_limits=UsageLimits(total_tokens_limit=150))))
+
     failing = Agent(FunctionModel(_failing_model), name="pa-exception")
     done.append(Expected("pa-exception", "FAILED", "error", await _run(failing)))
     return done
