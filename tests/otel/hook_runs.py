@@ -368,10 +368,8 @@ async def adk() -> list[Case]:
 
 
 def run_adk(tracer_provider) -> list[Case]:
-    """ADK traces through the global tracer provider: ``tracer_provider`` becomes it (once per process)."""
-    from opentelemetry import trace
+    """Every ADK scenario; ADK traces through the global tracer provider, switched to ``tracer_provider``."""
+    from tests.otel.adk_runs import _use
 
-    trace.set_tracer_provider(tracer_provider)
-    if trace.get_tracer_provider() is not tracer_provider:
-        raise RuntimeError(f"ADK traces through the global tracer provider, already {trace.get_tracer_provider()!r}")
+    _use(tracer_provider)
     return asyncio.run(adk())
