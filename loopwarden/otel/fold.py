@@ -129,7 +129,7 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
         state = TraceState(spans={}, runs={}, waiting={})
     known = state.spans
     new: list[Span] = []
-    duplicates = full = 0
+    duplicates = full = hook_bad = 0
     held, cap = state.held, limits.max_spans_per_trace
     for span in spans:
         span_id = span.span_id
@@ -141,6 +141,8 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
             known[span_id] = span
             held += 1
             new.append(span)
+            if span.hook is not None and span.hook.bad:  # any span's, wrappers' included
+                hook_bad += span.hook.bad
     state.held = held
     if duplicates:
         counts["span_duplicate"] = duplicates
@@ -157,7 +159,7 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
     waiting = state.waiting
     runs = state.runs
     touched: dict[str, None] = {}
-    after_end = late = hook_bad = 0
+    after_end = late = misplaced = 0
     i = 0
     while i < len(queue):
         span = queue[i]
@@ -167,6 +169,17 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
             if woken:
                 queue += [known[w] for w in woken if w in known]
         role = span.role
+        if role != ROLE_RUN and span.span_id in runs:
+            # A missing parent taken for a run (see Runtime.parent_is_run) arrived and is none: a wrapper of a
+            # runtime read by another row (an AI SDK 7 tracer of another name). Its spans are placed again,
+            # through it, unless the guessed run was already published.
+            guessed = runs[span.span_id]
+            if not guessed.started:
+                del runs[span.span_id]
+                touched.pop(span.span_id, None)
+                queue += [known[x] for x in guessed.open if x in known]
+            else:
+                misplaced += 1
         if role == ROLE_RUN:
             run = span.span_id
         elif role == ROLE_MODEL or role == ROLE_TOOL:
@@ -199,8 +212,6 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
                 del known[span.span_id]
                 continue
             _join(progress, span)
-        if span.hook is not None and span.hook.bad:
-            hook_bad += span.hook.bad
         touched[run] = None
     if after_end:
         counts["span_after_end"] = after_end
@@ -208,6 +219,8 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
         counts["span_late"] = late
     if hook_bad:
         counts["hook_attribute_bad"] = hook_bad
+    if misplaced:
+        counts["run_guessed_wrong"] = misplaced
     for run in (touched if len(touched) == 1 else sorted(touched, key=lambda r: _first_start(state, r))):
         _advance(state, trace_id, run, out, now_ms, limits)
     return state, out
@@ -355,7 +368,7 @@ def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: in
         last_model = known.get(progress.last_step) if progress.last_step else None
         last_calls = [t for t in tools if last_model is not None and t.start_ns >= last_model.start_ns]
         out.events.append(_ended(run_id, row, run_span, last_model, last_calls, progress))
-        if progress.bad:
+        if progress.bad or (run_span.hook is not None and run_span.hook.bad):
             out.counts["runs_hook_refused"] = out.counts.get("runs_hook_refused", 0) + 1
         out.counts["runs_ended"] = out.counts.get("runs_ended", 0) + 1
         for span_id in progress.open:  # the run is over: its calls are never read again

@@ -3,7 +3,8 @@ an approval, a cancellation, a timeout (spec.md section 9). Data, not code paths
 
 A row is chosen by the span's instrumentation scope name; a span from an unknown scope
 gets the OpenInference row when it carries ``openinference.span.kind``, the AI SDK <= 6
-row when its name starts with ``ai.``, and the GenAI-conventions row otherwise.
+row when its name starts with ``ai.``, the AI SDK 7 row when it is a ``step N`` wrapper
+(``agent_step``), and the GenAI-conventions row otherwise.
 
 What a row cannot tell is not guessed: a runtime with no bound exception in its row can
 never report ``stop_condition``, and a run whose cause no rule of spec section 9
@@ -82,8 +83,9 @@ class Runtime:
 
 
 RUNTIMES: tuple[Runtime, ...] = (
-    # 0: any runtime that follows the GenAI semantic conventions (ADK, ...): no bound, no approval known
-    Runtime(name="genai"),
+    # 0: any runtime that follows the GenAI semantic conventions: no bound, no approval known. Its model and
+    # tool calls are children of the agent span.
+    Runtime(name="genai", parent_is_run=(ROLE_MODEL, ROLE_TOOL)),
     # AI SDK 7 + @ai-sdk/otel: `invoke_agent` > `step N` (agent_step) > `chat`, `execute_tool`.
     # A pending approval leaves no tool span and no marker: the cause is then `unknown`.
     Runtime(name="ai-sdk-7", scopes=("gen_ai", "@ai-sdk/otel"), wrapper_ops=("agent_step",),
@@ -126,7 +128,7 @@ RUNTIMES: tuple[Runtime, ...] = (
     Runtime(name="adk", scopes=("gcp.vertex.agent",), handoff_tools=("transfer_to_agent",),
             bounds=(("LlmCallsLimitExceededError", "max_llm_calls"),), parent_is_run=(ROLE_MODEL, ROLE_TOOL)),
 )
-GENAI, AI_SDK_6, OPENINFERENCE = 0, 2, 5
+GENAI, AI_SDK_7, AI_SDK_6, OPENINFERENCE = 0, 1, 2, 5
 BY_SCOPE = {scope: (i, row) for i, row in enumerate(RUNTIMES) for scope in row.scopes}
 
 
@@ -139,6 +141,8 @@ def select_runtime(scope_name: str, span_name: str, attrs: dict[str, Any]) -> tu
         return OPENINFERENCE, RUNTIMES[OPENINFERENCE]
     if span_name.startswith("ai.") or "ai.operationId" in attrs:
         return AI_SDK_6, RUNTIMES[AI_SDK_6]
+    if attrs.get("gen_ai.operation.name") == "agent_step":  # AI SDK 7 under a tracer of another name
+        return AI_SDK_7, RUNTIMES[AI_SDK_7]
     return GENAI, RUNTIMES[GENAI]
 
 

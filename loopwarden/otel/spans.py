@@ -140,10 +140,8 @@ _policy_json = msgspec.json.Decoder(Policy)
 _HOOK_KEYS = frozenset(k for k, kind in KNOWN.items() if kind in HOOK_KINDS)
 
 
-def _hook(attrs: dict[str, Any]) -> Hook | None:
-    """The hook attributes of a span, each checked against the contract's bounds; None when it has none."""
-    if _HOOK_KEYS.isdisjoint(attrs):
-        return None
+def _hook(attrs: dict[str, Any]) -> Hook:
+    """The hook attributes of a span (it has some), each checked against the contract's bounds."""
     get = attrs.get
     bad = 0
 
@@ -296,7 +294,7 @@ def _build(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int
     runtime_index, runtime = found if found is not None else select_runtime(scope_name, name, attrs)
     role = classify(runtime, name, attrs)
     get = attrs.get
-    hook = _hook(attrs)
+    hook = None if _HOOK_KEYS.isdisjoint(attrs) else _hook(attrs)
     if runtime.thread_metadata and role != ROLE_OTHER and (hook is None or not hook.run_id):
         thread = thread_run_id(runtime, get("metadata"))
         if thread:  # the runtime's own run id across traces, below the producer's

@@ -21,7 +21,8 @@ Call ``fold([], punctuate=True, caught_up=...)`` once per tick interval, as for 
 timers. ``counts`` keys: ``("invalid", "otlp_spans", reason)``, ``("otel", label)`` with label in
 ``spans``, ``span_duplicate``, ``span_late``, ``span_after_end``, ``span_trace_full``,
 ``runs_ended``, ``traces_expired``, ``runs_unended``, ``message_not_keyed_by_trace`` (the exporter
-lacks ``partition_traces_by_id``), and ``("otel_event", event type)``;
+lacks ``partition_traces_by_id``), ``hook_attribute_bad``, ``runs_hook_refused``, ``hook_run_id_reused``,
+``run_guessed_wrong``, and ``("otel_event", event type)``;
 :attr:`BridgeTask.traces` is the number of traces held (a gauge).
 """
 

@@ -55,7 +55,8 @@ def _check(records, expected, secret: str) -> Counter:
     return Counter(got.values())
 
 
-@pytest.mark.parametrize("runtime", ["genai_runs", "pydantic_ai_runs", "openai_agents_runs", "langgraph_runs"])
+@pytest.mark.parametrize("runtime", ["genai_runs", "pydantic_ai_runs", "openai_agents_runs", "langgraph_runs",
+                                     "adk_runs"])
 def test_runtime_through_the_collector(kafka, collector, runtime):
     """A runtime's runs exported over OTLP/HTTP to the real Collector reach Kafka and their expected states."""
     _through(kafka, collector, runtime)

@@ -127,4 +127,11 @@ def bridge_partitions(records: list, limits: Limits = Limits(end_grace_s=2)) -> 
         outputs += b.outputs
         produced += b"".join(o.key + o.value + b"".join(v for _k, v in o.headers) for o in b.outputs)
         produced += b"".join(k + v for k, v in b.store.items())
+    # the worker meets the partitions' events interleaved as they come: a run whose traces sit on two
+    # partitions (a LangGraph thread resumed) gets each trace's events in order, the earlier trace's first
+    first: dict = {}
+    for e in events:
+        first.setdefault((e.run_id, getattr(e, "segment", None)), e.ts)
+    order = {id(e): i for i, e in enumerate(events)}
+    events.sort(key=lambda e: (first[e.run_id, getattr(e, "segment", None)], order[id(e)]))
     return events, produced, outputs

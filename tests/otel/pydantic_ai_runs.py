@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from opentelemetry.sdk.trace import SpanProcessor
 from pydantic_ai import Agent, DeferredToolRequests, RunContext
 from pydantic_ai.exceptions import AgentRunError, ApprovalRequired
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
@@ -48,6 +49,23 @@ async def _run(agent: Agent, **kw) -> str | None:
     except (AgentRunError, Exception) as exc:  # noqa: BLE001 - what the framework raised is the fact
         return type(exc).__name__
     return None
+
+
+class _Marks(SpanProcessor):
+    """The producer hook's part, by hand: ``run_id`` on every span at its start, the last run span kept."""
+
+    run_id: str | None = None
+    root = None
+
+    def on_start(self, span, parent_context=None) -> None:
+        if self.run_id is None:
+            return
+        span.set_attribute("loopwarden.run.id", self.run_id)
+        if span.name.startswith("invoke_agent"):
+            self.root = span
+
+
+marks = _Marks()
 
 
 async def scenarios(settings: InstrumentationSettings) -> list[Expected]:
@@ -163,6 +181,27 @@ async def scenarios(settings: InstrumentationSettings) -> list[Expected]:
         raised = "CancelledError"
     done.append(Expected("pa-model-cancelled", "UNCERTAIN", "cause_mismatch", raised, truth="aborted"))
 
+    # the same, with the producer's record set by hand as the hook does: the run id on every span at its
+    # start, the cause on the run span before the application cancels it
+    hooked = Agent(FunctionModel(slow_second_call), name="pa-model-cancelled-hooked")
+
+    @hooked.tool_plain
+    def lookup(q: str) -> str:  # noqa: F811
+        return f"found {SECRET}"
+
+    marks.run_id = "pa-order-7"
+    task = asyncio.ensure_future(_run(hooked))
+    await asyncio.sleep(0.3)
+    marks.root.set_attribute("loopwarden.stop.cause", "aborted")
+    task.cancel()
+    try:
+        await task
+        raised = None
+    except asyncio.CancelledError:
+        raised = "CancelledError"
+    marks.run_id = None
+    done.append(Expected("pa-model-cancelled-hooked", "BOUNDED_STOP", "aborted", raised))
+
     # limits checked after the model asked for tools and before they ran: the last step gets one call
     # `cancelled` for them, so the steps bear the bound out
     two_calls = Agent(FunctionModel(lambda messages, info: ModelResponse(
@@ -194,4 +233,5 @@ def run(tracer_provider) -> list[Expected]:
     """Every scenario, exporting through ``tracer_provider``."""
     from pydantic_ai.models.instrumented import InstrumentationSettings
 
+    tracer_provider.add_span_processor(marks)
     return asyncio.run(scenarios(InstrumentationSettings(tracer_provider=tracer_provider)))
