@@ -2,6 +2,8 @@
 
 ``spans`` decodes messages into content-free spans, ``mapping`` holds one row per agent runtime,
 ``fold`` is the pure core (per-trace state -> events), ``task`` the per-partition stage the engine runs.
+``hook`` is the producer side, imported on its own (it needs the OpenTelemetry SDK): what a Python
+runtime's spans cannot tell, recorded by the application as ``loopwarden.*`` attributes.
 """
 
 from loopwarden.otel.fold import Limits, TraceState, fold_trace, run_id_of
