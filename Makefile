@@ -144,7 +144,7 @@ dist: python node
 	cd $(EMITTER) && rm -rf dist && npm run build --silent && npm pack --silent --pack-destination $(CURDIR)/$(DIST) >/dev/null
 	@ls -1 $(DIST)
 
-# docs/configuration.md is generated from loopwarden/streams/config.py (tests/unit/test_docs.py checks it).
+# docs/configuration.md is generated from loopwarden/engine/config.py (tests/unit/test_docs.py checks it).
 docs: python
 	$(LW) config-doc > docs/configuration.md
 

@@ -75,8 +75,8 @@ def variants(pkg: str, values: list, records: dict[int, list]) -> dict:
     records from each commit (``HealthStage.committed``, as the engine calls it), or not."""
     mod = lambda name: importlib.import_module(f"{pkg}.{name}")  # noqa: E731
     decode_input, Replay = mod("codecs").decode_input, mod("replay").Replay
-    Settings, Metrics, MemoryPartition = mod("rules").Settings, mod("streams.metrics").Metrics, mod("streams.store").MemoryPartition
-    PartitionTask, HealthStage, Config = mod("streams.task").PartitionTask, mod("streams.health").HealthStage, mod("streams.config").Config
+    Settings, Metrics, MemoryPartition = mod("rules").Settings, mod("engine.metrics").Metrics, mod("engine.store").MemoryPartition
+    PartitionTask, HealthStage, Config = mod("stages.health.task").PartitionTask, mod("stages.health.stage").HealthStage, mod("engine.config").Config
     decoded = [decode_input(v) for v in values]
 
     def decode() -> None:

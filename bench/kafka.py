@@ -40,9 +40,9 @@ from dev.localkafka import DEFAULT_JVM_ARGS, LocalKafka, free_port
 from loopwarden.publisher import Publisher
 from loopwarden.replay import Replay
 from loopwarden.simulate import fleet
-from loopwarden.streams.config import Config
-from loopwarden.streams.task import Tick, encode_tick
-from loopwarden.streams.topics import ensure_topics
+from loopwarden.engine.config import Config
+from loopwarden.stages.health.task import Tick, encode_tick
+from loopwarden.engine.topics import ensure_topics
 
 ADVANCE_S = 700.0
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,7 +111,7 @@ class WorkerProc:
             "LOOPWARDEN_PARTITIONS": str(c.partitions), "LOOPWARDEN_CLOCK": "event",
             "LOOPWARDEN_WEB_PORT": str(self.web_port), "LOOPWARDEN_DATA_DIR": str(self.workdir / "data"),
             # malloc_trim every second, not every 30 s: the RSS read after each phase is what a worker
-            # running for minutes holds, not the last burst's freed pages (loopwarden.streams.memory).
+            # running for minutes holds, not the last burst's freed pages (loopwarden.engine.memory).
             "LOOPWARDEN_MALLOC_TRIM_S": "1",
             # bench/probe/sitecustomize.py: pymalloc's figures on SIGUSR1, read at each RSS mark (Round.memory)
             "LOOPWARDEN_BENCH_PROBE": str(self.probe_dir),

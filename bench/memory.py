@@ -41,7 +41,7 @@ BENCH = "b state"
 def _inputs(runs: int, path: str) -> None:
     """Write a fleet's valid messages, as (partition, topic, offset, key, value) per partition, to ``path``."""
     from bench.core import valid_messages
-    from loopwarden.streams.assignment import partition_of
+    from loopwarden.engine.assignment import partition_of
 
     by_partition: dict[int, list] = {}
     offsets: dict[tuple[str, int], int] = {}
@@ -58,9 +58,9 @@ def _fold(path: str, trace: bool, batch: int = 2500, read: bool = False) -> dict
     from bench.core import _Rec
     from loopwarden import gctune
     from loopwarden.rules import Settings
-    from loopwarden.streams.memory import trim
-    from loopwarden.streams.store import MemoryPartition
-    from loopwarden.streams.task import PartitionTask
+    from loopwarden.engine.memory import trim
+    from loopwarden.engine.store import MemoryPartition
+    from loopwarden.stages.health.task import PartitionTask
 
     # Read from a file, not simulated here: the simulation's garbage would leave free slots in
     # pymalloc's arenas that the fold reuses, and RSS would not show the runs.

@@ -37,12 +37,12 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from bench.common import median, si
 from loopwarden import gctune
 from loopwarden.codecs import decode_input
-from loopwarden.otel import BridgeTask, Limits
-from loopwarden.otel.spans import KNOWN
+from loopwarden.stages.otel import BridgeTask, Limits
+from loopwarden.stages.otel.spans import KNOWN
 from loopwarden.replay import Replay
 from loopwarden.rules import Settings
-from loopwarden.streams.store import MemoryPartition
-from loopwarden.streams.task import PartitionTask
+from loopwarden.engine.store import MemoryPartition
+from loopwarden.stages.health.task import PartitionTask
 
 T0 = 1_790_000_000_000_000_000
 

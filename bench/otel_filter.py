@@ -34,7 +34,7 @@ from bench.ingest import create_topics, start_broker
 from bench.otel import _bridge, traces
 from dev.localkafka import free_port
 from loopwarden import gctune
-from loopwarden.otel import decode_traces
+from loopwarden.stages.otel import decode_traces
 
 REPO = Path(__file__).resolve().parent.parent
 OTELCOL = REPO / ".tools" / "otelcol"

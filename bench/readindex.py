@@ -1,4 +1,4 @@
-"""The read API's index (loopwarden.streams.readmodel) against the scan it replaced.
+"""The read API's index (loopwarden.api.readmodel) against the scan it replaced.
 
 ``python -m bench.readindex [--runs N]``: one partition holding N runs (encoded states, as the
 store holds them). Prints what the consuming loop pays per committed transition (the feed), what
@@ -18,8 +18,8 @@ import tracemalloc
 from loopwarden import gctune
 from loopwarden.codecs import STATES
 from loopwarden.rules import RunState, decode_state, encode_state
-from loopwarden.streams.pages import page
-from loopwarden.streams.readmodel import RunsIndex
+from loopwarden.api.pages import page
+from loopwarden.api.readmodel import RunsIndex
 
 
 def states(n: int, rnd: random.Random) -> list[RunState]:

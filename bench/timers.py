@@ -1,6 +1,6 @@
 """Bench d: the cost of a timer tick with many runs held but few timers due.
 
-Drives :class:`loopwarden.streams.task.PartitionTask` directly (a dict store per
+Drives :class:`loopwarden.stages.health.task.PartitionTask` directly (a dict store per
 partition, event-time clock, one tick record per partition), as the worker's loop
 does (then writing the batch's changes to the store, as after a commit). Each round advances the clock by just enough for ``due`` timers to fire.
 The O(runs) baseline decodes every table value and computes its deadline: what a
@@ -16,8 +16,8 @@ import msgspec
 from bench.common import Report, duration, median, progress
 from loopwarden.codecs import Policy, RunStarted, StepFinished, ToolCall
 from loopwarden.rules import Settings, apply, decode_state, encode_state, next_deadline
-from loopwarden.streams.store import MemoryPartition
-from loopwarden.streams.task import PartitionTask, Tick, encode_tick, is_meta
+from loopwarden.engine.store import MemoryPartition
+from loopwarden.stages.health.task import PartitionTask, Tick, encode_tick, is_meta
 
 PARTITIONS = 8
 BASE_MS = 1_780_000_000_000

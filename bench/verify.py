@@ -134,7 +134,7 @@ def bench_signature_cost(runs: int, rounds: int) -> dict:
     from loopwarden import gctune
     from loopwarden.codecs import decode_outcome_event
     from loopwarden.rules import Settings
-    from loopwarden.streams.task import PartitionTask
+    from loopwarden.stages.health.task import PartitionTask
     from loopwarden.codecs import receipt_signing_bytes
     from loopwarden.trust import ReceiptTrust, TrustedVerifiers
 

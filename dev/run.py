@@ -30,10 +30,10 @@ from pathlib import Path
 from dev.localkafka import LocalKafka, fetch, free_port, port_free
 from loopwarden.codecs.states import STATE_TABLE
 from loopwarden.docs_links import state_action, state_doc
-from loopwarden.streams.clients import COLORS, format_transition
-from loopwarden.streams.cliutil import plural
-from loopwarden.streams.config import Config, from_env
-from loopwarden.streams.topics import ensure_topics
+from loopwarden.commands.clients import COLORS, format_transition
+from loopwarden.commands.cliutil import plural
+from loopwarden.engine.config import Config, from_env
+from loopwarden.engine.topics import ensure_topics
 
 LEGEND = """\
 make dev: what you see
@@ -98,7 +98,7 @@ async def _show(config: Config, stop_at: float | None, worker: subprocess.Popen,
 
     from aiokafka import TopicPartition
 
-    from loopwarden.streams.topics import partition_count
+    from loopwarden.engine.topics import partition_count
 
     # What agent.health held when this start began is earlier starts' (counted, not shown); every
     # transition after that is shown, whoever produced its run (this fleet, an emitter, `simulate`).

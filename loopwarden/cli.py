@@ -220,10 +220,10 @@ def build_parser(processor: bool | None = None) -> argparse.ArgumentParser:
     if processor is None:
         processor = importlib.util.find_spec("aiokafka") is not None  # the [processor] extra is installed
     if processor:
-        from loopwarden.streams.commands import add_commands
+        from loopwarden.commands.kafka import add_commands
 
         add_commands(sub)
-        from loopwarden.board.command import add_command as add_board
+        from loopwarden.commands.board import add_command as add_board
 
         add_board(sub)
     else:  # listed anyway, so that asking for one says what to install instead of "invalid choice"
@@ -247,8 +247,8 @@ def set_up_process(args: argparse.Namespace) -> None:
     if command in ("replay", "worker", "bridge"):
         gctune.for_streaming()  # fewer collector passes: a batch allocates many short-lived objects
     if command in ("worker", "bridge") and args.func is not _needs_processor:
-        from loopwarden.streams.cliutil import _config, _watch_startup
-        from loopwarden.streams.logs import quiet_fence_leftovers, quiet_repeats
+        from loopwarden.commands.cliutil import _config, _watch_startup
+        from loopwarden.commands.logs import quiet_fence_leftovers, quiet_repeats
 
         level = _config(args).log_level.upper()
         quiet_repeats()
@@ -260,7 +260,7 @@ def set_up_process(args: argparse.Namespace) -> None:
         args.on_recovered = _recovered
     elif command in ("board", "verify") and args.func is not _needs_processor:  # services: they log what they do
         if command == "board":
-            from loopwarden.streams.cliutil import _config
+            from loopwarden.commands.cliutil import _config
 
             level = _config(args).log_level.upper()
         else:
@@ -268,14 +268,14 @@ def set_up_process(args: argparse.Namespace) -> None:
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         logging.getLogger("aiokafka").setLevel(logging.WARNING)
         if command == "board":  # a broker it cannot reach at start is its exit line, not aiokafka's ERROR before it
-            from loopwarden.streams.cliutil import _watch_startup
-            from loopwarden.streams.logs import quiet_repeats
+            from loopwarden.commands.cliutil import _watch_startup
+            from loopwarden.commands.logs import quiet_repeats
 
             quiet_repeats()
             _watch_startup(passthrough=True)
     elif command in KAFKA_COMMANDS and args.func is not _needs_processor:  # a client command: warnings only
-        from loopwarden.streams.cliutil import _watch_startup
-        from loopwarden.streams.logs import quiet_repeats
+        from loopwarden.commands.cliutil import _watch_startup
+        from loopwarden.commands.logs import quiet_repeats
 
         logging.basicConfig(level=logging.WARNING, format=f"loopwarden {command}: %(name)s: %(message)s")
         quiet_repeats()
@@ -284,7 +284,7 @@ def set_up_process(args: argparse.Namespace) -> None:
 
 def _recovered() -> None:
     """After an assignment is recovered: the broker was reached, and the restored states are frozen."""
-    from loopwarden.streams.cliutil import _connected
+    from loopwarden.commands.cliutil import _connected
 
     _connected()
     _freeze_restored()

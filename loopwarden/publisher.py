@@ -36,7 +36,7 @@ class Publisher:
         linger_ms: int = 5,
         options: dict | None = None,
     ) -> None:
-        """``options``: aiokafka client settings (TLS, SASL: ``loopwarden.streams.security.client_options``);
+        """``options``: aiokafka client settings (TLS, SASL: ``loopwarden.engine.security.client_options``);
         they name the brokers too when given."""
         if content_type not in (JSON, MSGPACK):
             raise ValueError(f"content_type: {content_type!r} must be {JSON!r} or {MSGPACK!r}")

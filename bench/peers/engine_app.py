@@ -3,7 +3,7 @@
 The same job as the Quix Streams and Kafka Streams peers (quix_app.py, kstreams/): both input topics
 (JSON values keyed by run id) co-partitioned, each value decoded, the run's count read from the store
 and written back (the changelog), ``{"type", "n"}`` sent to the output topic keyed by run id. It runs
-on ``loopwarden.streams.engine.Engine`` with the worker's defaults (memory store, one transaction per
+on ``loopwarden.engine.loop.Engine`` with the worker's defaults (memory store, one transaction per
 partition's batch, the group's offsets committed after the transactions): what the engine costs on
 the peers' job, so that the worker's row splits into the engine and the health rules.
 
@@ -21,9 +21,9 @@ from collections.abc import Mapping
 import msgspec
 
 from bench.peers import Progress
-from loopwarden.streams.config import Config
-from loopwarden.streams.engine import Engine
-from loopwarden.streams.stage import DeadLetter, Folded, Input, Output, StageBase, TaskBase
+from loopwarden.engine.config import Config
+from loopwarden.engine.loop import Engine
+from loopwarden.engine.stage import DeadLetter, Folded, Input, Output, StageBase, TaskBase
 
 PARTITIONS = 8
 _decode = msgspec.json.decode

@@ -81,7 +81,7 @@ STATE_TIMERS: dict[str, str] = {s.name: s.timer for s in STATE_TABLE if s.timer 
 
 
 def css_rule(s: StateFacts) -> str:
-    """The board's badge rule for the state (``loopwarden/board/static/board.css`` holds one per state)."""
+    """The board's badge rule for the state (``loopwarden/api/board/static/board.css`` holds one per state)."""
     border = f" border-color: {s.border};" if s.border else ""
     return f".s-{s.name} {{ background: {s.background}; color: {s.text};{border} }}"
 

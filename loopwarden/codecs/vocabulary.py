@@ -2,7 +2,7 @@
 
 Health states and causes are the wire's own Literals (``loopwarden.codecs.events``).
 Everything else that names these words — the rules core (which says them), the
-metrics' label sets (``loopwarden.streams.metrics``), the changelog codec's word table
+metrics' label sets (``loopwarden.engine.metrics``), the changelog codec's word table
 (``loopwarden.rules.codec.WORDS``) and the TypeScript types of the emitter
 (``emitters/ai-sdk/src/events.ts``) — is derived from here or checked against it by
 ``tests/unit/test_vocabulary.py``.

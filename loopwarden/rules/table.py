@@ -1,6 +1,6 @@
 """The run table's timer service: one scheduling policy and one due-firing loop for both shells.
 
-Replay (``loopwarden.replay``) and the Kafka health stage (``loopwarden.streams.task``)
+Replay (``loopwarden.replay``) and the Kafka health stage (``loopwarden.stages.health.task``)
 keep their runs' states differently (a dict of live states; a store of committed bytes
 under a batch's overlay) and hand the table a ``load(run_id)`` for them. Everything about
 *when* a run is looked at again lives here: :meth:`RunTable.changed` after every change

@@ -315,8 +315,8 @@ def kafka_options(config: VerifyConfig) -> dict:
     """aiokafka's connection arguments: the config's broker, and TLS/SASL from the LOOPWARDEN_* settings every
     command reads (LOOPWARDEN_SECURITY_PROTOCOL, LOOPWARDEN_SASL_*, LOOPWARDEN_SSL_*): with ACLs, the verifier
     connects as its own principal, the one allowed to write the trusted receipts topic."""
-    from loopwarden.streams.config import from_env
-    from loopwarden.streams.security import client_options
+    from loopwarden.engine.config import from_env
+    from loopwarden.engine.security import client_options
 
     return client_options(from_env({"broker": config.broker}))
 
@@ -346,7 +346,7 @@ async def run(config: VerifyConfig, key: SigningKey, stop: asyncio.Event | None 
     import aiohttp
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 
-    from loopwarden.streams.recovery import seek_since
+    from loopwarden.engine.recovery import seek_since
     from loopwarden.verify.checkers.http import ssl_context
 
     stop = stop or asyncio.Event()

@@ -15,7 +15,7 @@ import os
 import signal
 from collections.abc import Mapping
 
-from loopwarden.streams.stage import DeadLetter, Folded, Input, Output, StageBase, TaskBase
+from loopwarden.engine.stage import DeadLetter, Folded, Input, Output, StageBase, TaskBase
 
 
 class CounterTask(TaskBase):  # no alignment, nothing to rebuild or keep beyond the store: TaskBase's defaults
@@ -53,8 +53,8 @@ class CounterStage(StageBase):
 def main() -> None:
     import logging
 
-    from loopwarden.streams.config import from_env
-    from loopwarden.streams.engine import Engine
+    from loopwarden.engine.config import from_env
+    from loopwarden.engine.loop import Engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = from_env()

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from loopwarden.publisher import Publisher
-from loopwarden.streams.assignment import partition_of
+from loopwarden.engine.assignment import partition_of
 from tests.engine.topics import counter_topics
 from tests.integration.harness import env_for, read_all, run, unique_config
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from loopwarden.streams.engine import Engine
+from loopwarden.engine.loop import Engine
 from tests.engine.counter_stage import CounterStage
 from tests.engine.topics import counter_topics
 from tests.integration.harness import read_all, run, unique_config

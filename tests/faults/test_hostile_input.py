@@ -22,7 +22,7 @@ import pytest
 from bench.common import rss_kb
 from loopwarden.codecs import MSGPACK, InvalidEvent, decode_outcome_event, decode_step_event
 from loopwarden.simulate import fleet
-from loopwarden.streams.assignment import partition_of
+from loopwarden.engine.assignment import partition_of
 from tests.faults.oracle import check, figures, reasons, wait_runs
 from tests.integration.harness import make_worker, publish, read_all, run, tick, unique_config
 from tests.integration.test_processor import ADVANCE_MS, replay_final

@@ -20,8 +20,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from loopwarden.codecs import decode_input
 from loopwarden.replay import Replay
-from loopwarden.streams.exceptions import TopicLayoutError
-from loopwarden.streams.topics import existing_counts, records_held, repair
+from loopwarden.engine.exceptions import TopicLayoutError
+from loopwarden.engine.topics import existing_counts, records_held, repair
 from tests.builders import ended, started, step
 from tests.integration.harness import (
     as_json,

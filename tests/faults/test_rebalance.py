@@ -13,7 +13,7 @@ import pytest
 
 from loopwarden.rules import TIMER_REASONS
 from loopwarden.simulate import fleet
-from loopwarden.streams.assignment import partition_of
+from loopwarden.engine.assignment import partition_of
 from tests.faults.oracle import check, figures, wait_runs
 from tests.integration.harness import PublishInBackground, make_worker, run, tick, unique_config
 from tests.integration.test_processor import ADVANCE_MS, replay_final

@@ -17,8 +17,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 
 from loopwarden.codecs import decode_input
 from loopwarden.replay import Replay
-from loopwarden.streams.assignment import partition_of
-from loopwarden.streams.expand import expand
+from loopwarden.engine.assignment import partition_of
+from loopwarden.stages.health.expand import expand
 from tests.builders import ended, receipt, started, step
 from tests.faults.test_worker_faults import assert_exactly_once
 from tests.integration.harness import (

@@ -12,7 +12,7 @@ from collections import Counter
 from bench.common import cpu_s, jit_cpu_s
 from bench.ingest import create_topics
 from bench.sender import Sender
-from loopwarden.streams.assignment import partition_of
+from loopwarden.engine.assignment import partition_of
 from tests.integration.harness import read_topic, run, unique_config
 
 

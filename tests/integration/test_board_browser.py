@@ -19,12 +19,12 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from dev.localkafka import free_port
-from loopwarden.board.fleet import ATTENTION
+from loopwarden.api.board.fleet import ATTENTION
 from loopwarden.codecs import decode_input, encode
 from loopwarden.replay import Replay
 from loopwarden.simulate import fleet
 from loopwarden.trust import SigningKey, TrustedVerifiers
-from loopwarden.streams.topics import ensure_topics
+from loopwarden.engine.topics import ensure_topics
 from tests.integration.harness import env_for, stop_process, unique_config
 
 pytestmark = pytest.mark.timeout(300)

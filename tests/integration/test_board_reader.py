@@ -10,7 +10,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 
-from loopwarden.board import reader
+from loopwarden.api.board import reader
 from tests.integration.harness import unique_config
 from tests.integration.test_board_browser import transition
 

@@ -10,13 +10,13 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import ProducerFenced, UnknownTopicOrPartitionError
 
-from loopwarden.streams.batch import Batch
-from loopwarden.streams.checkpoint import Checkpoint, _Outbox
-from loopwarden.streams.manager import RECOVERABLE
-from loopwarden.streams.recovery import transactional_producer
-from loopwarden.streams.stage import Output
-from loopwarden.streams.router import Router
-from loopwarden.streams.topics import existing_counts
+from loopwarden.stages.health.batch import Batch
+from loopwarden.engine.checkpoint import Checkpoint, _Outbox
+from loopwarden.engine.manager import RECOVERABLE
+from loopwarden.engine.recovery import transactional_producer
+from loopwarden.engine.stage import Output
+from loopwarden.engine.router import Router
+from loopwarden.engine.topics import existing_counts
 from tests.integration.harness import delete_topic, run, unique_config
 
 

@@ -9,12 +9,12 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from loopwarden.streams.assignment import partition_of
-from loopwarden.streams.config import Config
-from loopwarden.streams.exceptions import TopicLayoutError
-from loopwarden.streams.expand import expand
-from loopwarden.streams.topics import co_partitioned, existing_counts, outputs
-from loopwarden.streams.topology import LAYOUT_KEY, decode_expansion
+from loopwarden.engine.assignment import partition_of
+from loopwarden.engine.config import Config
+from loopwarden.engine.exceptions import TopicLayoutError
+from loopwarden.stages.health.expand import expand
+from loopwarden.engine.topics import co_partitioned, existing_counts, outputs
+from loopwarden.stages.health.topology import LAYOUT_KEY, decode_expansion
 from tests.integration.harness import stable_end_offsets
 
 

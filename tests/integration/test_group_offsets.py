@@ -10,8 +10,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from loopwarden.simulate import fleet
-from loopwarden.streams.recovery import decode_offsets
-from loopwarden.streams.store import OFFSETS_KEY
+from loopwarden.engine.recovery import decode_offsets
+from loopwarden.engine.store import OFFSETS_KEY
 from tests.integration.harness import (group_offsets, make_worker, publish, run, stable_end_offsets, unique_config,
                                       wait_consumed)
 

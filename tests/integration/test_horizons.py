@@ -1,4 +1,4 @@
-"""Reading how far an old partition was forwarded after an expansion (loopwarden.streams.horizons), on a real broker."""
+"""Reading how far an old partition was forwarded after an expansion (loopwarden.engine.horizons), on a real broker."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from types import SimpleNamespace
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from loopwarden.streams.horizons import Horizons
-from loopwarden.streams.recovery import transactional_producer
-from loopwarden.streams.settle import FORWARDED
+from loopwarden.engine.horizons import Horizons
+from loopwarden.engine.recovery import transactional_producer
+from loopwarden.stages.health.settle import FORWARDED
 from tests.integration.harness import run, unique_config
 
 

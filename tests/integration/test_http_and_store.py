@@ -152,7 +152,7 @@ def test_python_publisher_with_msgpack(kafka, tmp_path: Path) -> None:
     """Events sent by loopwarden.publisher as MessagePack (content-type header) are classified."""
     from loopwarden.codecs import MSGPACK, decode_input
     from loopwarden.publisher import Publisher
-    from loopwarden.streams.topics import ensure_topics
+    from loopwarden.engine.topics import ensure_topics
 
     config = unique_config(kafka.bootstrap)
     worker = make_worker(config, tmp_path, clock="event").start()
@@ -198,8 +198,8 @@ class RogueMember(threading.Thread):
         from aiohttp import web
         from aiokafka import AIOKafkaConsumer
 
-        from loopwarden.streams.assignment import CoPartitionedAssignor
-        from loopwarden.streams.http import ANSWER_SIGNATURE
+        from loopwarden.engine.assignment import CoPartitionedAssignor
+        from loopwarden.api.http import ANSWER_SIGNATURE
 
         async def forged(request):
             self.requests.append({"path": request.path_qs, "headers": dict(request.headers)})
@@ -230,7 +230,7 @@ def test_a_rogue_group_member_never_gets_the_token_and_cannot_forge_a_run(kafka,
     """A member that claims a partition never receives the caller's Bearer token with a forwarded read, and
     its unsigned (forged) answer is a 502, never a 200."""
     from dev.localkafka import free_port
-    from loopwarden.streams.assignment import partition_of
+    from loopwarden.engine.assignment import partition_of
 
     config = unique_config(kafka.bootstrap, partitions=4)
     worker = make_worker(config, tmp_path, clock="event", token=TOKEN).start()

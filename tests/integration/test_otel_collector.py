@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from loopwarden.codecs import RunStarted
-from loopwarden.otel import decode_traces
+from loopwarden.stages.otel import decode_traces
 from tests.otel.bridge import replay
 from tests.otel.collector import Collector, bridge_partitions, create_topic, read_spans
 from tests.conftest import REPO

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from loopwarden.codecs import RunStarted
-from loopwarden.otel import hook
+from loopwarden.stages.otel import hook
 from tests.integration.test_otel_collector import collector  # noqa: F401 - the fixture: a Collector of its own
 from tests.otel import hook_runs
 from tests.otel.bridge import replay

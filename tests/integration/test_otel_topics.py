@@ -9,9 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from loopwarden.otel.stage import BridgeStage, bridge_config
-from loopwarden.streams.metrics import Metrics
-from loopwarden.streams.topics import ensure_topics, otel_topics, partition_count
+from loopwarden.stages.otel.stage import BridgeStage, bridge_config
+from loopwarden.engine.metrics import Metrics
+from loopwarden.engine.topics import ensure_topics, otel_topics, partition_count
 from tests.integration.harness import unique_config
 from tests.integration.test_operator_cli import _create, lw
 

@@ -1,7 +1,7 @@
 """An input topic deleted and created again while the workers were stopped: read from its beginning, not skipped.
 
 The changelog's input-offsets record outlives the topic (the group's offsets of a deleted topic go with
-it); before marks (loopwarden/streams/marks.py) a worker resumed the new topic at the old topic's offsets
+it); before marks (loopwarden/engine/marks.py) a worker resumed the new topic at the old topic's offsets
 and skipped everything its producers had written below them, without a word: 60 runs of the test's 100 seen.
 """
 
@@ -16,8 +16,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.records_to_delete import RecordsToDelete
 
-from loopwarden.streams.marks import recreated
-from loopwarden.streams.topics import repair
+from loopwarden.engine.marks import recreated
+from loopwarden.engine.topics import repair
 from tests.builders import ended, started, step
 from tests.integration.harness import (
     as_json,

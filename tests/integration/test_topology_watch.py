@@ -7,8 +7,8 @@ import uuid
 
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 
-from loopwarden.streams.config import Config
-from loopwarden.streams.topology import TopologyWatch, co_partitioned, outputs
+from loopwarden.engine.config import Config
+from loopwarden.stages.health.topology import TopologyWatch, co_partitioned, outputs
 
 
 def test_the_watch_sees_expansion_and_deletion_without_creating_topics(kafka) -> None:

@@ -26,8 +26,8 @@ from dev.destinations import free_port
 from loopwarden.codecs import OutcomeReceipt, decode_input, encode
 from loopwarden.publisher import Publisher
 from loopwarden.replay import Replay
-from loopwarden.streams.config import Config
-from loopwarden.streams.security import client_options
+from loopwarden.engine.config import Config
+from loopwarden.engine.security import client_options
 from loopwarden.trust import SigningKey, TrustedVerifiers
 from tests.integration.acl_broker import (
     GROUP, LITERAL, MECHANISM, PREFIXED, READ, TOPIC, USERS, WRITE, start_acl_broker,

@@ -218,7 +218,7 @@ async def _rewound_and_read(bootstrap: str) -> tuple[int, int]:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    from loopwarden.streams.recovery import seek_since
+    from loopwarden.engine.recovery import seek_since
 
     topic = f"rewind-{uuid.uuid4().hex[:8]}"
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)

@@ -7,8 +7,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from loopwarden.codecs import decode_input
-from loopwarden.otel import Limits
-from loopwarden.otel.task import BridgeBatch, BridgeTask
+from loopwarden.stages.otel import Limits
+from loopwarden.stages.otel.task import BridgeBatch, BridgeTask
 from loopwarden.replay import Replay
 
 

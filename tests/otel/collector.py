@@ -13,8 +13,8 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from dev.localkafka import free_port
-from loopwarden.otel import Limits, decode_traces
-from loopwarden.otel.mapping import ROLE_RUN
+from loopwarden.stages.otel import Limits, decode_traces
+from loopwarden.stages.otel.mapping import ROLE_RUN
 from tests.conftest import REPO
 from tests.otel.bridge import Bridge
 

@@ -1,5 +1,5 @@
 """The stops a runtime's spans cannot tell, on the real runtimes, each run twice: as an application
-writes it with loopwarden's producer hook (loopwarden.otel.hook), and the same code without it.
+writes it with loopwarden's producer hook (loopwarden.stages.otel.hook), and the same code without it.
 
 Every scenario function takes ``hooked`` and returns a :class:`Case`: the agent it ran (suffixed
 ``-hook`` or ``-bare``) and the state the bridge must reach. With the hook that is the state the
@@ -20,7 +20,7 @@ from pydantic_ai.exceptions import RunCancelled
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import FunctionModel
 
-from loopwarden.otel import hook
+from loopwarden.stages.otel import hook
 from tests.otel.pydantic_ai_runs import SECRET
 
 # what routes an approval (WAITING rather than WAITING_UNROUTED): an owner, a deadline, a resume token

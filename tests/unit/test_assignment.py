@@ -6,7 +6,7 @@ import json
 
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 
-from loopwarden.streams.assignment import CoPartitionedAssignor
+from loopwarden.engine.assignment import CoPartitionedAssignor
 
 
 class _Cluster:

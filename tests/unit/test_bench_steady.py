@@ -69,8 +69,8 @@ def test_committed_progress_sums_each_partitions_last_offsets_record():
     from aiokafka import TopicPartition
 
     from bench.ingest import CommittedProgress
-    from loopwarden.streams.recovery import encode_offsets
-    from loopwarden.streams.store import OFFSETS_KEY
+    from loopwarden.engine.recovery import encode_offsets
+    from loopwarden.engine.store import OFFSETS_KEY
 
     ends = {TopicPartition(t, p): 100 for t in ("steps", "outcomes") for p in range(2)}
     progress = CommittedProgress(ends)

@@ -1,10 +1,10 @@
-"""The runs board's fleet view (loopwarden.board.fleet), folded from real transitions without Kafka."""
+"""The runs board's fleet view (loopwarden.api.board.fleet), folded from real transitions without Kafka."""
 
 from __future__ import annotations
 
 import msgspec
 
-from loopwarden.board.fleet import ACTIONS, ATTENTION, HOUR_MS, Fleet
+from loopwarden.api.board.fleet import ACTIONS, ATTENTION, HOUR_MS, Fleet
 from loopwarden.codecs import STATES, decode_input, encode
 from loopwarden.replay import Replay
 from loopwarden.simulate import fleet

@@ -9,9 +9,9 @@ import urllib.request
 from aiohttp import web
 from prometheus_client import generate_latest
 
-from loopwarden.otel.run import make_app
-from loopwarden.streams.http import metrics_handler
-from loopwarden.streams.metrics import Metrics
+from loopwarden.stages.otel.run import make_app
+from loopwarden.api.http import metrics_handler
+from loopwarden.engine.metrics import Metrics
 
 TOKEN = "a-token-of-sixteen-chars"
 

@@ -10,7 +10,7 @@ from dataclasses import fields
 import pytest
 
 from loopwarden.cli import KAFKA_COMMANDS, main
-from loopwarden.streams.config import Config
+from loopwarden.engine.config import Config
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -114,7 +114,7 @@ def test_the_cli_sets_up_the_worker_process_in_one_place() -> None:
         "cli.set_up_process(args)\n"
         "assert gc.get_threshold() == gctune.THRESHOLDS and logging.getLogger().handlers\n"
         "assert args.on_recovered is cli._recovered\n"
-        "from loopwarden.streams import logs\n"
+        "from loopwarden.commands import logs\n"
         "assert any(isinstance(f, logs.RepeatFilter) for f in logging.getLogger('aiokafka').filters)\n"
         "assert any(isinstance(f, logs.FencedLeftovers) for f in logging.getLogger('asyncio').filters)\n"
     )

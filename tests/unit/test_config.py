@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loopwarden.streams.config import Config, from_env
-from loopwarden.streams.exceptions import ConfigError
+from loopwarden.engine.config import Config, from_env
+from loopwarden.engine.exceptions import ConfigError
 
 
 def test_flags_override_environment_which_overrides_defaults() -> None:
@@ -149,6 +149,6 @@ def test_data_dir_under_a_missing_parent_is_a_configuration_error(tmp_path) -> N
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == f"loopwarden: data_dir: {str(a_file)!r} is not a directory"
-    from loopwarden.streams.store import prepare_data_dir
+    from loopwarden.engine.store import prepare_data_dir
 
     assert prepare_data_dir(str(tmp_path / "new")).is_dir()  # the directory itself is made

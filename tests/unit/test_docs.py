@@ -151,7 +151,7 @@ def test_every_state_has_its_heading_and_its_guide() -> None:
 
 def test_configuration_doc_is_generated_and_current() -> None:
     """docs/configuration.md is what `loopwarden config-doc` prints now (run `make docs` after changing Config)."""
-    from loopwarden.streams.configdoc import render
+    from loopwarden.commands.configdoc import render
 
     assert (DOCS / "configuration.md").read_text() == render(), "docs/configuration.md is stale: run `make docs`"
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from loopwarden.streams.marks import marks_of
-from loopwarden.streams.recovery import decode_logged, decode_offsets, encode_offsets
-from loopwarden.streams.store import OFFSETS_KEY, MemoryPartition, RocksPartition
+from loopwarden.engine.marks import marks_of
+from loopwarden.engine.recovery import decode_logged, decode_offsets, encode_offsets
+from loopwarden.engine.store import OFFSETS_KEY, MemoryPartition, RocksPartition
 
 
 def _stores(tmp_path: Path):

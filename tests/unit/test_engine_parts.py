@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from loopwarden.streams.assignment import partition_of
-from loopwarden.streams.deadletters import OVERHEAD, deadletter_output
-from loopwarden.streams.stage import DeadLetter, Output, StageBase
-from loopwarden.streams.router import Router
+from loopwarden.engine.assignment import partition_of
+from loopwarden.engine.deadletters import OVERHEAD, deadletter_output
+from loopwarden.engine.stage import DeadLetter, Output, StageBase
+from loopwarden.engine.router import Router
 from tests.builders import Rec as _Rec
 
 
@@ -101,7 +101,7 @@ def test_the_outbox_keeps_each_partitions_records_in_order_across_full_batches_a
     """Records past a full batch, and one larger than any batch, reach the producer in the order they were added."""
     import asyncio
 
-    from loopwarden.streams.checkpoint import _Outbox
+    from loopwarden.engine.checkpoint import _Outbox
 
     async def go() -> list:
         producer = _Sends(max_batch_size=2048)
@@ -128,7 +128,7 @@ def test_the_outbox_keeps_each_partitions_records_in_order_across_full_batches_a
 
 def test_each_partition_punctuates_once_per_interval_at_its_own_phase() -> None:
     """At once the first time, then once a second each, the i-th of 8 at i/8 s into the second: spread, not all at once."""
-    from loopwarden.streams.partition import OwnedPartition
+    from loopwarden.engine.partition import OwnedPartition
 
     parts = [OwnedPartition(p, None, None, None, None, None) for p in range(8)]  # type: ignore[arg-type]
     fired: dict[int, list[float]] = {p: [] for p in range(8)}
@@ -157,7 +157,7 @@ class _Record:
 
 def test_an_owned_partition_takes_each_offset_once_from_where_it_resumed() -> None:
     """Records below the offset it resumed at, or handed a second time, are not buffered; later ones are, in order."""
-    from loopwarden.streams.partition import OwnedPartition
+    from loopwarden.engine.partition import OwnedPartition
 
     part = OwnedPartition(0, None, None, None, None, None)  # type: ignore[arg-type]
     part.next_offsets = {"in": 350}
@@ -174,9 +174,9 @@ def test_a_batch_got_across_an_owning_is_not_taken_and_its_inputs_are_fetched_ag
     input in it is sought back to the offset its partition takes next (unowned ones are left); a later one is taken."""
     from aiokafka import TopicPartition
 
-    from loopwarden.streams.config import Config
-    from loopwarden.streams.engine import Engine
-    from loopwarden.streams.partition import AssignedPartition, OwnedPartition
+    from loopwarden.engine.config import Config
+    from loopwarden.engine.loop import Engine
+    from loopwarden.engine.partition import AssignedPartition, OwnedPartition
     from tests.engine.counter_stage import CounterStage
 
     class Consumer:
@@ -207,11 +207,11 @@ def test_a_transaction_of_an_ownership_already_dropped_leaves_the_current_one_al
     session timeouts); the same failure of the current ownership drops it."""
     import asyncio
 
-    from loopwarden.streams.config import Config
-    from loopwarden.streams.health import HealthStage
-    from loopwarden.streams.manager import PartitionManager
-    from loopwarden.streams.metrics import Metrics
-    from loopwarden.streams.partition import AssignedPartition
+    from loopwarden.engine.config import Config
+    from loopwarden.stages.health.stage import HealthStage
+    from loopwarden.engine.manager import PartitionManager
+    from loopwarden.engine.metrics import Metrics
+    from loopwarden.engine.partition import AssignedPartition
 
     class Part:  # what the manager reads of an OwnedPartition (its number, its identity) and its close()
         def __init__(self, number: int) -> None:
@@ -235,9 +235,9 @@ def test_a_transaction_of_an_ownership_already_dropped_leaves_the_current_one_al
 def test_the_watch_shows_the_lag_of_every_turn_and_drops_a_forgotten_partitions_series() -> None:
     """Each turn measures the lag afresh (a scrape right after the last commit reads 0), writing the gauge only
     when it changed; a partition no longer assigned loses its series, and gets it back when assigned again."""
-    from loopwarden.streams.metrics import Metrics
-    from loopwarden.streams.partition import AssignedPartition
-    from loopwarden.streams.watch import Watch
+    from loopwarden.engine.metrics import Metrics
+    from loopwarden.engine.partition import AssignedPartition
+    from loopwarden.engine.watch import Watch
 
     class Ends:  # the one consumer call the watch makes
         def __init__(self) -> None:
@@ -275,7 +275,7 @@ def test_the_outbox_hands_back_each_batchs_ack_in_order_and_on_an_error_raises_i
     import gc
     import logging
 
-    from loopwarden.streams.checkpoint import _Outbox
+    from loopwarden.engine.checkpoint import _Outbox
 
     async def go() -> tuple:
         loop = asyncio.get_running_loop()
@@ -337,7 +337,7 @@ def test_a_fence_found_between_two_sends_is_raised_as_the_fence_though_the_first
 
     from aiokafka.errors import ProducerFenced
 
-    from loopwarden.streams.checkpoint import _Outbox
+    from loopwarden.engine.checkpoint import _Outbox
 
     async def go() -> BaseException | None:
         producer = _FencedAfterFirstSend()
@@ -385,7 +385,7 @@ def test_a_partition_begins_its_next_transaction_once_and_a_drop_cancels_a_begin
     done (its producer stops) and leaves none behind."""
     import asyncio
 
-    from loopwarden.streams.partition import OwnedPartition, Stopping
+    from loopwarden.engine.partition import OwnedPartition, Stopping
 
     async def go() -> tuple:
         producer = _Producer()
@@ -415,7 +415,7 @@ def test_the_idle_clock_of_alignment_runs_until_the_input_waited_for_sends_a_bac
     its receipts before their runs' steps.)"""
     from collections import namedtuple
 
-    from loopwarden.streams.alignment import HOLD_MAX, Alignment
+    from loopwarden.engine.alignment import HOLD_MAX, Alignment
 
     rec = namedtuple("rec", "topic timestamp")
     wall = 1_700_000_000_000
@@ -447,7 +447,7 @@ def test_the_idle_clock_of_alignment_runs_until_the_input_waited_for_sends_a_bac
 
 def _limits_reading_everything(seen_ts: dict, roles: dict, per_topic: dict, lagging) -> dict:
     """StreamTime.limits without ``shown``: every item of every topic read at every fold (the reference)."""
-    from loopwarden.streams.alignment import ALIGNED
+    from loopwarden.engine.alignment import ALIGNED
 
     stream_ts = dict(seen_ts)
     for topic, items in per_topic.items():
@@ -473,9 +473,9 @@ def test_stream_time_reads_held_records_once_and_gives_the_limits_of_reading_the
     import random
     from collections import namedtuple
 
-    from loopwarden.streams.alignment import ALIGNED, StreamTime
-    from loopwarden.streams.batch import Batch
-    from loopwarden.streams.stage import DeadLetter
+    from loopwarden.engine.alignment import ALIGNED, StreamTime
+    from loopwarden.stages.health.batch import Batch
+    from loopwarden.engine.stage import DeadLetter
 
     ev, rec = namedtuple("ev", "ts"), namedtuple("rec", "topic offset value")
     roles = {"s": "steps", "o": "outcomes", "v": "verified_outcomes"}
@@ -515,7 +515,7 @@ def test_a_producer_slow_to_stop_is_left_stopping_in_the_background_never_cut_of
 
     from prometheus_client import CollectorRegistry, Gauge
 
-    from loopwarden.streams.partition import OwnedPartition, Stopping
+    from loopwarden.engine.partition import OwnedPartition, Stopping
 
     class Slow(_Producer):
         def __init__(self) -> None:
@@ -555,7 +555,7 @@ def test_an_owned_partition_counts_the_bytes_it_buffers_until_a_fold_takes_them(
     counted); a fold's take() and a drop leave none."""
     import asyncio
 
-    from loopwarden.streams.partition import OwnedPartition, Stopping
+    from loopwarden.engine.partition import OwnedPartition, Stopping
 
     class Producer:
         async def stop(self) -> None: ...
@@ -579,9 +579,9 @@ def test_the_input_bound_sums_what_waits_and_unholds_only_tasks_that_hold() -> N
     the tasks holding records (only those) fold them as they are."""
     from prometheus_client import CollectorRegistry
 
-    from loopwarden.streams.alignment import Alignment
-    from loopwarden.streams.inputbound import InputBound
-    from loopwarden.streams.metrics import Metrics
+    from loopwarden.engine.alignment import Alignment
+    from loopwarden.engine.inputbound import InputBound
+    from loopwarden.engine.metrics import Metrics
 
     class Task:
         def __init__(self, holding: int, held_bytes: int) -> None:
@@ -621,9 +621,9 @@ def test_owning_again_runs_beside_the_loop_once_a_partition_and_lets_go_when_giv
 
     from aiokafka.errors import KafkaConnectionError
 
-    from loopwarden.streams.config import Config
-    from loopwarden.streams.partition import AssignedPartition
-    from loopwarden.streams.reowning import Reowning
+    from loopwarden.engine.config import Config
+    from loopwarden.engine.partition import AssignedPartition
+    from loopwarden.engine.reowning import Reowning
 
     class Restorer:
         def __init__(self, config) -> None:

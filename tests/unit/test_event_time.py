@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from loopwarden.codecs import OutcomeExpected, OutcomeReceipt, decode_input, encode
 from loopwarden.replay import Replay
 from loopwarden.rules import Settings, encode_state
-from loopwarden.streams.store import MemoryPartition
-from loopwarden.streams.task import PartitionTask, Tick, encode_tick, is_meta
+from loopwarden.engine.store import MemoryPartition
+from loopwarden.stages.health.task import PartitionTask, Tick, encode_tick, is_meta
 from tests.strategies import fleet
 from tests.builders import Rec, ended, receipt, started, step
 

@@ -11,9 +11,9 @@ from aiokafka import TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaConnectionError
 from prometheus_client import CollectorRegistry
 
-from loopwarden.streams.groupcommit import GroupCommitter
-from loopwarden.streams.metrics import Metrics
-from loopwarden.streams.partition import AssignedPartition
+from loopwarden.engine.groupcommit import GroupCommitter
+from loopwarden.engine.metrics import Metrics
+from loopwarden.engine.partition import AssignedPartition
 
 
 class _Part:

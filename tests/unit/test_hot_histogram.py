@@ -6,7 +6,7 @@ import random
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from loopwarden.streams.metrics import HotHistogram, Metrics
+from loopwarden.engine.metrics import HotHistogram, Metrics
 
 BUCKETS = (0.0025, 0.005, 0.01, 0.1, 1, 2.5, 60)
 

@@ -1,4 +1,4 @@
-"""The HTTP guard in front of aiohttp (loopwarden.streams.httplimits), on real sockets, without Kafka."""
+"""The HTTP guard in front of aiohttp (loopwarden.api.httplimits), on real sockets, without Kafka."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from aiohttp import web
 
-from loopwarden.streams.httplimits import serve_guarded
+from loopwarden.api.httplimits import serve_guarded
 
 LIMITS = SimpleNamespace(http_header_timeout_s=0.5, http_max_header_bytes=2048, http_max_connections=3)
 

@@ -8,7 +8,7 @@ import logging
 
 from aiokafka.errors import KafkaConnectionError, ProducerFenced
 
-from loopwarden.streams.logs import NOISY, FencedLeftovers, RepeatFilter, quiet_repeats
+from loopwarden.commands.logs import NOISY, FencedLeftovers, RepeatFilter, quiet_repeats
 
 
 class Clock:

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from bench.common import rss_kb
-from loopwarden.streams import memory
+from loopwarden.engine import memory
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RSS from /proc and glibc: Linux only")

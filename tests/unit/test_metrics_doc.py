@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from loopwarden.streams.metrics import Metrics
+from loopwarden.engine.metrics import Metrics
 
 
 def test_the_operations_doc_lists_every_loopwarden_metric() -> None:
@@ -23,7 +23,7 @@ def test_the_operations_doc_lists_every_loopwarden_metric() -> None:
 def test_agent_labels_are_bounded() -> None:
     """The first AGENT_LABELS_MAX names are labels; later ones, and names that would collide with the
     buckets, count as "other"; no name is "none"."""
-    from loopwarden.streams.metrics import AGENT_LABELS_MAX
+    from loopwarden.engine.metrics import AGENT_LABELS_MAX
 
     m = Metrics()
     labels = [m.agent_label(f"agent-{i}") for i in range(AGENT_LABELS_MAX + 10)]

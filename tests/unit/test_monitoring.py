@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loopwarden.streams.metrics import Metrics
+from loopwarden.engine.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "rules.yml"

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loopwarden.codecs import RunEnded, RunStarted, StepFinished
-from loopwarden.otel import Limits, decode_traces, run_id_of
-from loopwarden.otel.fold import FINISH, decode_trace
-from loopwarden.otel.mapping import ROLE_MODEL, ROLE_OTHER, ROLE_RUN, ROLE_TOOL, ROLE_WRAPPER, RUNTIMES, classify
+from loopwarden.stages.otel import Limits, decode_traces, run_id_of
+from loopwarden.stages.otel.fold import FINISH, decode_trace
+from loopwarden.stages.otel.mapping import ROLE_MODEL, ROLE_OTHER, ROLE_RUN, ROLE_TOOL, ROLE_WRAPPER, RUNTIMES, classify
 from tests.otel.bridge import Bridge, Rec, replay
 from tests.otel.traces import SECRET, Run, span, span_id, trace_id, traces
 

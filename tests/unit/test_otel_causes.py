@@ -4,7 +4,7 @@ tools ran, handoffs, timeouts beside cancellations, and runs whose run span has 
 from __future__ import annotations
 
 from loopwarden.codecs import RunEnded, RunStarted, StepFinished
-from loopwarden.otel import Limits
+from loopwarden.stages.otel import Limits
 from tests.otel.bridge import Bridge, replay
 from tests.otel.traces import Run, span, span_id, trace_id, traces
 

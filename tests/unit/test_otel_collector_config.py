@@ -6,8 +6,8 @@ import re
 
 import yaml
 
-from loopwarden.otel.mapping import BY_SCOPE, RUNTIMES
-from loopwarden.otel.spans import JSONTEXT, KNOWN
+from loopwarden.stages.otel.mapping import BY_SCOPE, RUNTIMES
+from loopwarden.stages.otel.spans import JSONTEXT, KNOWN
 from tests.conftest import REPO
 
 CONFIG = yaml.safe_load((REPO / "deploy" / "otel-collector.yaml").read_text())

@@ -4,7 +4,7 @@
 and chooses the row of a known scope once per ScopeSpans (docs/opentelemetry.md,
 "Performance"); ``spans.decode_proto_reference`` converts every mapped attribute and then
 checks it, choosing the row per span. Both must give the same spans, or refuse a message
-for the same reason with the same words. ``streams.assignment.murmur2`` (the default
+for the same reason with the same words. ``engine.assignment.murmur2`` (the default
 partitioner's hash of every event's run id, which the bridge leaves to the partitioner) is
 murmurhash2's native MurmurHash2 with Kafka's seed; it must equal aiokafka's byte-by-byte one,
 and ``partition_of`` (its call inline) must pick aiokafka's partition.
@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, InstrumentationScope, KeyValue, KeyValueList
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status, TracesData
 
-from loopwarden.otel.mapping import RUNTIMES
-from loopwarden.otel.spans import KNOWN, BadTraces, decode_proto, decode_proto_reference
-from loopwarden.streams import router as routing
-from loopwarden.streams.assignment import murmur2, partition_of
-from loopwarden.streams.router import Router
+from loopwarden.stages.otel.mapping import RUNTIMES
+from loopwarden.stages.otel.spans import KNOWN, BadTraces, decode_proto, decode_proto_reference
+from loopwarden.engine import router as routing
+from loopwarden.engine.assignment import murmur2, partition_of
+from loopwarden.engine.router import Router
 
 SCOPES = [s for row in RUNTIMES for s in row.scopes] + ["", "my.own.instrumentation"]
 KEYS = sorted(KNOWN) + ["gen_ai.input.messages", "gen_ai.request.model", "exception.type", "other"]

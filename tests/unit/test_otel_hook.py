@@ -1,4 +1,4 @@
-"""The producer hook (loopwarden.otel.hook) on the real OpenTelemetry SDK, exporting to memory."""
+"""The producer hook (loopwarden.stages.otel.hook) on the real OpenTelemetry SDK, exporting to memory."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from loopwarden.otel import hook
+from loopwarden.stages.otel import hook
 from tests.conftest import REPO
 
 SECRET = "s3cr3t-PLANTED-0xC0FFEE"
@@ -284,7 +284,7 @@ def test_the_helpers_outside_a_run_scope_say_where_to_call_them():
     async def main():
         task = asyncio.ensure_future(asyncio.sleep(1))
         try:
-            with pytest.raises(ValueError, match="not started by loopwarden.otel.hook.start_run"):
+            with pytest.raises(ValueError, match="not started by loopwarden.stages.otel.hook.start_run"):
                 hook.cancel_run(task)
         finally:
             task.cancel()
@@ -299,8 +299,8 @@ def test_without_the_opentelemetry_sdk_the_import_error_names_what_to_install():
             "    def find_spec(self, name, path=None, target=None):\n"
             "        if name.startswith('opentelemetry'): raise ImportError(name)\n"
             "sys.meta_path.insert(0, NoSdk())\n"
-            "import loopwarden.otel.hook\n")
+            "import loopwarden.stages.otel.hook\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1] == (
-        "ImportError: loopwarden.otel.hook needs the OpenTelemetry SDK: pip install opentelemetry-sdk")
+        "ImportError: loopwarden.stages.otel.hook needs the OpenTelemetry SDK: pip install opentelemetry-sdk")

@@ -10,7 +10,7 @@ import pytest
 
 from loopwarden.codecs import RunEnded, RunStarted, StepFinished
 from loopwarden.codecs.events import Custom, Policy, StepCount
-from loopwarden.otel import decode_traces
+from loopwarden.stages.otel import decode_traces
 from tests.otel.bridge import Bridge, replay
 from tests.otel.traces import Run, traces
 from tests.unit.test_otel_bridge import _json_traces as otlp_json

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from loopwarden.codecs import RunStarted
-from loopwarden.otel import Limits
+from loopwarden.stages.otel import Limits
 from tests.otel.bridge import Bridge, replay
 from tests.otel.pydantic_ai_runs import SECRET
 

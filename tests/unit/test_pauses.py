@@ -1,4 +1,4 @@
-"""The engine's one switch over the fetch (``loopwarden.streams.pauses``), and alignment pausing the input
+"""The engine's one switch over the fetch (``loopwarden.engine.pauses``), and alignment pausing the input
 running ahead instead of folding held records out of order (``Alignment.pause_ahead``, ``InputBound.unhold``)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from collections import namedtuple
 from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry
 
-from loopwarden.streams.alignment import HOLD_MAX, Alignment
-from loopwarden.streams.inputbound import InputBound
-from loopwarden.streams.metrics import Metrics
-from loopwarden.streams.pauses import Pauses
+from loopwarden.engine.alignment import HOLD_MAX, Alignment
+from loopwarden.engine.inputbound import InputBound
+from loopwarden.engine.metrics import Metrics
+from loopwarden.engine.pauses import Pauses
 
 STEPS, OUTCOMES = "agent.steps", "agent.outcomes"
 ROLES = {STEPS: "steps", OUTCOMES: "outcomes"}

@@ -1,4 +1,4 @@
-"""The read API's ordered index (loopwarden.streams.readmodel): pages equal a brute-force sort of what was committed."""
+"""The read API's ordered index (loopwarden.api.readmodel): pages equal a brute-force sort of what was committed."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from loopwarden.codecs import STATES
 from loopwarden.rules import RunState, encode_state
-from loopwarden.streams.http import decode_cursor, encode_cursor
-from loopwarden.streams import readmodel
-from loopwarden.streams.pages import page
-from loopwarden.streams.readmodel import RunsIndex, iso
+from loopwarden.api.http import decode_cursor, encode_cursor
+from loopwarden.api import readmodel
+from loopwarden.api.pages import page
+from loopwarden.api.readmodel import RunsIndex, iso
 
 AGENTS = ("planner", "coder", None)
 

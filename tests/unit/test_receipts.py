@@ -228,7 +228,7 @@ def test_replay_reads_trusted_verifiers_from_the_flag_and_names_a_bad_one(tmp_pa
 def test_the_worker_task_classifies_receipts_before_the_core_and_counts_the_untrusted() -> None:
     """PartitionTask with verifiers: a forged receipt is counted as untrusted and the run stays VERIFYING."""
     from loopwarden.rules import Settings
-    from loopwarden.streams.task import PartitionTask
+    from loopwarden.stages.health.task import PartitionTask
     from tests.unit.test_task import ROLES, Rec
 
     key = SigningKey.generate("dest-1")

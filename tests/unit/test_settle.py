@@ -1,15 +1,15 @@
-"""Moved runs' records settling on their new partition after an expansion (loopwarden.streams.settle), without Kafka."""
+"""Moved runs' records settling on their new partition after an expansion (loopwarden.stages.health.settle), without Kafka."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 
-from loopwarden.streams.assignment import partition_of
-from loopwarden.streams.batch import Batch
-from loopwarden.streams.inputs import decode_input
-from loopwarden.streams.horizons import Horizons
-from loopwarden.streams.settle import FORWARDED, SETTLE_KEY, Held, Horizon, Settling
+from loopwarden.engine.assignment import partition_of
+from loopwarden.stages.health.batch import Batch
+from loopwarden.stages.health.inputs import decode_input
+from loopwarden.engine.horizons import Horizons
+from loopwarden.stages.health.settle import FORWARDED, SETTLE_KEY, Held, Horizon, Settling
 from tests.builders import ended, started, step
 
 NOW = 1_800_000_000_000

@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from loopwarden.board import fleet
+from loopwarden.api.board import fleet
 from loopwarden.codecs import STATES, decode_input
 from loopwarden.codecs.states import FACTS, NEEDS_PERSON, SETTLED, STATE_TABLE, css_rule, markdown_row
 from loopwarden.codecs.vocabulary import TRANSITION_TIMERS
@@ -19,7 +19,7 @@ from loopwarden.rules import DEFAULT_SETTINGS, RunState, apply, decode_state, en
 from loopwarden.rules.codec import _WORDS, WORDS, _numbered
 from loopwarden.rules.machine import TIMER_REASONS
 from loopwarden.simulate import fleet as simulated_fleet
-from loopwarden.streams.clients import COLORS
+from loopwarden.commands.clients import COLORS
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = json.loads((REPO / "tests" / "vectors" / "state-v2-golden.json").read_text())

@@ -19,8 +19,8 @@ from loopwarden.codecs import decode_input
 from loopwarden.replay import Replay
 from loopwarden.rules import Settings
 from loopwarden.simulate import fleet
-from loopwarden.streams.store import MemoryPartition
-from loopwarden.streams.task import CLOCK_KEY, PartitionTask, Tick, encode_tick, is_meta
+from loopwarden.engine.store import MemoryPartition
+from loopwarden.stages.health.task import CLOCK_KEY, PartitionTask, Tick, encode_tick, is_meta
 from tests.builders import Rec
 
 ROLES = {"agent.steps": "steps", "agent.outcomes": "outcomes", "loopwarden.ticks": "ticks"}
@@ -278,7 +278,7 @@ def test_runs_index_walks_every_held_run_once_in_run_id_order_and_skips_tombs() 
     each held run once (what the store holds), a state filter keeps only that state, a run dropped
     to a tomb leaves it, and an index rebuilt from the store equals the one fed batch by batch."""
     from loopwarden.rules import decode_state, encode_state
-    from loopwarden.streams import pages
+    from loopwarden.api import pages
 
     part = run_all(batch_size=50)[0]
     store = part.store
@@ -462,7 +462,7 @@ def test_a_rebuild_in_steps_yields_to_the_loop_and_ends_as_one_rebuild_does() ->
     between steps, ``manager.rebuilt``) and leaves the task as ``rebuild`` does: counts, clock and due timers."""
     import asyncio
 
-    from loopwarden.streams.manager import rebuilt
+    from loopwarden.engine.manager import rebuilt
 
     part = Partition(0)
     for i in range(0, len(LOG[0]), 50):

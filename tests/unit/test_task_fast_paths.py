@@ -3,7 +3,7 @@
 * ``inputs.merge_by_ts``: the two inputs in event-time order, a copy of ``heapq.merge`` for two lists;
 * ``inputs.decode_input`` and ``inputs.decode_records``: the unchecked decoder first, the checked one for anything
   it does not accept;
-* the hot states (``streams/hotstates.py``): committed RunStates kept decoded between batches (``hot_runs``),
+* the hot states (``stages/health/hotstates.py``): committed RunStates kept decoded between batches (``hot_runs``),
   taken out by a fold and put back on commit. A fold with them gives what a fold decoding every
   state from the store gives (``hot_runs=0``), batch by batch, through aborted transactions,
   restarts and stores written behind the task's back.
@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from loopwarden.codecs import OutcomeExpected, OutcomeReceipt, encode
 from loopwarden.rules import Settings, decode_state, encode_state
-from loopwarden.streams.store import MemoryPartition
-from loopwarden.streams.inputs import merge_by_ts as _merge
-from loopwarden.streams.task import PartitionTask, Tick, encode_tick
+from loopwarden.engine.store import MemoryPartition
+from loopwarden.stages.health.inputs import merge_by_ts as _merge
+from loopwarden.stages.health.task import PartitionTask, Tick, encode_tick
 from tests.strategies import fleet
 from tests.builders import Rec
 
@@ -139,9 +139,9 @@ def test_events_are_counted_once_each_by_role_and_type() -> None:
 
 
 def _decode_input_checked(rec, role, ts_limit, max_future_ms):
-    """streams.inputs.decode_input without its fast path: every record the checked way (the reference)."""
+    """stages.health.inputs.decode_input without its fast path: every record the checked way (the reference)."""
     from loopwarden.codecs import InvalidEvent, decode_outcome_event, decode_step_event
-    from loopwarden.streams.stage import DeadLetter, header
+    from loopwarden.engine.stage import DeadLetter, header
 
     try:
         decode = decode_step_event if role == "steps" else decode_outcome_event
@@ -182,7 +182,7 @@ def _input_records(draw):
 @given(_input_records(), st.sampled_from(("steps", "outcomes")), st.integers(0, 2**53))
 def test_the_folds_input_decoding_equals_the_checked_decoding(rec, role, ts_limit) -> None:
     """inputs.decode_input (unchecked decoder first) gives the event or the dead letter the checked way gives."""
-    from loopwarden.streams.inputs import decode_input
+    from loopwarden.stages.health.inputs import decode_input
 
     assert decode_input(rec, role, ts_limit, 300_000) == _decode_input_checked(rec, role, ts_limit, 300_000)
 
@@ -194,8 +194,8 @@ def test_the_folds_input_decoding_equals_the_checked_decoding(rec, role, ts_limi
 def test_a_batchs_input_decoding_equals_the_checked_decoding_record_by_record(records, ts_limit) -> None:
     """inputs.decode_records (decode_input's accepting path inline) gives, record by record and topic by topic, the
     event or the dead letter the checked way gives; ticks handed back, other topics dead-lettered."""
-    from loopwarden.streams.batch import Batch
-    from loopwarden.streams.inputs import decode_records
+    from loopwarden.stages.health.batch import Batch
+    from loopwarden.stages.health.inputs import decode_records
 
     per_topic: dict = {}
     out = Batch()
@@ -218,9 +218,9 @@ def _samples(metrics, names) -> dict:
 def test_the_stages_transition_metrics_per_batch_equal_them_per_transition() -> None:
     """HealthStage.committed counts a batch's transitions per distinct pair: the same counters as one by one."""
     from loopwarden.rules import TIMER_REASONS
-    from loopwarden.streams.batch import wall_clock_ms
-    from loopwarden.streams.health import HealthStage
-    from loopwarden.streams.metrics import AGENT_LABELS_MAX, Metrics
+    from loopwarden.stages.health.batch import wall_clock_ms
+    from loopwarden.stages.health.stage import HealthStage
+    from loopwarden.engine.metrics import AGENT_LABELS_MAX, Metrics
     from tests.unit.test_task import LOG
 
     task = PartitionTask(0, MemoryPartition(), ROLES, settings=Settings(), clock="event",
@@ -261,7 +261,7 @@ def test_murmur2_equals_aiokafkas(data) -> None:
     """assignment.murmur2 (four bytes at a time) hashes every key as aiokafka's partitioner does."""
     from aiokafka.partitioner import murmur2 as reference
 
-    from loopwarden.streams.assignment import murmur2, partition_of
+    from loopwarden.engine.assignment import murmur2, partition_of
 
     assert murmur2(data) == reference(data)
     assert partition_of(data, 8) == (reference(data) & 0x7FFFFFFF) % 8

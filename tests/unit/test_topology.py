@@ -1,11 +1,11 @@
-"""What a layout read from the cluster allows the worker to do (loopwarden.streams.topology.assess)."""
+"""What a layout read from the cluster allows the worker to do (loopwarden.stages.health.topology.assess)."""
 
 from __future__ import annotations
 
 import pytest
 
-from loopwarden.streams.config import Config
-from loopwarden.streams.topology import assess, co_partitioned, outputs
+from loopwarden.engine.config import Config
+from loopwarden.stages.health.topology import assess, co_partitioned, outputs
 
 C = Config(partitions=8)
 GOOD = {t: 8 for t in co_partitioned(C)} | {C.health_topic: 8, C.deadletter_topic: 3}
@@ -84,7 +84,7 @@ def test_repair_does_not_take_a_topic_it_cannot_describe_yet_for_one_of_the_conf
     done)."""
     import asyncio
 
-    from loopwarden.streams.topics import TopicLayoutError, _settled
+    from loopwarden.engine.topics import TopicLayoutError, _settled
 
     config = Config(partitions=4)
     topic = config.health_topic

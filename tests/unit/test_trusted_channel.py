@@ -16,15 +16,15 @@ from loopwarden.codecs import HealthTransition, decode_input, decode_outcome_eve
 from loopwarden.replay import Replay
 from loopwarden.rules import Settings, decode_state, encode_state
 from loopwarden.simulate import fleet
-from loopwarden.streams.acl import Authorizer, problem
-from loopwarden.streams.alignment import ALIGNED, StreamTime
-from loopwarden.streams.config import Config, from_env
-from loopwarden.streams.exceptions import ConfigError
-from loopwarden.streams.health import HealthStage
-from loopwarden.streams.metrics import Metrics
-from loopwarden.streams.task import PartitionTask, Tick, encode_tick
-from loopwarden.streams.topics import co_partitioned, plan, wanted
-from loopwarden.streams.topology import assess
+from loopwarden.engine.acl import Authorizer, problem
+from loopwarden.engine.alignment import ALIGNED, StreamTime
+from loopwarden.engine.config import Config, from_env
+from loopwarden.engine.exceptions import ConfigError
+from loopwarden.stages.health.stage import HealthStage
+from loopwarden.engine.metrics import Metrics
+from loopwarden.stages.health.task import PartitionTask, Tick, encode_tick
+from loopwarden.engine.topics import co_partitioned, plan, wanted
+from loopwarden.stages.health.topology import assess
 from loopwarden.trust import ReceiptTrust, SigningKey, TrustedVerifiers
 from tests.builders import ended, receipt, started, step, timed
 from tests.unit.test_task import Rec

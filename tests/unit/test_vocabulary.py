@@ -16,7 +16,7 @@ from loopwarden.rules import DEFAULT_SETTINGS, apply, fire_next, next_deadline
 from loopwarden.rules.codec import WORDS
 from loopwarden.rules.machine import TIMER_REASONS
 from loopwarden.simulate import fleet as simulated_fleet
-from loopwarden.streams import metrics
+from loopwarden.engine import metrics
 from tests import strategies
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,0 +1,1 @@
+"""The stages the engine runs, one folder each: its task and fold, its state codec, its config and metrics."""

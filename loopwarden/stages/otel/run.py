@@ -1,0 +1,80 @@
+"""``loopwarden bridge``: the OpenTelemetry bridge alone, for operators who scale it apart from the workers.
+
+It serves ``/healthz``, ``/readyz`` (its partitions recovered, none stalled) and ``/metrics``
+on the configured web host and port, with the same HTTP limits and token as the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from collections.abc import Callable
+
+from aiohttp import web
+
+from loopwarden.stages.otel.stage import BridgeStage, bridge_config
+from loopwarden.engine.config import Config
+from loopwarden.engine.loop import Engine
+from loopwarden.api.http import bearer_ok, metrics_handler
+from loopwarden.api.httplimits import serve_guarded
+from loopwarden.engine.metrics import Metrics
+from loopwarden.stages.health.worker import _exit_now
+
+log = logging.getLogger("loopwarden.bridge")
+
+
+def make_app(engine: Engine, metrics: Metrics, token: str | None) -> web.Application:
+    expected = f"Bearer {token}".encode() if token else None
+
+    @web.middleware
+    async def auth(request: web.Request, handler):  # the worker's check, without its peers' signed reads
+        if expected and request.path != "/healthz" and not bearer_ok(request, expected):
+            return web.json_response({"error": "unauthorized"}, status=401)
+        return await handler(request)
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(request: web.Request) -> web.Response:
+        stalled = sorted(p for p, a in engine.assigned.items() if a.stalled)
+        if not engine.ready or stalled:
+            return web.json_response({"status": "not ready", "stalled": stalled}, status=503)
+        return web.json_response({"status": "ready", "partitions": sorted(engine.owned_partitions())})
+
+    app = web.Application(middlewares=[auth])
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_handler(metrics))  # the worker's route
+    return app
+
+
+def run_bridge(config: Config, on_recovered: Callable[[], None] | None = None) -> int:
+    """Run the bridge until SIGTERM/SIGINT; exit by ``shutdown_timeout_s`` after the signal whatever happens."""
+
+    async def main() -> None:
+        metrics = Metrics()
+        bridge = bridge_config(config)
+        engine = Engine(bridge, BridgeStage(bridge, metrics), metrics, on_recovered)
+        loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            if engine.stopping.is_set():
+                return
+            log.info("stopping (exit within %.0fs)", config.shutdown_timeout_s)
+            watchdog = threading.Timer(config.shutdown_timeout_s, _exit_now, args=(config.shutdown_timeout_s,))
+            watchdog.daemon = True
+            watchdog.start()
+            engine.stop()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+        site = await serve_guarded(make_app(engine, metrics, config.token), config.web_host, config.web_port, config)
+        try:
+            await engine.run()
+        finally:
+            await site.cleanup()
+
+    asyncio.run(main())
+    return 0

@@ -1,1 +1,0 @@
-"""The imperative shell on Kafka: the consume -> fold -> produce loop, store and recovery, assignment, HTTP, metrics, config."""
