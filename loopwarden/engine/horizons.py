@@ -11,7 +11,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from loopwarden.engine.manager import RECOVERABLE, quietly
 from loopwarden.engine.security import client_options
-from loopwarden.stages.health.settle import Horizon, Settling
+from loopwarden.engine.stage import Horizon, Settles
 
 log = logging.getLogger("loopwarden.worker")
 
@@ -30,9 +30,9 @@ class Horizons:
         self.started = False
 
     async def before_fold(self, part, assigned, records: list) -> None:
-        """A task that settles moved runs after an expansion (an optional ``settling`` attribute, see
-        :mod:`loopwarden.stages.health.settle`) learns how far the old partitions it waits for were forwarded."""
-        settling = getattr(part.task, "settling", None)
+        """A task that settles moved runs after an expansion (its ``settling`` hook, :class:`~loopwarden.engine.stage.Settles`)
+        learns how far the old partitions it waits for were forwarded."""
+        settling = part.task.settling
         if settling is None or not settling.needed:
             return
         try:
@@ -51,7 +51,7 @@ class Horizons:
             for consumer in (self.probe, self.tip):
                 await quietly(consumer.stop(), "stopping a consumer", " during shutdown")  # type: ignore[union-attr]
 
-    async def settle(self, partition: int, s: Settling, in_hand: dict[str, int] | None) -> None:
+    async def settle(self, partition: int, s: Settles, in_hand: dict[str, int] | None) -> None:
         """Before a fold: read a horizon for the old partitions ``s`` waits for; make it the task's once the
         records forwarded before it are in hand. ``in_hand``: input topic -> the offset up to which the fold
         has every record (committed, or among its records); None: it may not fold them all (some are held)."""

@@ -138,8 +138,35 @@ class Folded:
         return bool(self.outputs or self.deadletters or self.changes or self.offsets)
 
 
+@dataclass(frozen=True)
+class Horizon:
+    """How far old partitions' records were forwarded after an expansion, as read at ``read_ms`` (wall clock).
+
+    ``first``: old partition -> the smallest timestamp of a record on it not consumed (so not
+    forwarded) yet, None when everything on it was consumed. ``need``: input topic -> the
+    offset of the new partition the task must have consumed to hold every record forwarded
+    before the reading."""
+
+    read_ms: int
+    first: dict[int, int | None]
+    need: dict[str, int]
+
+
+class Settles(Protocol):
+    """A task's pre-fold hold after an expansion (the health stage's ``Settling``): the old partitions it waits
+    for, and the :class:`Horizon` s the engine reads for them before a fold (``loopwarden.engine.horizons``)."""
+
+    needed: set[int]  # old partitions the records it holds wait for (empty: nothing to read)
+    pending: Horizon | None  # read, waiting for the consumer to reach its ``need``
+    horizon: Horizon | None  # the last one whose forwarded records the task holds
+
+
 class Task(Protocol):
     """One owned partition's fold (see the module docstring for the call order)."""
+
+    # The pre-fold hold: a task that holds records of moved runs after an expansion until their old partitions'
+    # records are forwarded; the engine reads a Horizon for it before each fold. None: the task holds nothing.
+    settling: Settles | None
 
     @property
     def holding(self) -> int: ...  # records held back for a lagging input (0 if the task does not align)
@@ -194,6 +221,7 @@ class TaskBase:
 
     holding = held_bytes = 0
     held_topics: tuple[str, ...] = ()
+    settling: Settles | None = None
 
     def rebuild(self) -> object:
         return None

@@ -9,7 +9,8 @@ from loopwarden.engine.assignment import partition_of
 from loopwarden.stages.health.batch import Batch
 from loopwarden.stages.health.inputs import decode_input
 from loopwarden.engine.horizons import Horizons
-from loopwarden.stages.health.settle import FORWARDED, SETTLE_KEY, Held, Horizon, Settling
+from loopwarden.engine.stage import Horizon
+from loopwarden.stages.health.settle import FORWARDED, SETTLE_KEY, Held, Settling
 from tests.builders import ended, started, step
 
 NOW = 1_800_000_000_000

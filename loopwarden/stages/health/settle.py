@@ -32,31 +32,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
-from dataclasses import dataclass
 
 import msgspec
 
 from loopwarden.engine.assignment import partition_of
 from loopwarden.stages.health.batch import META_PREFIX
-from loopwarden.engine.stage import DeadLetter, Output, header
+from loopwarden.engine.stage import DeadLetter, Horizon, Output, header
 
 log = logging.getLogger("loopwarden.worker")
 FORWARDED = "loopwarden-forwarded"  # header of a record the worker forwarded: its old partition
 SETTLE_KEY = META_PREFIX + b"settling"  # the store's key of the records kept while they settle
-
-
-@dataclass(frozen=True)
-class Horizon:
-    """How far old partitions' records were forwarded, as read at ``read_ms`` (wall clock).
-
-    ``first``: old partition -> the smallest timestamp of a record on it not consumed (so not
-    forwarded) yet, None when everything on it was consumed. ``need``: input topic -> the
-    offset of the new partition the task must have consumed to hold every record forwarded
-    before the reading."""
-
-    read_ms: int
-    first: dict[int, int | None]
-    need: dict[str, int]
 
 
 class Held(msgspec.Struct, array_like=True, frozen=True):
