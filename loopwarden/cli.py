@@ -41,6 +41,7 @@ def _numbered(paths: list[str]) -> Iterator[tuple[str, int, bytes]]:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from loopwarden.codecs import encode
+    from loopwarden.commands.cliutil import trusted_verifiers
     from loopwarden.replay import (
         Replay,
         replay_lines,
@@ -58,7 +59,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     elif args.trusted_outcomes_topic:
         raise SystemExit("loopwarden replay: --trusted-outcomes-topic names the topic the --trusted-receipts files "
                          "were read from; give those files too")
-    replay = Replay(Settings(retention_s=args.retention_s), verifiers=_verifiers(args.trusted_verifiers),
+    replay = Replay(Settings(retention_s=args.retention_s), verifiers=trusted_verifiers(args.trusted_verifiers),
                     channel=channel)
 
     def emit(t):
@@ -84,30 +85,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def needs_extra(what: str, module: str, extra: str = "processor") -> None:
-    """Stop in one line naming the extra to install when ``module`` (a dependency of ``what``) is missing:
-    the base install (msgspec only) replays and prints the schema; the rest comes with an extra."""
-    if importlib.util.find_spec(module) is None:
-        raise SystemExit(f"loopwarden {what} needs the '{extra}' extra ({module}): pip install 'loopwarden[{extra}]'")
-
-
-def _verifiers(text: str | None):
-    """The trusted verifiers of a ``--trusted-verifiers`` flag, else of LOOPWARDEN_TRUSTED_VERIFIERS; None when neither."""
-    env = "LOOPWARDEN_TRUSTED_VERIFIERS"  # loopwarden.trust.ENV, named here so that replay without it needs no cryptography
-    if text is None and not os.environ.get(env):
-        return None
-    needs_extra("--trusted-verifiers" if text is not None else env, "cryptography")
-    from loopwarden.trust import TrustConfigError, TrustedVerifiers
-
-    try:
-        if text is not None:
-            return TrustedVerifiers.parse(text, "--trusted-verifiers")
-        return TrustedVerifiers.from_env(os.environ)
-    except TrustConfigError as exc:
-        raise SystemExit(f"loopwarden: {exc}") from None
-
-
 def cmd_keys_new(args: argparse.Namespace) -> int:
+    from loopwarden.commands.cliutil import needs_extra
+
     needs_extra("keys", "cryptography")
     from loopwarden.trust import SigningKey, TrustConfigError
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
+import importlib.util
 import logging
+import os
 from dataclasses import fields
 
 from loopwarden.engine.config import Config, env_name, from_env
@@ -164,3 +166,26 @@ def _states_epilog() -> str:
     for state in STATE_GUIDE:
         lines.append(f"  {state:<18} {state_action(state):<36} {state_doc(state)}")
     return "\n".join(lines)
+
+
+def needs_extra(what: str, module: str, extra: str = "processor") -> None:
+    """Stop in one line naming the extra to install when ``module`` (a dependency of ``what``) is missing:
+    the base install (msgspec only) replays and prints the schema; the rest comes with an extra."""
+    if importlib.util.find_spec(module) is None:
+        raise SystemExit(f"loopwarden {what} needs the '{extra}' extra ({module}): pip install 'loopwarden[{extra}]'")
+
+
+def trusted_verifiers(text: str | None):
+    """The trusted verifiers of a ``--trusted-verifiers`` flag, else of LOOPWARDEN_TRUSTED_VERIFIERS; None when neither."""
+    env = "LOOPWARDEN_TRUSTED_VERIFIERS"  # loopwarden.trust.ENV, named here so that replay without it needs no cryptography
+    if text is None and not os.environ.get(env):
+        return None
+    needs_extra("--trusted-verifiers" if text is not None else env, "cryptography")
+    from loopwarden.trust import TrustConfigError, TrustedVerifiers
+
+    try:
+        if text is not None:
+            return TrustedVerifiers.parse(text, "--trusted-verifiers")
+        return TrustedVerifiers.from_env(os.environ)
+    except TrustConfigError as exc:
+        raise SystemExit(f"loopwarden: {exc}") from None

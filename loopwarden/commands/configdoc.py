@@ -7,6 +7,7 @@ it means — the comment written above (or beside) the field in config.py, else 
 
 from __future__ import annotations
 
+import argparse
 import ast
 import inspect
 import re
@@ -59,21 +60,19 @@ def field_comments() -> dict[str, str]:
     return out
 
 
-def worker_flags() -> dict[str, tuple[str, str]]:
+def worker_flags(worker: argparse.ArgumentParser) -> dict[str, tuple[str, str]]:
     """Config field -> (the worker's flag for it, the flag's help text without its env/default note),
-    read from ``loopwarden worker --help`` printed unwrapped."""
+    read from ``loopwarden worker --help`` (``worker``: that command's parser) printed unwrapped."""
     import contextlib
     import io
     import os
-
-    from loopwarden.cli import build_parser
 
     out_buf = io.StringIO()
     saved = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "10000"  # argparse wraps to the terminal's width: one line per flag
     try:
         with contextlib.redirect_stdout(out_buf), contextlib.suppress(SystemExit):
-            build_parser(processor=True).parse_args(["worker", "--help"])
+            worker.parse_args(["--help"])
     finally:
         if saved is None:
             os.environ.pop("COLUMNS", None)
@@ -109,9 +108,9 @@ def _default(f) -> str:
     return f"`{value}`"
 
 
-def render() -> str:
-    """The whole of docs/configuration.md."""
-    comments, flags = field_comments(), worker_flags()
+def render(worker: argparse.ArgumentParser) -> str:
+    """The whole of docs/configuration.md (``worker``: the parser of ``loopwarden worker``, for its flags)."""
+    comments, flags = field_comments(), worker_flags(worker)
     rows = []
     for f in fields(Config):
         flag, flag_help = flags.get(f.name, ("", ""))

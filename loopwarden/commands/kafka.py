@@ -15,13 +15,14 @@ from loopwarden.commands.cliutil import (
     cannot_connect,
     port_in_use,
     port_taken,
+    trusted_verifiers,
 )
 from loopwarden.engine.config import CLOCKS, STORES
 from loopwarden.engine.exceptions import ConfigError
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("worker", help="run a stream-processor worker against Kafka (exactly-once)",
+    p = worker = sub.add_parser("worker", help="run a stream-processor worker against Kafka (exactly-once)",
                        epilog=_env_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
     p.add_argument("--app-id", dest="app_id", help="consumer group / table prefix (LOOPWARDEN_APP_ID; default loopwarden)")
@@ -149,7 +150,7 @@ def add_commands(sub) -> None:
     p.set_defaults(func=cmd_topics)
 
     p = sub.add_parser("config-doc", help="print docs/configuration.md: every setting, generated from Config")
-    p.set_defaults(func=cmd_config_doc)
+    p.set_defaults(func=cmd_config_doc, worker_parser=worker)  # the worker's flags are part of the doc
 
     p = sub.add_parser("tick", help="send one timer tick to every partition (with --clock event: advance the clock)")
     _common(p, topics=("ticks",), partitions=False)
@@ -160,7 +161,7 @@ def add_commands(sub) -> None:
 def cmd_config_doc(args: argparse.Namespace) -> int:
     from loopwarden.commands.configdoc import render
 
-    sys.stdout.write(render())
+    sys.stdout.write(render(args.worker_parser))
     return 0
 
 
@@ -218,11 +219,10 @@ def lock_data_dir(path) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from loopwarden.cli import _verifiers
     from loopwarden.stages.health.worker import run_worker
 
     config = _config(args)
-    verifiers = _verifiers(args.trusted_verifiers)  # docs/contract.md section 10; a bad value stops here, named
+    verifiers = trusted_verifiers(args.trusted_verifiers)  # docs/contract.md section 10; a bad value stops here, named
     if config.store == "rocksdb":
         from loopwarden.engine.store import prepare_data_dir
 
