@@ -54,7 +54,7 @@ class CountTask(TaskBase):  # does not align its inputs (the peers do not either
         return out
 
 
-class CountStage(StageBase):
+class CountStage(StageBase[CountTask, Folded]):
     name = "count"
     store_name = "counts"
 

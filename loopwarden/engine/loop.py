@@ -231,7 +231,7 @@ class Engine:
             self.guard.assigned()  # the group's output counts; a rebalance may follow a partition-count change: look now
             owned = self.owned_partitions()
             log.info("partitions %s recovered in %.2fs%s", sorted(owned), time.monotonic() - t0,
-                     self.stage.summary(list(owned.values())))
+                     self.stage.summary([part.task for part in owned.values()]))
 
     async def release(self) -> None:
         """Partitions are about to be reassigned: finish the pipelines in flight, then drop every partition."""

@@ -175,7 +175,7 @@ class OwnedPartition:
     def after_restore(self) -> None:
         """The store holds the changelog's committed state and the task was rebuilt from it
         (``PartitionManager.prepare``): the stage hears of it."""
-        self.stage.restored(self)
+        self.stage.restored(self.number, self.task)
 
     def after_commit(self, result: FoldResult, committed: Committed | None) -> None:
         """The batch's transaction committed (``None``: the batch had nothing to commit)."""
@@ -183,12 +183,12 @@ class OwnedPartition:
             self.store.write(result.changes, committed.position, committed.offsets)
             if committed.offsets is not None:
                 self.marks = self._marks
-        self.stage.committed(self, result, self.task.committed(result))
+        self.stage.committed(self.number, self.task, result, self.task.committed(result))
 
     def after_abort(self, result: FoldResult) -> None:
         """The batch's transaction failed: the task forgets it (the store holds the committed state)."""
         self.task.discard()
-        self.stage.aborted(self, result)
+        self.stage.aborted(self.number, self.task, result)
 
     async def close(self, stopping: Stopping, wait_s: float = 5.0) -> None:
         """Drop the partition: the stage hears of it, the producer stops, the store closes (RocksDB stays on disk).
@@ -203,7 +203,7 @@ class OwnedPartition:
         if begun is not None:  # its producer stops below: the begin is of no use, and its outcome not news
             begun.cancel()
             begun.add_done_callback(retrieved)
-        self.stage.dropped(self)
+        self.stage.dropped(self.number, self.task)
         stop = asyncio.ensure_future(self.producer.stop())
         stopping.add(stop)
         try:

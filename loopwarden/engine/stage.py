@@ -54,10 +54,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
-
-if TYPE_CHECKING:
-    from loopwarden.engine.partition import OwnedPartition
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 
 class Record(Protocol):
@@ -187,7 +184,11 @@ class Task(Protocol):
     def discard(self) -> None: ...
 
 
-class Stage(Protocol):
+TaskT = TypeVar("TaskT", bound=Task)  # the stage's own task: its observers get it typed, as it made it
+ResultT = TypeVar("ResultT", bound=FoldResult)  # what the stage's fold returns
+
+
+class Stage(Protocol[TaskT, ResultT]):
     """A stateful stage the engine runs (see the module docstring)."""
 
     name: str
@@ -205,14 +206,15 @@ class Stage(Protocol):
     def layout_watch(self) -> object | None:
         """A ``loopwarden.stages.health.topology.TopologyWatch`` of the stage's topics, or None (not watched)."""
 
-    def task(self, partition: int, store: Mapping[bytes, bytes]) -> Task: ...
+    def task(self, partition: int, store: Mapping[bytes, bytes]) -> TaskT: ...
 
-    # Observers (metrics, read indexes): called after the fact, never inside a transaction.
-    def restored(self, part: OwnedPartition) -> None: ...
-    def committed(self, part: OwnedPartition, result: FoldResult, summary: object) -> None: ...
-    def aborted(self, part: OwnedPartition, result: FoldResult) -> None: ...
-    def dropped(self, part: OwnedPartition) -> None: ...
-    def summary(self, parts: list[OwnedPartition]) -> str: ...  # appended to the "partitions … recovered" log line
+    # Observers (metrics, read indexes): called after the fact, never inside a transaction, with the partition's
+    # number and the stage's own task (``summary``: what the task's ``committed`` returned).
+    def restored(self, partition: int, task: TaskT) -> None: ...
+    def committed(self, partition: int, task: TaskT, result: ResultT, summary: object) -> None: ...
+    def aborted(self, partition: int, task: TaskT, result: ResultT) -> None: ...
+    def dropped(self, partition: int, task: TaskT) -> None: ...
+    def summary(self, tasks: list[TaskT]) -> str: ...  # appended to the "partitions … recovered" log line
 
 
 class TaskBase:
@@ -236,8 +238,9 @@ class TaskBase:
         return None
 
 
-class StageBase:
-    """Defaults for a stage's optional parts: no keyed-like-input outputs, observers that do nothing."""
+class StageBase(Generic[TaskT, ResultT]):
+    """Defaults for a stage's optional parts: no keyed-like-input outputs, observers that do nothing.
+    ``StageBase[MyTask, MyResult]``: the observers get the stage's own task and fold result, typed."""
 
     keyed_like_input: frozenset[str] = frozenset()
     punctuate_every_s: float = 1.0
@@ -250,17 +253,17 @@ class StageBase:
         """What re-reads the stage's topic layout while it runs (``loopwarden.stages.health.topology``), or None."""
         return None
 
-    def restored(self, part: OwnedPartition) -> None:
+    def restored(self, partition: int, task: TaskT) -> None:
         return None
 
-    def committed(self, part: OwnedPartition, result: FoldResult, summary: object) -> None:
+    def committed(self, partition: int, task: TaskT, result: ResultT, summary: object) -> None:
         return None
 
-    def aborted(self, part: OwnedPartition, result: FoldResult) -> None:
+    def aborted(self, partition: int, task: TaskT, result: ResultT) -> None:
         return None
 
-    def dropped(self, part: OwnedPartition) -> None:
+    def dropped(self, partition: int, task: TaskT) -> None:
         return None
 
-    def summary(self, parts: list[OwnedPartition]) -> str:
+    def summary(self, tasks: list[TaskT]) -> str:
         return ""

@@ -36,7 +36,7 @@ class CounterTask(TaskBase):  # no alignment, nothing to rebuild or keep beyond 
         return out
 
 
-class CounterStage(StageBase):
+class CounterStage(StageBase[CounterTask, Folded]):
     name = "counter"
     store_name = "counts"
 

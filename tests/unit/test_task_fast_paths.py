@@ -238,7 +238,7 @@ def test_the_stages_transition_metrics_per_batch_equal_them_per_transition() -> 
     stage = HealthStage.__new__(HealthStage)
     stage.metrics = new
     for out in batches:
-        stage.committed(None, out, Counter())  # type: ignore[arg-type]
+        stage.committed(0, task, out, Counter())
         now_ms = wall_clock_ms()  # the reference: the loop as it was, one transition at a time
         ref.count_batch(out.counts)
         for t in out.transitions:

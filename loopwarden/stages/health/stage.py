@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from operator import attrgetter
+from typing import cast
 
 from loopwarden.rules import TIMER_REASONS, Settings
 from loopwarden.stages.health.batch import Batch, wall_clock_ms
 from loopwarden.engine.config import Config
 from loopwarden.engine.metrics import Metrics
-from loopwarden.engine.partition import OwnedPartition
 from loopwarden.engine.stage import Input, StageBase
 from loopwarden.stages.health.task import PartitionTask
 from loopwarden.engine.topics import ensure_topics
@@ -29,7 +29,7 @@ _moves = attrgetter("from_state", "to_state")
 _agents = attrgetter("agent", "to_state")
 
 
-class HealthStage(StageBase):
+class HealthStage(StageBase[PartitionTask, Batch]):
     name = "health"
     store_name = "runs"
 
@@ -67,18 +67,18 @@ class HealthStage(StageBase):
                              trust=self.trust, partitions=c.partitions,
                              settle=(c.expand_settle_ms, int(c.expand_window_s * 1000), c.max_message_bytes // 2))
 
-    def summary(self, parts: list[OwnedPartition]) -> str:
-        return f" ({sum(sum(part.task.state_counts.values()) for part in parts)} runs held)"
+    def summary(self, tasks: list[PartitionTask]) -> str:
+        return f" ({sum(sum(task.state_counts.values()) for task in tasks)} runs held)"
 
     # -- metrics, from what happened ---------------------------------------------------
-    def restored(self, part: OwnedPartition) -> None:
-        self._count_runs(part.task.state_counts)
+    def restored(self, partition: int, task: PartitionTask) -> None:
+        self._count_runs(task.state_counts)
 
-    def dropped(self, part: OwnedPartition) -> None:
-        self._count_runs(Counter({k: -v for k, v in part.task.state_counts.items()}))
+    def dropped(self, partition: int, task: PartitionTask) -> None:
+        self._count_runs(Counter({k: -v for k, v in task.state_counts.items()}))
 
-    def committed(self, part: OwnedPartition, result: Batch, summary: Counter) -> None:  # type: ignore[override]
-        self._count_runs(summary)  # health -> runs, the batch's delta
+    def committed(self, partition: int, task: PartitionTask, result: Batch, summary: object) -> None:
+        self._count_runs(cast(Counter, summary))  # PartitionTask.committed's: health -> runs, the batch's delta
         if not result:
             return
         m = self.metrics
@@ -95,7 +95,7 @@ class HealthStage(StageBase):
         for t in transitions:
             (timer_latency if t.reason in TIMER_REASONS else latency).observe(max(0.0, (now_ms - t.ts) / 1000))
 
-    def aborted(self, part: OwnedPartition, result: Batch) -> None:  # type: ignore[override]
+    def aborted(self, partition: int, task: PartitionTask, result: Batch) -> None:
         m = self.metrics
         for key, n in result.counts.items():
             if key[0] == "event" and key[1] != "ticks":

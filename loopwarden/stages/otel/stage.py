@@ -27,7 +27,6 @@ from loopwarden.stages.otel.task import PUNCTUATE_S, BridgeBatch, BridgeTask
 from loopwarden.engine.config import Config
 from loopwarden.engine.exceptions import TopicLayoutError
 from loopwarden.engine.metrics import Metrics
-from loopwarden.engine.partition import OwnedPartition
 from loopwarden.engine.security import client_options
 from loopwarden.engine.stage import Input, StageBase
 from loopwarden.engine.topics import COMPACTED, otel_problem
@@ -38,7 +37,7 @@ def bridge_config(config: Config) -> Config:
     return dataclasses.replace(config, app_id=f"{config.app_id}-otel", partitions=config.otel_partitions)
 
 
-class BridgeStage(StageBase):
+class BridgeStage(StageBase[BridgeTask, BridgeBatch]):
     name = "otel"
     store_name = "traces"
 
@@ -97,13 +96,13 @@ class BridgeStage(StageBase):
                           max_message_bytes=c.max_message_bytes, max_future_ms=int(c.max_future_skew_s * 1000),
                           expire_every_ms=int(c.tick_interval_s * 1000))
 
-    def summary(self, parts: list[OwnedPartition]) -> str:
-        return f" ({sum(part.task.traces for part in parts)} traces held)"  # type: ignore[attr-defined]
+    def summary(self, tasks: list[BridgeTask]) -> str:
+        return f" ({sum(task.traces for task in tasks)} traces held)"
 
     # -- metrics, from what happened ---------------------------------------------------
-    def committed(self, part: OwnedPartition, result: BridgeBatch, summary: object) -> None:  # type: ignore[override]
+    def committed(self, partition: int, task: BridgeTask, result: BridgeBatch, summary: object) -> None:
         m = self.metrics
-        m.otel_traces.labels(str(part.number)).set(part.task.traces)  # type: ignore[attr-defined]
+        m.otel_traces.labels(str(partition)).set(task.traces)
         for key, n in result.counts.items():
             kind = key[0]
             if kind == "otel":
@@ -113,8 +112,8 @@ class BridgeStage(StageBase):
             elif kind == "invalid":
                 m.child(m.invalid, "spans", key[2]).inc(n)
 
-    def dropped(self, part: OwnedPartition) -> None:
+    def dropped(self, partition: int, task: BridgeTask) -> None:
         try:
-            self.metrics.otel_traces.remove(str(part.number))
+            self.metrics.otel_traces.remove(str(partition))
         except KeyError:
             pass
