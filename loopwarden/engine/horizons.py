@@ -9,7 +9,8 @@ import time
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from loopwarden.engine.manager import RECOVERABLE, quietly
+from loopwarden.engine.config import Config
+from loopwarden.engine.manager import RECOVERABLE, PartitionManager, quietly
 from loopwarden.engine.security import client_options
 from loopwarden.engine.stage import Horizon, Settles
 
@@ -19,8 +20,9 @@ log = logging.getLogger("loopwarden.worker")
 class Horizons:
     """The engine's half: reads :class:`Horizon` s with a consumer of its own (no group) and the group's consumer."""
 
-    def __init__(self, engine) -> None:
-        self.engine = engine  # its config, its group's consumer (committed offsets), its tracked input topics
+    def __init__(self, config: Config, partitions: PartitionManager) -> None:
+        self.config = config
+        self.partitions = partitions  # its group's consumer (committed offsets), its tracked input topics
         self.probe: AIOKafkaConsumer | None = None  # read_committed, no group: end offsets, the first record not consumed
         # read_uncommitted, no group: an old partition's high watermark. Its last stable offset would hide a producer's
         # record appended while another partition's forwarding transaction to it is open (old partitions are new
@@ -68,12 +70,11 @@ class Horizons:
         """How far the ``old`` partitions were forwarded, as a :class:`Horizon` for ``partition``; None while a
         transaction to ``partition`` begun before the reading is still open (see :meth:`_stable_ends`)."""
         async with self.lock:
-            engine = self.engine
             if self.probe is None:
-                options = dict(client_options(engine.config), group_id=None, enable_auto_commit=False)
+                options = dict(client_options(self.config), group_id=None, enable_auto_commit=False)
                 self.probe = AIOKafkaConsumer(**options, isolation_level="read_committed", auto_offset_reset="earliest")
                 self.tip = AIOKafkaConsumer(**options, isolation_level="read_uncommitted")
-            probe, tip, topics = self.probe, self.tip, tuple(engine.partitions.tracked)
+            probe, tip, topics = self.probe, self.tip, tuple(self.partitions.tracked)
             if not self.started:  # started by the first reading (under the lock: pipelines run concurrently)
                 await asyncio.gather(probe.start(), tip.start())  # type: ignore[union-attr]
                 self.started = True
@@ -82,7 +83,7 @@ class Horizons:
             ends = await tip.end_offsets(tps)  # type: ignore[union-attr]  # high watermarks: every record on them
             waiting: dict[int, list[int]] = {p: [] for p in old}  # old partition -> first timestamps not consumed
             for tp in tps:
-                committed = await engine.consumer.committed(tp) or 0
+                committed = await self.partitions.consumer.committed(tp) or 0
                 if committed < ends[tp]:
                     ts = await self._first_ts(tp, committed, ends[tp])
                     if ts is not None:

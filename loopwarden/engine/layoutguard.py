@@ -28,21 +28,33 @@ from aiokafka import TopicPartition
 from loopwarden.engine.manager import RECOVERABLE
 
 if TYPE_CHECKING:
-    from loopwarden.engine.loop import Engine
+    from loopwarden.engine.assignment import CoPartitionedAssignor
+    from loopwarden.engine.manager import PartitionManager
+    from loopwarden.engine.metrics import Metrics
     from loopwarden.engine.partition import OwnedPartition
+    from loopwarden.engine.reowning import Reowning
+    from loopwarden.engine.stage import LayoutWatch
 
 log = logging.getLogger("loopwarden.worker")
 ABORT_TIMEOUT_S = 2.0  # an abort waits for the transaction's sends: those to a missing partition never end
 
 
 class LayoutGuard:
-    """Applies the layout verdict to one engine: pause while not ok, hold every partition while outputs are wrong."""
+    """Applies the layout verdict to one engine: pause while not ok, hold every partition while outputs are wrong.
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.watch = engine.stage.layout_watch()  # re-reads the topic layout (None: not watched)
+    ``watch``: the stage's (None: not watched); ``check_s``: how often it is read; ``assignor``: the group's output
+    counts, and where this worker's are advertised; ``lock``: the engine's, a hold takes turns with the loop;
+    ``reowning``: the retries a hold cancels first."""
+
+    def __init__(self, watch: LayoutWatch | None, check_s: float, assignor: CoPartitionedAssignor,
+                 partitions: PartitionManager, metrics: Metrics, lock: asyncio.Lock, reowning: Reowning) -> None:
+        self.watch = watch
+        self.check_s = check_s
+        self.assignor, self.partitions, self.metrics = assignor, partitions, metrics
+        self.lock, self.reowning = lock, reowning
         self.checked_at = 0.0
         self.held = False  # the partitions are dropped because an output's layout is wrong
+        self.blocked: str | None = None  # why the layout stops processing now (None: it does not)
 
     def soon(self) -> None:
         """Read the layout at the next turn (a rebalance may follow a partition-count change)."""
@@ -51,43 +63,42 @@ class LayoutGuard:
     def assigned(self) -> None:
         """At an assignment: hold the outputs to the group's counts, and look at the layout at the next turn."""
         if self.watch is not None:
-            self.watch.hold_to(self.engine.assignor.group_outputs)  # type: ignore[attr-defined]
+            self.watch.hold_to(self.assignor.group_outputs)
         self.soon()
 
     async def start(self) -> None:
         if self.watch is None:
             return
-        await self.watch.start()  # type: ignore[attr-defined]
-        if await self.watch.auto_create_enabled():  # type: ignore[attr-defined]
+        await self.watch.start()
+        if await self.watch.auto_create_enabled():
             log.warning("the brokers have auto.create.topics.enable=true: a deleted output topic comes back "
                         "with their default partition count; set it to false (docs/topics.md)")
 
     async def stop(self) -> None:
         if self.watch is not None:
-            await self.watch.stop()  # type: ignore[attr-defined]
+            await self.watch.stop()
 
     async def check(self) -> None:
         """Every ``topology_check_s`` (and after a rebalance): stop or resume processing as the layout says."""
-        e = self.engine
         now = time.monotonic()
-        if self.watch is None or now - self.checked_at < e.config.topology_check_s:
+        if self.watch is None or now - self.checked_at < self.check_s:
             return
         self.checked_at = now
         try:
-            verdict, _changed = await self.watch.check()  # type: ignore[attr-defined]
+            verdict, _changed = await self.watch.check()
         except RECOVERABLE as exc:
             log.warning("reading the topic layout failed (%s: %s); trying again", type(exc).__name__, exc)
             return
-        e.assignor.outputs = dict(self.watch.expected_outputs)  # type: ignore[attr-defined] # advertised at a rejoin
+        self.assignor.outputs = dict(self.watch.expected_outputs)  # advertised at a rejoin
         blocked = None if verdict.ok else verdict.reason()
-        pauses = e.partitions.pauses
+        pauses = self.partitions.pauses
         if blocked is not None:  # at every check: partitions owned after a rebalance are paused too
-            pauses.pause("layout", [TopicPartition(t, p) for p in e.owned_partitions() for t in e.partitions.topics])
-        if blocked != e.blocked:
-            e.blocked = blocked
-            e.metrics.topology_blocked.set(blocked is not None)
+            pauses.pause("layout", [TopicPartition(t, p) for p in self.partitions.owned() for t in self.partitions.topics])
+        if blocked != self.blocked:
+            self.blocked = blocked
+            self.metrics.topology_blocked.set(blocked is not None)
             if blocked is not None:
-                e.metrics.topology_changes.inc()
+                self.metrics.topology_changes.inc()
                 log.error("topic layout: %s; processing stopped until the layout is right again", blocked)
             else:
                 log.warning("topic layout is right again: processing resumes")
@@ -99,16 +110,15 @@ class LayoutGuard:
 
     async def hold(self) -> None:
         """Drop every owned partition: cancel its pipeline, abort its transaction, stop its producer."""
-        e = self.engine
-        async with e.lock:
-            await e.reowning.cancel()  # a retry under way would own a partition again behind the hold
-            owned = e.partitions.owned()
+        async with self.lock:
+            await self.reowning.cancel()  # a retry under way would own a partition again behind the hold
+            owned = self.partitions.owned()
             if owned:
                 log.error("partitions %s: an output topic's layout changed; aborting their transactions and "
                           "holding them until it is right again (their batches are consumed again)", sorted(owned))
             await asyncio.gather(*(self._abort(part) for part in owned.values()))
-            await asyncio.gather(*(e.partitions.drop(p) for p in owned))  # each producer's stop is bounded
-            for a in e.partitions.assigned.values():
+            await asyncio.gather(*(self.partitions.drop(p) for p in owned))  # each producer's stop is bounded
+            for a in self.partitions.assigned.values():
                 a.recover_at = None  # owned again by release(), not by the retry loop
             self.held = True
 
@@ -117,7 +127,7 @@ class LayoutGuard:
         if pipeline is not None and not pipeline.done():
             pipeline.cancel()
             await asyncio.gather(pipeline, return_exceptions=True)
-            self.engine.metrics.transactions.labels("aborted").inc()
+            self.metrics.transactions.labels("aborted").inc()
         part.task.discard()  # what it folded was not committed: the store holds the committed states
         try:  # with no transaction open this fails at once; a hung one may not end: the next owner fences it
             await asyncio.wait_for(part.producer.abort_transaction(), timeout=ABORT_TIMEOUT_S)
@@ -126,10 +136,9 @@ class LayoutGuard:
 
     def release(self) -> None:
         """The outputs are right again: own every held partition now (owning re-learns their counts)."""
-        e = self.engine
         now = time.monotonic()
-        for a in e.partitions.assigned.values():
+        for a in self.partitions.assigned.values():
             if a.owned is None:
                 a.recover_at = now
         self.held = False
-        log.warning("output topics are right again: owning partitions %s again", sorted(e.partitions.assigned))
+        log.warning("output topics are right again: owning partitions %s again", sorted(self.partitions.assigned))

@@ -81,12 +81,17 @@ class Engine:
         self.on_recovered = on_recovered  # the process's hook after partitions are owned (the CLI freezes the GC)
         self.consumer: AIOKafkaConsumer | None = None
         self.watch: Watch | None = None
-        self.blocked: str | None = None  # why the layout stops processing now (None: it does not)
-        self.guard = LayoutGuard(self)  # re-reads the layout, pauses or holds partitions while it is wrong
-        self.horizons = Horizons(self)  # after an expansion: how far old partitions were forwarded
+        self.reowning = Reowning(config, self.partitions, self.lock, self.stopping)  # owning again beside the loop
+        self.guard = LayoutGuard(stage.layout_watch(), config.topology_check_s, self.assignor, self.partitions,
+                                 self.metrics, self.lock, self.reowning)  # pauses or holds while the layout is wrong
+        self.horizons = Horizons(config, self.partitions)  # after an expansion: how far old partitions were forwarded
         self.group = GroupCommitter(self)  # the group's offsets, after the transactions (groupcommit.py)
         self.bound = InputBound(config.input_buffer_max_bytes, self.metrics, stage.name)  # what waits in memory
-        self.reowning = Reowning(self)  # partitions owned again after a failure, each beside the loop
+
+    @property
+    def blocked(self) -> str | None:
+        """Why the topic layout stops processing now (None: it does not)."""
+        return self.guard.blocked
 
     @property
     def assigned(self) -> dict[int, AssignedPartition]:

@@ -23,7 +23,8 @@ from loopwarden.engine.manager import RECOVERABLE, quietly
 from loopwarden.engine.recovery import restoring_consumer
 
 if TYPE_CHECKING:
-    from loopwarden.engine.loop import Engine
+    from loopwarden.engine.config import Config
+    from loopwarden.engine.manager import PartitionManager
     from loopwarden.engine.partition import AssignedPartition
 
 log = logging.getLogger("loopwarden.worker")
@@ -34,8 +35,11 @@ BACKOFF_MAX_S = 30.0  # a retry that fails waits 1 s more than its last wait, up
 class Reowning:
     """The retries of owning under way: partition -> its task (at most one a partition)."""
 
-    def __init__(self, engine: Engine, restorer=restoring_consumer) -> None:
-        self.engine = engine
+    def __init__(self, config: Config, partitions: PartitionManager, lock: asyncio.Lock, stopping: asyncio.Event,
+                 restorer=restoring_consumer) -> None:
+        self.config, self.partitions = config, partitions
+        self.lock = lock  # the engine's: owning takes turns with rebalances and handing out batches
+        self.stopping = stopping  # the engine's: set at shutdown
         self.restorer = restorer  # config -> a consumer of its own for one retry's restore (not started)
         self.tasks: dict[int, asyncio.Task] = {}
 
@@ -46,11 +50,10 @@ class Reowning:
                 del self.tasks[p]
                 if not task.cancelled():
                     task.result()  # a bug of ours stops the worker, as one in a pipeline does
-        engine = self.engine
-        if engine.stopping.is_set():
+        if self.stopping.is_set():
             return
         now = time.monotonic()
-        for p, a in sorted(engine.assigned.items()):
+        for p, a in sorted(self.partitions.assigned.items()):
             at = a.recover_at
             if at is None or now < at or a.owned is not None or p in self.tasks:
                 continue
@@ -58,18 +61,17 @@ class Reowning:
             self.tasks[p] = asyncio.create_task(self._own(p, a, at), name=f"owning partition {p} again")
 
     async def _own(self, p: int, a: AssignedPartition, at: float) -> None:
-        engine = self.engine
-        manager = engine.partitions
-        restorer = self.restorer(engine.config)
+        manager = self.partitions
+        restorer = self.restorer(self.config)
         t0 = time.monotonic()
         try:
             await restorer.start()
             owning = await manager.prepare([p], restorer)  # outside the lock: the loop goes on
             installed = False
             try:
-                async with engine.lock:
+                async with self.lock:
                     # Given up meanwhile? (A rebalance or shutdown cancels this first; this is the guard.)
-                    if manager.assigned.get(p) is a and a.owned is None and not engine.stopping.is_set():
+                    if manager.assigned.get(p) is a and a.owned is None and not self.stopping.is_set():
                         installed = True  # install's now: it lets go of it itself if it fails
                         await manager.install(owning, restorer)
             finally:

@@ -188,6 +188,29 @@ TaskT = TypeVar("TaskT", bound=Task)  # the stage's own task: its observers get 
 ResultT = TypeVar("ResultT", bound=FoldResult)  # what the stage's fold returns
 
 
+class LayoutVerdict(Protocol):
+    """What a layout reading says: whether the engine may fold (``ok``) and produce, and why not."""
+
+    @property
+    def ok(self) -> bool: ...
+    produce: bool
+
+    def reason(self) -> str: ...
+
+
+class LayoutWatch(Protocol):
+    """What re-reads a stage's topic layout while it runs (the health stage's ``TopologyWatch``); the engine's
+    layout guard pauses or holds partitions as its verdict says (``loopwarden.engine.layoutguard``)."""
+
+    expected_outputs: dict[str, int]  # output topic -> the partition count it must keep
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def check(self) -> tuple[LayoutVerdict, bool]: ...  # the verdict, and whether the layout changed
+    def hold_to(self, group: Mapping[str, int]) -> None: ...  # the group's output counts, at an assignment
+    async def auto_create_enabled(self) -> bool | None: ...
+
+
 class Stage(Protocol[TaskT, ResultT]):
     """A stateful stage the engine runs (see the module docstring)."""
 
@@ -203,8 +226,8 @@ class Stage(Protocol[TaskT, ResultT]):
     async def prepare(self) -> None:
         """Before the engine joins the group: create or check the topics."""
 
-    def layout_watch(self) -> object | None:
-        """A ``loopwarden.stages.health.topology.TopologyWatch`` of the stage's topics, or None (not watched)."""
+    def layout_watch(self) -> LayoutWatch | None:
+        """What re-reads the stage's topic layout while it runs, or None (not watched)."""
 
     def task(self, partition: int, store: Mapping[bytes, bytes]) -> TaskT: ...
 
@@ -249,8 +272,8 @@ class StageBase(Generic[TaskT, ResultT]):
     async def prepare(self) -> None:
         return None
 
-    def layout_watch(self) -> object | None:
-        """What re-reads the stage's topic layout while it runs (``loopwarden.stages.health.topology``), or None."""
+    def layout_watch(self) -> LayoutWatch | None:
+        """What re-reads the stage's topic layout while it runs, or None (not watched)."""
         return None
 
     def restored(self, partition: int, task: TaskT) -> None:

@@ -25,7 +25,7 @@ def test_an_old_partition_reads_as_forwarded_only_once_the_forwarded_records_tra
         admin = AIOKafkaAdminClient(bootstrap_servers=config.broker)
         forwarder = transactional_producer(config, 0)
         group = AIOKafkaConsumer(bootstrap_servers=config.broker, group_id=config.app_id, enable_auto_commit=False)
-        horizons = Horizons(SimpleNamespace(config=config, consumer=group, partitions=SimpleNamespace(tracked=(topic,))))
+        horizons = Horizons(config, SimpleNamespace(consumer=group, tracked=(topic,)))  # type: ignore[arg-type]
         await admin.start()
         try:
             await admin.create_topics([NewTopic(topic, 2, 1)])

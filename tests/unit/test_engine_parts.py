@@ -672,7 +672,8 @@ def test_owning_again_runs_beside_the_loop_once_a_partition_and_lets_go_when_giv
 
     async def scenario() -> None:
         engine = Engine()
-        reowning = Reowning(engine, restorer=Restorer)  # type: ignore[arg-type]
+        reowning = Reowning(engine.config, engine.partitions, engine.lock, engine.stopping,  # type: ignore[arg-type]
+                            restorer=Restorer)
         a = engine.assigned[0] = AssignedPartition(0)
         engine.assigned[1] = AssignedPartition(1)  # owned or not due: left alone
         a.recover_at = time.monotonic()
