@@ -110,7 +110,7 @@ async def _check_trusted_topic(config: Config) -> bool:
     """With a trusted receipts topic: whether the cluster enforces ACLs (said either way); True without one."""
     if not config.trusted_outcomes_topic:
         return True
-    from loopwarden.engine.acl import problem, read_authorizer
+    from loopwarden.stages.health.acl import problem, read_authorizer
 
     found = await read_authorizer(config)
     print(f"trusted receipts topic {config.trusted_outcomes_topic}: authorizer {found.describe()}; who may write it "

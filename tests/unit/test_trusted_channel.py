@@ -16,7 +16,7 @@ from loopwarden.codecs import HealthTransition, decode_input, decode_outcome_eve
 from loopwarden.replay import Replay
 from loopwarden.rules import Settings, decode_state, encode_state
 from loopwarden.simulate import fleet
-from loopwarden.engine.acl import Authorizer, problem
+from loopwarden.stages.health.acl import Authorizer, problem
 from loopwarden.engine.alignment import ALIGNED, StreamTime
 from loopwarden.engine.config import Config, from_env
 from loopwarden.engine.exceptions import ConfigError

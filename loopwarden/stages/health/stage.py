@@ -52,7 +52,7 @@ class HealthStage(StageBase[PartitionTask, Batch]):
 
     async def prepare(self) -> None:
         if self.config.trusted_outcomes_topic:  # before anything is created: a refused start leaves nothing behind
-            from loopwarden.engine.acl import require_authorizer
+            from loopwarden.stages.health.acl import require_authorizer
 
             await require_authorizer(self.config)
         await ensure_topics(self.config)
