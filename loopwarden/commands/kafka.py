@@ -240,7 +240,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     try:
         return run_worker(config, on_recovered=getattr(args, "on_recovered", None), verifiers=verifiers,
-                          otel=args.otel)
+                          beside=_bridge_beside(config, getattr(args, "on_recovered", None)) if args.otel else None)
     except KafkaConnectionError as exc:
         raise SystemExit(cannot_connect("worker", config, exc)) from None
     except (TopicLayoutError, UntrustedChannelError) as exc:
@@ -250,3 +250,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
             raise
         raise SystemExit(port_taken("worker", config.web_host, config.web_port,
                                     "choose another with --web-port (LOOPWARDEN_WEB_PORT)")) from None
+
+
+def _bridge_beside(config, on_recovered):
+    """``worker --otel``: the OpenTelemetry bridge's engine, run in the worker's process with its metrics."""
+    from loopwarden.engine.loop import Engine
+    from loopwarden.stages.otel.stage import BridgeStage, bridge_config
+
+    def engines(metrics) -> list[Engine]:
+        bridge = bridge_config(config)
+        return [Engine(bridge, BridgeStage(bridge, metrics), metrics, on_recovered)]
+
+    return engines

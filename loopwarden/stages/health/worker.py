@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
-import threading
 from collections.abc import Callable
 
 from loopwarden.api import pages
@@ -19,12 +16,11 @@ from loopwarden.engine.config import Config
 from loopwarden.engine.loop import Engine
 from loopwarden.stages.health.stage import HealthStage
 from loopwarden.engine.metrics import Metrics
+from loopwarden.engine.runner import run_engines
 from loopwarden.stages.health.task import PartitionTask
 from loopwarden.engine.topics import ensure_topics
 
 log = logging.getLogger("loopwarden.worker")
-
-EXIT_STOP_TIMEOUT = 3  # the worker was told to stop and had to be cut short
 
 
 class Worker(Engine):
@@ -70,63 +66,26 @@ class Worker(Engine):
 
 
 def run_worker(config: Config, on_recovered: Callable[[], None] | None = None, verifiers=None,
-               otel: bool = False) -> int:
+               beside: Callable[[Metrics], list[Engine]] | None = None) -> int:
     """Run one worker until SIGTERM/SIGINT; exit by ``shutdown_timeout_s`` after the signal whatever happens.
 
-    ``verifiers``: loopwarden.trust.TrustedVerifiers, or None (every receipt counts). ``otel``: the
-    OpenTelemetry bridge runs in the same process, as its own engine (its own group; metrics shared)."""
+    ``verifiers``: loopwarden.trust.TrustedVerifiers, or None (every receipt counts). ``beside``: other stages'
+    engines run in the same process (``worker --otel``: the OpenTelemetry bridge; its own group, metrics shared)."""
 
     async def main() -> None:
         metrics = Metrics()
         worker = Worker(config, metrics, on_recovered=on_recovered, verifiers=verifiers)
-        engines: list[Engine] = [worker]
-        if otel:
-            from loopwarden.stages.otel.stage import BridgeStage, bridge_config
-
-            bridge = bridge_config(config)
-            engines.append(Engine(bridge, BridgeStage(bridge, metrics), metrics, on_recovered))
+        others = beside(metrics) if beside is not None else []
         from loopwarden.api.http import serve
 
-        loop = asyncio.get_running_loop()
+        async def topics_first() -> None:
+            # A stage beside (the bridge) refuses to start without agent.steps, which the worker's creates: on a
+            # fresh cluster the engines would race, so the worker's topics are made first.
+            await ensure_topics(config)
 
-        def on_signal() -> None:
-            if worker.stopping.is_set():
-                return
-            log.info("stopping (exit within %.0fs)", config.shutdown_timeout_s)
-            watchdog = threading.Timer(config.shutdown_timeout_s, _exit_now, args=(config.shutdown_timeout_s,))
-            watchdog.daemon = True
-            watchdog.start()
-            for engine in engines:
-                engine.stop()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
-        runner = await serve(worker)
-        try:
-            if otel:
-                # The bridge's stage refuses to start without agent.steps, which the worker's creates: on a
-                # fresh cluster the two engines would race, so the worker's topics are made first.
-                await ensure_topics(config)
-            await run_together(engines)
-        finally:
-            await runner.cleanup()
+        await run_engines([worker, *others], config.shutdown_timeout_s, lambda: serve(worker),
+                          before=topics_first if others else None)
 
     asyncio.run(main())
     return 0
 
-
-async def run_together(engines: list[Engine]) -> None:
-    """Run engines side by side; the first to end (stopped, or failed) stops the others, and its error is raised."""
-    runs = [asyncio.create_task(engine.run()) for engine in engines]
-    done, pending = await asyncio.wait(runs, return_when=asyncio.FIRST_COMPLETED)
-    for engine in engines:
-        engine.stop()
-    await asyncio.gather(*pending, return_exceptions=True)
-    for task in done:
-        task.result()
-
-
-def _exit_now(timeout_s: float) -> None:
-    log.critical("worker did not stop within %.0fs (broker unreachable?); exiting now", timeout_s)
-    logging.shutdown()
-    os._exit(EXIT_STOP_TIMEOUT)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
-import threading
 from collections.abc import Callable
 
 from aiohttp import web
@@ -20,7 +18,7 @@ from loopwarden.engine.loop import Engine
 from loopwarden.api.http import bearer_ok, metrics_handler
 from loopwarden.api.httplimits import serve_guarded
 from loopwarden.engine.metrics import Metrics
-from loopwarden.stages.health.worker import _exit_now
+from loopwarden.engine.runner import run_engines
 
 log = logging.getLogger("loopwarden.bridge")
 
@@ -57,24 +55,9 @@ def run_bridge(config: Config, on_recovered: Callable[[], None] | None = None) -
         metrics = Metrics()
         bridge = bridge_config(config)
         engine = Engine(bridge, BridgeStage(bridge, metrics), metrics, on_recovered)
-        loop = asyncio.get_running_loop()
-
-        def on_signal() -> None:
-            if engine.stopping.is_set():
-                return
-            log.info("stopping (exit within %.0fs)", config.shutdown_timeout_s)
-            watchdog = threading.Timer(config.shutdown_timeout_s, _exit_now, args=(config.shutdown_timeout_s,))
-            watchdog.daemon = True
-            watchdog.start()
-            engine.stop()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
-        site = await serve_guarded(make_app(engine, metrics, config.token), config.web_host, config.web_port, config)
-        try:
-            await engine.run()
-        finally:
-            await site.cleanup()
+        app = make_app(engine, metrics, config.token)
+        await run_engines([engine], config.shutdown_timeout_s,
+                          lambda: serve_guarded(app, config.web_host, config.web_port, config), logger=log)
 
     asyncio.run(main())
     return 0
