@@ -1,4 +1,4 @@
-"""Errors raised by loopwarden.streams."""
+"""Errors of the engine, its stages and their commands: each names the value that is wrong."""
 
 
 class ConfigError(ValueError):

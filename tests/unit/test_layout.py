@@ -91,3 +91,16 @@ def test_process_set_up_happens_only_in_the_cli() -> None:
                 if name in set_up:
                     found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {name}")
     assert not found, found
+
+
+def test_every_module_of_the_engine_and_the_stages_is_named_in_the_architecture_doc() -> None:
+    """Each module of the engine, the stages and the read API has a docstring and is named, by its path, in
+    docs/architecture.md (the walk of one batch, or the modules' roles after it)."""
+    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    for folder in (ENGINE, PACKAGE / "stages" / "health", PACKAGE / "stages" / "otel", PACKAGE / "api"):
+        for path in folder.glob("*.py"):
+            if path.name == "__init__.py":
+                continue
+            assert ast.get_docstring(ast.parse(path.read_text())), f"{path.name} has no docstring"
+            name = str(path.relative_to(PACKAGE))
+            assert f"`{name}`" in doc, f"docs/architecture.md does not name {name}"
