@@ -153,7 +153,7 @@ def test_a_horizon_that_cannot_be_read_now_leaves_the_last_one_in_place() -> Non
         async def read(self, partition: int, old: set[int]) -> None:
             self.reads += 1
 
-    horizons = Unreadable(engine=None)
+    horizons = Unreadable(None, None)  # type: ignore[arg-type]  # never reads: no config, no partitions
     horizons.reads = 0
     for _ in range(2):
         asyncio.run(horizons.settle(5, s, {"steps": 10}))
