@@ -29,7 +29,7 @@ from aiokafka.errors import IllegalOperation, KafkaError, UnknownTopicOrPartitio
 
 from loopwarden.engine.stage import FoldResult, Output
 from loopwarden.engine.store import OFFSETS_KEY
-from loopwarden.engine.router import Router
+from loopwarden.engine.outputs import Router
 
 log = logging.getLogger("loopwarden.worker")
 T = TypeVar("T")

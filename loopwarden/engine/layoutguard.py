@@ -11,7 +11,7 @@ the abort cannot finish, fenced by the next owner's ``InitProducerId``), its pro
 stopped. Nothing is lost: a dropped partition is consumed again from its committed offsets
 and its store restored from the changelog when it is owned again. It is owned again only
 once the output has its start count again; owning re-learns the outputs' partition counts
-(:meth:`loopwarden.engine.router.Router.learn`). An output re-created with another count
+(:meth:`loopwarden.engine.outputs.Router.learn`). An output re-created with another count
 keeps the worker blocked, the reason in the log and ``/readyz``, until it is deleted and
 created with the start count (docs/topics.md).
 """

@@ -32,11 +32,11 @@ from aiokafka.errors import ProducerFenced
 from loopwarden.engine.assignment import CoPartitionedAssignor
 from loopwarden.engine.checkpoint import Checkpoint
 from loopwarden.engine.config import Config
-from loopwarden.engine.deadletters import deadletter_output
 from loopwarden.engine.groupcommit import GroupCommitter
 from loopwarden.engine.layoutguard import LayoutGuard
 from loopwarden.engine.manager import RECOVERABLE, PartitionManager, quietly
 from loopwarden.engine.metrics import Metrics
+from loopwarden.engine.outputs import Router, deadletter_output
 from loopwarden.engine.partition import AssignedPartition, OwnedPartition
 from loopwarden.engine.recovery import restoring_consumer
 from loopwarden.engine.reowning import Reowning
@@ -44,7 +44,6 @@ from loopwarden.engine.security import client_options
 from loopwarden.engine.horizons import Horizons
 from loopwarden.engine.inputbound import InputBound
 from loopwarden.engine.stage import FoldResult, Stage
-from loopwarden.engine.router import Router
 from loopwarden.engine.watch import Watch
 
 log = logging.getLogger("loopwarden.worker")

@@ -27,7 +27,7 @@ from loopwarden.engine.pauses import Pauses
 from loopwarden.engine.recovery import restore, seek_committed, transactional_producer
 from loopwarden.engine.stage import Stage, Task
 from loopwarden.engine.store import PartitionStore, open_partition
-from loopwarden.engine.router import Router
+from loopwarden.engine.outputs import Router
 
 log = logging.getLogger("loopwarden.worker")
 RECOVERABLE = (KafkaError, OSError, asyncio.TimeoutError)

@@ -28,7 +28,7 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from loopwarden.engine.config import Config
-from loopwarden.engine.deadletters import OVERHEAD
+from loopwarden.engine.outputs import OVERHEAD
 from loopwarden.engine.marks import Mark, describe, recreated
 from loopwarden.engine.security import client_options
 from loopwarden.engine.store import OFFSETS_KEY, PartitionStore

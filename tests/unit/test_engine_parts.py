@@ -7,9 +7,8 @@ from dataclasses import dataclass
 import pytest
 
 from loopwarden.engine.assignment import partition_of
-from loopwarden.engine.deadletters import OVERHEAD, deadletter_output
+from loopwarden.engine.outputs import OVERHEAD, Router, deadletter_output
 from loopwarden.engine.stage import DeadLetter, Output, StageBase
-from loopwarden.engine.router import Router
 from tests.builders import Rec as _Rec
 
 

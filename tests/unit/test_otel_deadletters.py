@@ -8,7 +8,7 @@ import pytest
 
 from loopwarden.codecs import EventsDropped, RunStarted
 from loopwarden.stages.otel import run_id_of
-from loopwarden.engine.deadletters import deadletter_output
+from loopwarden.engine.outputs import deadletter_output
 from tests.otel.bridge import Bridge, Rec, replay
 from tests.otel.traces import SECRET, T0, Run, span, trace_id, traces
 from tests.unit.test_otel_bridge import _json_traces

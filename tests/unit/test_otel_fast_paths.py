@@ -22,7 +22,7 @@ from loopwarden.stages.otel.mapping import RUNTIMES
 from loopwarden.stages.otel.spans import KNOWN, BadTraces, decode_proto, decode_proto_reference
 from loopwarden.engine import router as routing
 from loopwarden.engine.assignment import murmur2, partition_of
-from loopwarden.engine.router import Router
+from loopwarden.engine.outputs import Router
 
 SCOPES = [s for row in RUNTIMES for s in row.scopes] + ["", "my.own.instrumentation"]
 KEYS = sorted(KNOWN) + ["gen_ai.input.messages", "gen_ai.request.model", "exception.type", "other"]
