@@ -39,13 +39,13 @@ def test_every_word_number_given_so_far_is_kept() -> None:
 
 
 def test_todays_stored_states_still_decode() -> None:
-    """Format-2 bytes written for one run in each health state decode to that state and re-encode to the
-    same bytes."""
+    """Format-2 bytes written for one run in each health state decode to that state, which round-trips (fields
+    added to the state since those bytes were written take their defaults)."""
     assert [g["state"]["health"] for g in GOLDEN["states"]] == list(STATES)
     for g in GOLDEN["states"]:
         data, state = bytes.fromhex(g["v2"]), msgspec.convert(g["state"], RunState, strict=False)
         assert decode_state(data, state.run_id) == state
-        assert encode_state(state) == data
+        assert decode_state(encode_state(state), state.run_id) == state
 
 
 def test_a_new_state_takes_the_next_number_and_renumbers_nothing() -> None:
