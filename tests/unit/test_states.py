@@ -116,7 +116,7 @@ def _luminance(colour: str) -> float:
 def test_the_boards_badges_are_the_rows_colours_and_readable() -> None:
     """board.css holds each row's badge rule, in order, and each badge's text is at least 4.5:1 against its
     background (WCAG AA); states that need a person have a border."""
-    css = (REPO / "loopwarden" / "board" / "static" / "board.css").read_text()
+    css = (REPO / "loopwarden" / "api" / "board" / "static" / "board.css").read_text()
     want = [css_rule(s) for s in STATE_TABLE]
     got = [line for line in css.splitlines() if line.startswith(".s-")]
     assert got == want, "board.css's state badges should be:\n" + "\n".join(want)
