@@ -20,7 +20,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from loopwarden.stages.otel.mapping import RUNTIMES
 from loopwarden.stages.otel.spans import KNOWN, BadTraces, decode_proto, decode_proto_reference
-from loopwarden.engine import router as routing
+from loopwarden.engine import outputs as routing
 from loopwarden.engine.assignment import murmur2, partition_of
 from loopwarden.engine.outputs import Router
 
