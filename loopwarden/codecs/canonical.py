@@ -160,7 +160,7 @@ def receipt_signing_bytes(receipt: OutcomeReceipt) -> bytes:
         "verified": receipt.verified,
         "evidence": evidence,
     }
-    if receipt.run_started_ts is not UNSET:  # the occurrence it answers; absent: signed as before
+    if receipt.run_started_ts is not UNSET:  # the occurrence it answers; absent: not in the signed bytes
         doc["run_started_ts"] = receipt.run_started_ts
     # The common case, in C: ASCII keys (code-point order is then UTF-16 order) and no floats (their
     # notation differs) nor integers beyond 2**53: msgspec's sorted JSON is then exactly RFC 8785

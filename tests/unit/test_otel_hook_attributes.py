@@ -146,6 +146,6 @@ def test_hook_attributes_read_the_same_from_otlp_json():
 
 
 def test_spans_without_hook_attributes_carry_no_hook():
-    """Spans of a run without the hook decode as before: no hook record on any of them."""
+    """Spans of a run without the hook decode with no hook record on any of them."""
     r = Run()
     assert all(s.hook is None for s in decode_traces(traces(r.chat(), r.tool(), r.end())))
