@@ -407,9 +407,13 @@ def end_grace_ms(state: TraceState, run_span: Span, progress: RunProgress, limit
     exception or approval marker, whose last model call recorded a finish reason that asked for no
     tool and was followed by none, left nothing running: it closes at once. Anything else (an
     error, an exception, a tool request, a model call that recorded no finish reason, spans of the
-    trace still waiting for an ancestor) waits ``end_grace_s``."""
+    trace still waiting for an ancestor) waits ``end_grace_s``. So does a run under a producer's or
+    thread's run id: its next segment may be another trace's run that ends cleanly, and closing that
+    one at once would overtake this segment still in its grace."""
     grace = int(limits.end_grace_s * 1000)
     if not grace or run_span.error or run_span.exceptions or run_span.approval or state.waiting:
+        return grace
+    if progress.key or (run_span.hook is not None and run_span.hook.run_id):
         return grace
     known = state.spans
     models = [x for x in (known.get(i) for i in progress.open) if x is not None and x.role == ROLE_MODEL]

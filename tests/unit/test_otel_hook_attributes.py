@@ -10,7 +10,7 @@ import pytest
 
 from loopwarden.codecs import RunEnded, RunStarted, StepFinished
 from loopwarden.codecs.events import Custom, Policy, StepCount, ToolCall
-from loopwarden.otel import decode_traces
+from loopwarden.otel import Limits, decode_traces
 from tests.otel.bridge import Bridge, replay
 from tests.otel.traces import Run, traces
 from tests.unit.test_otel_bridge import _json_traces as otlp_json
@@ -53,6 +53,22 @@ def test_a_later_trace_with_the_same_run_id_is_the_same_runs_next_segment():
     b.fold([traces(resumed.chat("stop", loopwarden__run__id="order-42"), resumed.end(loopwarden__run__id="order-42"))])
     segments = [e.segment for e in b.events() if isinstance(e, (StepFinished, RunEnded))]
     assert segments == sorted(segments) and len(set(segments)) == 2
+    assert run_of(b) == {"order-42": ("VERIFYING", "natural_finish")}
+
+
+def test_a_resumed_trace_that_ends_cleanly_does_not_overtake_the_interrupted_one():
+    """Under a producer run id a clean run waits the end grace too, so the segments' run_ended go out in order."""
+    b = Bridge()
+    b.task = b.new_task(limits=Limits(end_grace_s=2))
+    first, resumed = Run(start_ms=0), Run(start_ms=100)
+    hook = {"loopwarden__run__id": "order-42"}
+    b.fold([traces(first.chat(**hook), first.tool("delete", loopwarden__approval__id="ap-1", **hook),
+                   first.end(loopwarden__stop__cause="approval_required", **hook))])
+    b.fold([traces(resumed.chat("stop", **hook), resumed.end(**hook))])
+    b.now_ms += 2_000
+    b.fold([], punctuate=True)
+    segments = [e.segment for e in of(b, RunEnded)]
+    assert segments == sorted(segments) and len(segments) == 2
     assert run_of(b) == {"order-42": ("VERIFYING", "natural_finish")}
 
 
