@@ -9,8 +9,8 @@ import msgspec
 import pytest
 
 from loopwarden.codecs import RunEnded, RunStarted, StepFinished
-from loopwarden.codecs.events import Custom, Policy, StepCount
-from loopwarden.stages.otel import decode_traces
+from loopwarden.codecs.events import Custom, Policy, StepCount, ToolCall
+from loopwarden.stages.otel import Limits, decode_traces
 from tests.otel.bridge import Bridge, replay
 from tests.otel.traces import Run, traces
 from tests.unit.test_otel_bridge import _json_traces as otlp_json
@@ -53,6 +53,22 @@ def test_a_later_trace_with_the_same_run_id_is_the_same_runs_next_segment():
     b.fold([traces(resumed.chat("stop", loopwarden__run__id="order-42"), resumed.end(loopwarden__run__id="order-42"))])
     segments = [e.segment for e in b.events() if isinstance(e, (StepFinished, RunEnded))]
     assert segments == sorted(segments) and len(set(segments)) == 2
+    assert run_of(b) == {"order-42": ("VERIFYING", "natural_finish")}
+
+
+def test_a_resumed_trace_that_ends_cleanly_does_not_overtake_the_interrupted_one():
+    """Under a producer run id a clean run waits the end grace too, so the segments' run_ended go out in order."""
+    b = Bridge()
+    b.task = b.new_task(limits=Limits(end_grace_s=2))
+    first, resumed = Run(start_ms=0), Run(start_ms=100)
+    hook = {"loopwarden__run__id": "order-42"}
+    b.fold([traces(first.chat(**hook), first.tool("delete", loopwarden__approval__id="ap-1", **hook),
+                   first.end(loopwarden__stop__cause="approval_required", **hook))])
+    b.fold([traces(resumed.chat("stop", **hook), resumed.end(**hook))])
+    b.now_ms += 2_000
+    b.fold([], punctuate=True)
+    segments = [e.segment for e in of(b, RunEnded)]
+    assert segments == sorted(segments) and len(segments) == 2
     assert run_of(b) == {"order-42": ("VERIFYING", "natural_finish")}
 
 
@@ -107,6 +123,37 @@ def test_approval_attributes_mark_a_tool_call_on_any_runtime():
     assert (ended.cause, ended.approval.approval_id, ended.approval.owner, ended.approval.resume_token) == (
         "approval_required", "ap-9", "ops", "tok")
     assert of(b, StepFinished)[0].tool_calls[0].status == "approval_requested"
+    assert list(run_of(b).values()) == [("WAITING", "approval_required")]
+
+
+ROUTE = {"loopwarden__approval__owner": "ops", "loopwarden__approval__deadline_ts": 1_790_000_900_000,
+         "loopwarden__approval__resume_token": "tok"}
+
+
+def test_approval_marks_on_the_run_span_route_a_deferred_tool_span_that_has_none():
+    """A tool span the runtime deferred, its approval's marks on the run span (set after it ended): WAITING, routed."""
+    b = Bridge()
+    r = Run()
+    call = r.tool("delete", gen_ai__tool__call__id="call-7", pydantic_ai__tool__deferral__name="ApprovalRequired")
+    b.fold([traces(r.chat(), call, r.end(loopwarden__stop__cause="approval_required", loopwarden__approval__id="ap-7",
+                                         loopwarden__approval__tool_call_id="call-7",
+                                         loopwarden__approval__tool_name="delete", **ROUTE))])
+    approval = of(b, RunEnded)[0].approval
+    assert (approval.approval_id, approval.tool_call_id, approval.owner, approval.routed) == (
+        "ap-7", "call-7", "ops", True)
+    assert list(run_of(b).values()) == [("WAITING", "approval_required")]
+
+
+def test_a_run_span_approval_of_a_call_with_no_tool_span_adds_it_to_the_last_step():
+    """An approval on the run span of a call with no tool span (Pydantic AI requires_approval): its last step has it."""
+    b = Bridge()
+    r = Run()
+    b.fold([traces(r.chat(), r.end(loopwarden__stop__cause="approval_required", loopwarden__approval__id="call-9",
+                                   loopwarden__approval__tool_call_id="call-9",
+                                   loopwarden__approval__tool_name="delete", **ROUTE))])
+    assert of(b, StepFinished)[-1].tool_calls == (ToolCall("call-9", "delete", "approval_requested"),)
+    approval = of(b, RunEnded)[0].approval
+    assert (approval.tool_call_id, approval.tool_name, approval.resume_token) == ("call-9", "delete", "tok")
     assert list(run_of(b).values()) == [("WAITING", "approval_required")]
 
 

@@ -352,6 +352,7 @@ def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: in
     models = sorted((x for x in opened if x.role == ROLE_MODEL), key=_order)
     tools = sorted((x for x in opened if x.role == ROLE_TOOL), key=_order)
     ready = models if closed else models[:-1]
+    asked = _asked(run_span) if closed and ready else None
     j, n_tools, n_models = 0, len(tools), len(models)
     for k, m in enumerate(ready):
         # the tool calls starting in [m.start, next model call's start): tools and models are in start order
@@ -365,8 +366,10 @@ def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: in
                 end += 1
         else:
             end = n_tools
-        out.events.append(_step(run_id, progress.steps, m, tools[j:end], segment, row, closed and k + 1 == len(ready)
-                                and run_span is not None and _bound_exception(row, run_span) is not None))
+        last = closed and k + 1 == len(ready)
+        out.events.append(_step(run_id, progress.steps, m, tools[j:end], segment, row, last
+                                and run_span is not None and _bound_exception(row, run_span) is not None,
+                                asked if last else None))
         progress.steps += 1
         if progress.last_step:
             known.pop(progress.last_step, None)  # a step before the last: nothing reads it again
@@ -404,9 +407,13 @@ def end_grace_ms(state: TraceState, run_span: Span, progress: RunProgress, limit
     exception or approval marker, whose last model call recorded a finish reason that asked for no
     tool and was followed by none, left nothing running: it closes at once. Anything else (an
     error, an exception, a tool request, a model call that recorded no finish reason, spans of the
-    trace still waiting for an ancestor) waits ``end_grace_s``."""
+    trace still waiting for an ancestor) waits ``end_grace_s``. So does a run under a producer's or
+    thread's run id: its next segment may be another trace's run that ends cleanly, and closing that
+    one at once would overtake this segment still in its grace."""
     grace = int(limits.end_grace_s * 1000)
     if not grace or run_span.error or run_span.exceptions or run_span.approval or state.waiting:
+        return grace
+    if progress.key or (run_span.hook is not None and run_span.hook.run_id):
         return grace
     known = state.spans
     models = [x for x in (known.get(i) for i in progress.open) if x is not None and x.role == ROLE_MODEL]
@@ -511,13 +518,24 @@ def _status(tool: Span) -> str:
     return "result"
 
 
+def _asked(run_span: Span | None) -> tuple[str, str] | None:
+    """(tool call id, tool name) of the call the producer hook says the run stopped to have approved, when it
+    names one on the run span (an approval that came to light after the call's tool span, if any, ended)."""
+    hook = run_span.hook if run_span is not None else None
+    if hook is None or hook.cause != "approval_required" or not hook.approval_tool_call_id:
+        return None
+    return hook.approval_tool_call_id, hook.approval_tool_name or "unknown"
+
+
 def _step(run_id: str, index: int, model: Span, calls: list[Span], segment: int = 0, row: Runtime | None = None,
-          bounded: bool = False) -> StepFinished:
+          bounded: bool = False, asked: tuple[str, str] | None = None) -> StepFinished:
     """A model call and its tool calls as a step. ``bounded``: it is the run's last step and a bound stopped
     the run: a bound that fires after the model asked for tools and before they ran (Pydantic AI's
     tool_calls_limit, LangGraph's recursion_limit) leaves no tool span, and the step gets one call
     ``cancelled`` for the calls that never ran, so its steps bear the bound out (the tools' names are in the
-    model's output, content the bridge never reads)."""
+    model's output, content the bridge never reads). ``asked``: it is the run's last step and the run stopped
+    for approval of this call (see :func:`_asked`): the call is ``approval_requested``, added when no tool span
+    of it is in the step (Pydantic AI's ``requires_approval`` runs none), so the steps bear the approval out."""
     end_ns = model.end_ns
     for t in calls:
         if t.end_ns > end_ns:
@@ -527,6 +545,15 @@ def _step(run_id: str, index: int, model: Span, calls: list[Span], segment: int 
     if bounded and not calls and (finish == "tool-calls" or (not model.finish and not model.incomplete)):
         tool_calls = (ToolCall(f"{model.span_id}-unrun", "unknown", CANCELLED_STATUS),)
         finish = "tool-calls"
+    if asked is not None:
+        call_id, name = asked
+        if any(c.id == call_id for c in tool_calls):
+            tool_calls = tuple([ToolCall(c.id, c.name, "approval_requested") if c.id == call_id else c
+                                for c in tool_calls])
+        else:
+            tool_calls += (ToolCall(call_id, name, "approval_requested"),)
+            if not model.finish:
+                finish = "tool-calls"
     # positional: run_id, ts, step, finish_reason, segment, tool_calls, usage
     return StepFinished(
         run_id, end_ns // NS_PER_MS, index, finish, segment, tool_calls,
@@ -551,26 +578,31 @@ def _ended(run_id: str, row: Runtime, run_span: Span, last_model: Span | None, l
     deferred = next((t for t in last_calls if t.approval), None)
     if deferred is None:
         deferred = next((x for x in (run_span, last_model) if x is not None and x.approval), None)
+    asked = _asked(run_span) if last_model is not None else None  # the call the last step then holds (_step)
     if hook is not None and hook.cause:  # the producer's record wins over inference
         if hook.cause == "approval_required":
-            if deferred is None:
+            if deferred is None and asked is None:
                 deferred = next((t for t in reversed(last_calls)), None)
-            if deferred is None:  # no call to tie the approval to: the record cannot be used
+            if deferred is None and asked is None:  # no call to tie the approval to: the record cannot be used
                 return RunEnded(**base, cause="unknown", approval=None, error_name=None)
         else:
             return RunEnded(**base, cause=hook.cause, fired=hook.fired, approval=None,
                             error_name=shorts[0][:200] if shorts else None)
-    if deferred is not None:
-        call_id = deferred.tool_id or deferred.span_id
-        marks = deferred.hook
+    if deferred is not None or asked is not None:
+        # The approval's marks: the deferred tool span's own, else the run span's (the producer hook puts
+        # them there when the approval came to light after the tool span ended)
+        own = deferred.hook if deferred is not None else None
+        marks = own if own is not None and own.approval_id else hook
+        if asked is not None:
+            call_id, tool_name = asked
+        else:
+            call_id, tool_name = deferred.tool_id or deferred.span_id, deferred.tool_name or deferred.name or "unknown"
         if marks is not None and marks.approval_id:
-            approval = Approval(approval_id=marks.approval_id, tool_call_id=call_id,
-                                tool_name=deferred.tool_name or deferred.name or "unknown",
+            approval = Approval(approval_id=marks.approval_id, tool_call_id=call_id, tool_name=tool_name,
                                 owner=marks.owner or None, deadline_ts=marks.deadline_ts,
                                 resume_token=marks.resume_token or None)
         else:
-            approval = Approval(approval_id=call_id, tool_call_id=call_id,
-                                tool_name=deferred.tool_name or deferred.name or "unknown")
+            approval = Approval(approval_id=call_id, tool_call_id=call_id, tool_name=tool_name)
         return RunEnded(**base, cause="approval_required", approval=approval, error_name=None)
     # 2. a bound the runtime enforces by raising
     for exc in excs:

@@ -98,6 +98,8 @@ KNOWN: dict[str, str] = {
     "loopwarden.attempt": HOOK_INT,
     "loopwarden.recovers": HOOK_STR,
     "loopwarden.approval.id": HOOK_STR,
+    "loopwarden.approval.tool_call_id": HOOK_STR,
+    "loopwarden.approval.tool_name": HOOK_STR,
     "loopwarden.approval.owner": HOOK_STR,
     "loopwarden.approval.deadline_ts": HOOK_INT,
     "loopwarden.approval.resume_token": HOOK_STR,
@@ -132,11 +134,15 @@ class Hook(msgspec.Struct, array_like=True, frozen=True, gc=False):
     cause: str = ""  # loopwarden.stop.cause: a run_ended cause
     fired: tuple[str, ...] = ()  # loopwarden.stop.fired
     policy: Policy | None = None  # loopwarden.policy, decoded
-    approval_id: str = ""  # loopwarden.approval.*: the tool span that asked for approval
+    approval_id: str = ""  # loopwarden.approval.*: on the tool span that asked for approval, or on the run span
     owner: str = ""
     deadline_ts: int | None = None
     resume_token: str = ""
     bad: int = 0  # hook attributes refused on this span (wrong type, bad JSON, out of bounds)
+    # loopwarden.approval.tool_call_id / .tool_name: the call awaiting approval, named on the run span when the
+    # approval came to light after its tool span ended (or when it has none)
+    approval_tool_call_id: str = ""
+    approval_tool_name: str = ""
 
 
 _policy_json = msgspec.json.Decoder(Policy)
@@ -183,7 +189,10 @@ def _hook(attrs: dict[str, Any]) -> Hook:
     deadline_ts = get("loopwarden.approval.deadline_ts")
     if deadline_ts is BAD:
         bad, deadline_ts = bad + 1, None
-    return Hook(run_id, cause, tuple(fired), policy, approval_id, owner, deadline_ts, resume_token, bad)
+    tool_call_id = text("loopwarden.approval.tool_call_id", 200)
+    tool_name = text("loopwarden.approval.tool_name", MAX_NAME)
+    return Hook(run_id, cause, tuple(fired), policy, approval_id, owner, deadline_ts, resume_token, bad,
+                tool_call_id, tool_name)
 
 
 class Span(msgspec.Struct, array_like=True, frozen=True, gc=False):
@@ -356,6 +365,7 @@ def _build(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int
         _approval(runtime, attrs, excs) if ((role == ROLE_TOOL and (runtime.approval_attrs or "loopwarden.approval.id" in attrs))
                                             or excs) else False,
         tuple(e[:MAX_NAME] for e in excs[:8]) if excs else (),
+        "",  # lost: a sound span
         role == ROLE_MODEL and not (finish or error or input_tokens is not None or output_tokens is not None
                                     or total_tokens is not None or "gen_ai.response.model" in attrs
                                     or "gen_ai.response.id" in attrs),
