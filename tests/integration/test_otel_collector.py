@@ -103,12 +103,12 @@ def _through(kafka, collector, runtime: str) -> list:
 AI_SDK_HARNESS = REPO / "tests" / "otel" / "ai-sdk"
 
 
-@pytest.mark.parametrize("legacy", [False, True], ids=["ai-sdk-7-otel", "ai-sdk-legacy-spans"])
-def test_ai_sdk_through_the_collector(kafka, collector, legacy):
-    """AI SDK 7 ToolLoopAgents on its mock model, traced by @ai-sdk/otel (or its legacy ai.* spans), via the Collector."""
+@pytest.mark.parametrize("mode", [[], ["--legacy"], ["--hook"]], ids=["ai-sdk-7-otel", "ai-sdk-legacy-spans", "ai-sdk-hook"])
+def test_ai_sdk_through_the_collector(kafka, collector, mode):
+    """AI SDK 7 ToolLoopAgents on its mock model via the Collector: @ai-sdk/otel, legacy ai.* spans, hook attributes."""
     node = _node()
     assert (AI_SDK_HARNESS / "node_modules" / "@ai-sdk" / "otel").is_dir(), "run `make node` (npm ci in tests/otel/ai-sdk)"
-    cmd = [node, str(AI_SDK_HARNESS / "run.mjs"), "--endpoint", collector.endpoint] + (["--legacy"] if legacy else [])
+    cmd = [node, str(AI_SDK_HARNESS / "run.mjs"), "--endpoint", collector.endpoint] + mode
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=AI_SDK_HARNESS)
     assert done.returncode == 0, done.stderr[-3000:]
     expected = [Expected(**json.loads(line)) for line in done.stdout.splitlines() if line.strip()]
