@@ -356,6 +356,7 @@ def _build(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int
         _approval(runtime, attrs, excs) if ((role == ROLE_TOOL and (runtime.approval_attrs or "loopwarden.approval.id" in attrs))
                                             or excs) else False,
         tuple(e[:MAX_NAME] for e in excs[:8]) if excs else (),
+        "",  # lost: a sound span (a refused one is replaced by its placeholder)
         role == ROLE_MODEL and not (finish or error or input_tokens is not None or output_tokens is not None
                                     or total_tokens is not None or "gen_ai.response.model" in attrs
                                     or "gen_ai.response.id" in attrs),
