@@ -31,13 +31,18 @@ def collector(kafka, tmp_path, request):
     c.stop()
 
 
-def _provider(endpoint: str):
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+def _provider(collector: Collector, transport: str):
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+    if transport == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        exporter = OTLPSpanExporter(endpoint=collector.grpc_endpoint)
+    else:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        exporter = OTLPSpanExporter(endpoint=collector.endpoint)
     provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint), schedule_delay_millis=200))
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=200))
     return provider
 
 
@@ -61,6 +66,11 @@ def _check(records, expected, secret: str) -> Counter:
 def test_runtime_through_the_collector(kafka, collector, runtime):
     """A runtime's runs exported over OTLP/HTTP to the real Collector reach Kafka and their expected states."""
     _through(kafka, collector, runtime)
+
+
+def test_runtime_over_grpc_through_the_collector(kafka, collector):
+    """Pydantic AI's runs exported over OTLP/gRPC to the real Collector reach the same states as over HTTP."""
+    _through(kafka, collector, "pydantic_ai_runs", transport="grpc")
 
 
 @pytest.mark.parametrize("collector", ["otlp_json"], indirect=True)
@@ -89,9 +99,9 @@ def test_bridge_events_through_the_worker(kafka, collector, tmp_path):
         worker.stop()
 
 
-def _through(kafka, collector, runtime: str) -> list:
+def _through(kafka, collector, runtime: str, transport: str = "http") -> list:
     scenarios = importlib.import_module(f"tests.otel.{runtime}")
-    provider = _provider(collector.endpoint)
+    provider = _provider(collector, transport)
     expected = scenarios.run(provider)
     provider.force_flush()
     provider.shutdown()

@@ -29,9 +29,9 @@ class Collector:
         assert OTELCOL.is_file(), f"{OTELCOL} missing: run `make otelcol`"
         config = yaml.safe_load(DEPLOYED.read_text())
         self.http_port = free_port()
-        grpc_port = free_port(exclude=(self.http_port,))
+        self.grpc_port = free_port(exclude=(self.http_port,))
         config["receivers"]["otlp"]["protocols"]["http"]["endpoint"] = f"127.0.0.1:{self.http_port}"
-        config["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"] = f"127.0.0.1:{grpc_port}"
+        config["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"] = f"127.0.0.1:{self.grpc_port}"
         kafka = config["exporters"]["kafka"]
         kafka["brokers"] = [bootstrap]
         kafka["traces"] = {"topic": topic, "encoding": encoding}
@@ -44,18 +44,27 @@ class Collector:
 
     @property
     def endpoint(self) -> str:
+        """The OTLP/HTTP traces URL (the 4318 analogue)."""
         return f"http://127.0.0.1:{self.http_port}/v1/traces"
+
+    @property
+    def grpc_endpoint(self) -> str:
+        """The OTLP/gRPC receiver (the 4317 analogue); `http://` tells the gRPC exporter to use no TLS."""
+        return f"http://127.0.0.1:{self.grpc_port}"
 
     def start(self, timeout_s: float = 60) -> "Collector":
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen([str(OTELCOL), "--config", str(self.config_path)], stdout=self._log,
                                      stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
+        waiting = [self.http_port, self.grpc_port]
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"otelcol exited:\n{self.log_path.read_text()[-3000:]}"
             try:
-                socket.create_connection(("127.0.0.1", self.http_port), timeout=0.5).close()
-                return self
+                socket.create_connection(("127.0.0.1", waiting[0]), timeout=0.5).close()
+                waiting.pop(0)
+                if not waiting:
+                    return self
             except OSError:
                 time.sleep(0.2)
         raise TimeoutError(f"otelcol not listening in {timeout_s}s:\n{self.log_path.read_text()[-3000:]}")
