@@ -347,7 +347,8 @@ def _build(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int
         total_tokens = _first(attrs, _TOTAL_KEYS)
     return Span(
         trace_id, span_id, parent_id, role, runtime_index, start_ns, end_ns, error,
-        name[:MAX_NAME] if role == ROLE_RUN else "",
+        name[:MAX_NAME] if role == ROLE_RUN or (role == ROLE_OTHER and runtime.wrapper_parent_is_run
+                                                and get("openinference.span.kind") in runtime.run_kinds) else "",
         agent[:MAX_NAME],
         scope[:MAX_NAME] if role != ROLE_OTHER else "",
         finish[:MAX_NAME],
@@ -356,6 +357,7 @@ def _build(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int
         _approval(runtime, attrs, excs) if ((role == ROLE_TOOL and (runtime.approval_attrs or "loopwarden.approval.id" in attrs))
                                             or excs) else False,
         tuple(e[:MAX_NAME] for e in excs[:8]) if excs else (),
+        "",  # lost: a sound span
         role == ROLE_MODEL and not (finish or error or input_tokens is not None or output_tokens is not None
                                     or total_tokens is not None or "gen_ai.response.model" in attrs
                                     or "gen_ai.response.id" in attrs),
