@@ -73,6 +73,11 @@ class Runtime:
     # listed here must be a direct child of its run (AI SDK 7's `step N`, an OpenAI Agents turn, a
     # LangGraph node).
     parent_is_run: tuple[int, ...] = (ROLE_MODEL,)
+    # A wrapper's parent span is always a run, even one no attribute marks: LangGraph runs each node under
+    # its graph's span, and a sub-graph invoked inside a node has a span whose metadata is its calling
+    # node's (nothing of its own tells it from any chain the node calls), so its nodes' spans say it is a
+    # graph: a run of its own, as a sub-agent is.
+    wrapper_parent_is_run: bool = False
 
     def bound_name(self, exc_type: str) -> str | None:
         short = exc_type.rsplit(".", 1)[-1]
@@ -120,7 +125,7 @@ RUNTIMES: tuple[Runtime, ...] = (
             tool_kinds=("TOOL",), approval_exceptions=("GraphInterrupt", "NodeInterrupt"),
             bounds=(("GraphRecursionError", "recursion_limit"),), parent_is_run=(ROLE_WRAPPER,),
             run_metadata=(("ls_integration", "langgraph"),), run_metadata_absent="langgraph_node",
-            node_metadata="langgraph_node", thread_metadata="thread_id"),
+            node_metadata="langgraph_node", thread_metadata="thread_id", wrapper_parent_is_run=True),
     # (rows are appended: a span's row is kept by its index in the bridge's state)
     # Google ADK (tracer gcp.vertex.agent): invoke_workflow > invoke_agent > generate_content, execute_tool.
     # max_llm_calls raises LlmCallsLimitExceededError before the next model call; a transfer to another agent
