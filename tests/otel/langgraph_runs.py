@@ -107,7 +107,7 @@ def _subgraph_graph(name: str, sub):
     graph.add_node("model", call_model)
     graph.add_edge(START, "delegate")
     graph.add_edge("delegate", "model")
-    return graph.compile(name=name)
+    return graph.compile(name=name, checkpointer=InMemorySaver())
 
 
 def _invoke(agent, config=None) -> str | None:
@@ -176,9 +176,10 @@ def run(tracer_provider) -> list[Expected]:
 
 def _subgraph_runs() -> list[Expected]:
     # a sub-graph invoked inside a node is a run of its own (its model calls and tool its steps), as a
-    # sub-agent is; the parent's steps are its own model call only
+    # sub-agent is; the parent's steps are its own model call only. The parent runs on a thread, which its
+    # sub-graph's spans inherit: the thread's run is the parent.
     sub = _agent("lg-subgraph-inner", [_calls("lookup"), _answer()], [lookup])
-    raised = _invoke(_subgraph_graph("lg-subgraph", sub))
+    raised = _invoke(_subgraph_graph("lg-subgraph", sub), {"configurable": {"thread_id": "t-subgraph"}})
     return [Expected("lg-subgraph-inner", "VERIFYING", "natural_finish", raised),
             Expected("lg-subgraph", "VERIFYING", "natural_finish", raised)]
 

@@ -60,10 +60,10 @@ def test_a_hung_run_starts_at_its_first_spans_and_goes_stuck(runtime):
 
 
 
-def _subgraph_runs(parents_first: bool) -> tuple[dict, dict, dict, dict]:
+def _subgraph_runs(parents_first: bool) -> tuple[dict, dict, dict, dict, dict]:
     """The LangGraph sub-graph scenario through the bridge, one message per span, in end or start order:
-    each run's steps (finish reason, tool names), (cause, step count), final (state, reason), and the
-    expected final states."""
+    each run's steps (finish reason, tool names), (cause, step count), final (state, reason), the expected
+    final states, and each run's id."""
     from tests.otel import langgraph_runs
 
     exporter = InMemorySpanExporter()
@@ -86,15 +86,19 @@ def _subgraph_runs(parents_first: bool) -> tuple[dict, dict, dict, dict]:
             steps.setdefault(agents[e.run_id], []).append((e.finish_reason, [c.name for c in e.tool_calls]))
     ended = {agents[e.run_id]: (e.cause, e.step_count) for e in events if isinstance(e, RunEnded)}
     final = {agents[run]: (t.to_state, t.reason) for run, t in replay(events).final.items()}
-    return steps, ended, final, {e.agent: (e.state, e.reason) for e in expected}
+    ids = {agent: run for run, agent in agents.items()}
+    return steps, ended, final, {e.agent: (e.state, e.reason) for e in expected}, ids
 
 
 @pytest.mark.parametrize("parents_first", [False, True], ids=["as-they-end", "graph-spans-first"])
 def test_a_langgraph_subgraph_invoked_in_a_node_is_a_run_of_its_own(parents_first):
     """A sub-graph a node invokes is its own run, its model calls and tool its steps, apart from its parent's."""
-    steps, ended, final, expected = _subgraph_runs(parents_first)
+    steps, ended, final, expected, ids = _subgraph_runs(parents_first)
     assert steps == {"lg-subgraph-inner": [("tool-calls", ["lookup"]), ("stop", [])],
                      "lg-subgraph": [("stop", [])]}
     assert ended == {"lg-subgraph-inner": ("natural_finish", 2), "lg-subgraph": ("natural_finish", 1)}
     assert final == expected == {"lg-subgraph-inner": ("VERIFYING", "natural_finish"),
                                  "lg-subgraph": ("VERIFYING", "natural_finish")}
+    # the thread the sub-graph's spans inherit names the parent's run; the sub-graph keeps its own id
+    assert ids["lg-subgraph"] == "langgraph-thread:t-subgraph"
+    assert ids["lg-subgraph-inner"].startswith("otel-")
