@@ -91,6 +91,25 @@ def _loop_graph(name: str, messages, tools):
     return graph.compile(name=name)
 
 
+def _subgraph_graph(name: str, sub):
+    """A parent graph whose node invokes a compiled sub-graph, then asks its own model."""
+    model = FakeToolModel(messages=iter([_answer()]))
+
+    def delegate(state: MessagesState):
+        out = sub.invoke({"messages": [("user", f"part of the task {SECRET}")]})
+        return {"messages": [out["messages"][-1]]}
+
+    def call_model(state: MessagesState):
+        return {"messages": [model.invoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("delegate", delegate)
+    graph.add_node("model", call_model)
+    graph.add_edge(START, "delegate")
+    graph.add_edge("delegate", "model")
+    return graph.compile(name=name, checkpointer=InMemorySaver())
+
+
 def _invoke(agent, config=None) -> str | None:
     try:
         agent.invoke({"messages": [("user", f"task {SECRET}")]}, config=config)
@@ -149,7 +168,30 @@ def run(tracer_provider) -> list[Expected]:
         a = _agent("lg-step-timeout", [_calls("slow"), _answer()], [slow])
         a.step_timeout = 0.3
         done.append(Expected("lg-step-timeout", "STUCK", "timeout", _invoke(a)))
+        done += _subgraph_runs()
         return done
+    finally:
+        instrumentor.uninstrument()
+
+
+def _subgraph_runs() -> list[Expected]:
+    # a sub-graph invoked inside a node is a run of its own (its model calls and tool its steps), as a
+    # sub-agent is; the parent's steps are its own model call only. The parent runs on a thread, which its
+    # sub-graph's spans inherit: the thread's run is the parent.
+    sub = _agent("lg-subgraph-inner", [_calls("lookup"), _answer()], [lookup])
+    raised = _invoke(_subgraph_graph("lg-subgraph", sub), {"configurable": {"thread_id": "t-subgraph"}})
+    return [Expected("lg-subgraph-inner", "VERIFYING", "natural_finish", raised),
+            Expected("lg-subgraph", "VERIFYING", "natural_finish", raised)]
+
+
+def subgraph(tracer_provider) -> list[Expected]:
+    """Only the sub-graph scenario: a parent graph whose node invokes a sub-graph (two runs)."""
+    from openinference.instrumentation.langchain import LangChainInstrumentor
+
+    instrumentor = LangChainInstrumentor()
+    instrumentor.instrument(tracer_provider=tracer_provider)
+    try:
+        return _subgraph_runs()
     finally:
         instrumentor.uninstrument()
 

@@ -32,7 +32,9 @@ def test_kept_attribute_keys_are_the_decoders_mapped_keys():
     # a JSON-text attribute survives only as the keys the mapping reads of it, re-serialised
     assert json_keys == {"metadata"}
     (meta,) = _statement('keep_keys(span.cache["metadata"]')
-    read = {key for row in RUNTIMES for key, _v in row.run_metadata} | {row.run_metadata_absent for row in RUNTIMES}
+    read = {key for row in RUNTIMES for key, _v in row.run_metadata} | {
+        key for row in RUNTIMES
+        for key in (row.run_metadata_absent, row.node_metadata, row.thread_metadata, row.nested_metadata)}
     assert set(_quoted(meta.split(",", 1)[1].split("]")[0])) == read - {""}
     assert _statement('set(span.attributes["metadata"], String(span.cache["metadata"]))')
 

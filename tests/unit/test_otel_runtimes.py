@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from loopwarden.codecs import RunStarted
+from loopwarden.codecs import RunEnded, RunStarted, StepFinished
 from loopwarden.stages.otel import Limits
 from tests.otel.bridge import Bridge, replay
 from tests.otel.pydantic_ai_runs import SECRET
@@ -57,3 +57,48 @@ def test_a_hung_run_starts_at_its_first_spans_and_goes_stuck(runtime):
     assert started.agent == expected.agent
     assert [(t.to_state, t.reason) for t in replay(events, advance_s=400).final.values()] == [
         (expected.state, expected.reason)]
+
+
+
+def _subgraph_runs(parents_first: bool) -> tuple[dict, dict, dict, dict, dict]:
+    """The LangGraph sub-graph scenario through the bridge, one message per span, in end or start order:
+    each run's steps (finish reason, tool names), (cause, step count), final (state, reason), the expected
+    final states, and each run's id."""
+    from tests.otel import langgraph_runs
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    expected = langgraph_runs.subgraph(provider)
+    spans = list(exporter.get_finished_spans())
+    if parents_first:
+        spans.sort(key=lambda s: s.start_time)
+    b = Bridge()
+    b.task = b.new_task(limits=Limits(end_grace_s=2))
+    b.fold([encode_spans([s]).SerializeToString() for s in spans])
+    b.now_ms += 2000
+    b.fold([], punctuate=True)
+    events = b.events()
+    agents = {e.run_id: e.agent for e in events if isinstance(e, RunStarted)}
+    steps: dict[str, list] = {}
+    for e in events:
+        if isinstance(e, StepFinished):
+            steps.setdefault(agents[e.run_id], []).append((e.finish_reason, [c.name for c in e.tool_calls]))
+    ended = {agents[e.run_id]: (e.cause, e.step_count) for e in events if isinstance(e, RunEnded)}
+    final = {agents[run]: (t.to_state, t.reason) for run, t in replay(events).final.items()}
+    ids = {agent: run for run, agent in agents.items()}
+    return steps, ended, final, {e.agent: (e.state, e.reason) for e in expected}, ids
+
+
+@pytest.mark.parametrize("parents_first", [False, True], ids=["as-they-end", "graph-spans-first"])
+def test_a_langgraph_subgraph_invoked_in_a_node_is_a_run_of_its_own(parents_first):
+    """A sub-graph a node invokes is its own run, its model calls and tool its steps, apart from its parent's."""
+    steps, ended, final, expected, ids = _subgraph_runs(parents_first)
+    assert steps == {"lg-subgraph-inner": [("tool-calls", ["lookup"]), ("stop", [])],
+                     "lg-subgraph": [("stop", [])]}
+    assert ended == {"lg-subgraph-inner": ("natural_finish", 2), "lg-subgraph": ("natural_finish", 1)}
+    assert final == expected == {"lg-subgraph-inner": ("VERIFYING", "natural_finish"),
+                                 "lg-subgraph": ("VERIFYING", "natural_finish")}
+    # the thread the sub-graph's spans inherit names the parent's run; the sub-graph keeps its own id
+    assert ids["lg-subgraph"] == "langgraph-thread:t-subgraph"
+    assert ids["lg-subgraph-inner"].startswith("otel-")

@@ -33,7 +33,7 @@ from loopwarden.codecs.events import (
     ToolCall,
     Usage,
 )
-from loopwarden.stages.otel.mapping import ROLE_MODEL, ROLE_RUN, ROLE_TOOL, RUNTIMES, Runtime
+from loopwarden.stages.otel.mapping import ROLE_MODEL, ROLE_OTHER, ROLE_RUN, ROLE_TOOL, ROLE_WRAPPER, RUNTIMES, Runtime
 from loopwarden.stages.otel.spans import Span
 
 FINISH = {
@@ -174,7 +174,11 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
             if woken:
                 queue += [known[w] for w in woken if w in known]
         role = span.role
-        if role != ROLE_RUN and span.span_id in runs:
+        if role == ROLE_OTHER and span.span_id in runs and RUNTIMES[span.runtime].wrapper_parent_is_run:
+            # the graph span a node's span took for its run, though nothing of its own marks it: a sub-graph
+            span = known[span.span_id] = msgspec.structs.replace(span, role=ROLE_RUN)
+            role = ROLE_RUN
+        elif role != ROLE_RUN and span.span_id in runs:
             # A missing parent taken for a run (see Runtime.parent_is_run) arrived and is none: a wrapper of a
             # runtime read by another row (an AI SDK 7 tracer of another name). Its spans are placed again,
             # through it, unless the guessed run was already published.
@@ -199,6 +203,8 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
                         waiting.setdefault(missing, []).append(span.span_id)
                     continue
         else:
+            if role == ROLE_WRAPPER and RUNTIMES[span.runtime].wrapper_parent_is_run:
+                _graph_is_run(known, runs, touched, span)
             continue  # wrappers and other spans only link children to their run
         progress = runs.get(run)
         if progress is None:
@@ -273,6 +279,17 @@ def next_close(state: TraceState) -> int | None:
     """When the next run of the trace is due to start or close (None: none waiting)."""
     return min([p.close_ms for p in state.runs.values() if p.close_ms and not p.ended]
                + [p.open_ms for p in state.runs.values() if p.open_ms and not p.started], default=None)
+
+
+def _graph_is_run(known: dict[str, Span], runs: dict[str, RunProgress], touched: dict[str, None],
+                  wrapper: Span) -> None:
+    """A node's span whose graph span arrived first, unmarked (a sub-graph's): the graph span is a run."""
+    above = known.get(wrapper.parent_id) if wrapper.parent_id else None
+    if above is not None and above.role == ROLE_OTHER and above.runtime == wrapper.runtime:
+        known[above.span_id] = msgspec.structs.replace(above, role=ROLE_RUN)
+        if above.span_id not in runs:
+            runs[above.span_id] = RunProgress(open=[])
+        touched[above.span_id] = None
 
 
 def _owner(known: dict[str, Span], span: Span) -> tuple[str | None, str]:

@@ -64,6 +64,9 @@ class Runtime:
     # LangChain ``metadata`` key of the conversation thread: every run on one thread is one run (a resumed
     # interrupt, the conversation's next turn), each trace of it a segment, as with loopwarden.run.id
     thread_metadata: str = ""
+    # LangChain ``metadata`` key of a span's checkpoint namespace, one ``|``-separated part per graph level:
+    # a span with more than one part runs inside a sub-graph, whose thread is its parent graph's, not its run's
+    nested_metadata: str = ""
     # tool names (or the tool-role operation of a span without one) that hand the conversation to another
     # agent: a run whose last step did that ends stop_condition custom:handoff (a completion)
     handoff_tools: tuple[str, ...] = ()
@@ -73,6 +76,11 @@ class Runtime:
     # listed here must be a direct child of its run (AI SDK 7's `step N`, an OpenAI Agents turn, a
     # LangGraph node).
     parent_is_run: tuple[int, ...] = (ROLE_MODEL,)
+    # A wrapper's parent span is always a run, even one no attribute marks: LangGraph runs each node under
+    # its graph's span, and a sub-graph invoked inside a node has a span whose metadata is its calling
+    # node's (nothing of its own tells it from any chain the node calls), so its nodes' spans say it is a
+    # graph: a run of its own, as a sub-agent is.
+    wrapper_parent_is_run: bool = False
 
     def bound_name(self, exc_type: str) -> str | None:
         short = exc_type.rsplit(".", 1)[-1]
@@ -120,7 +128,8 @@ RUNTIMES: tuple[Runtime, ...] = (
             tool_kinds=("TOOL",), approval_exceptions=("GraphInterrupt", "NodeInterrupt"),
             bounds=(("GraphRecursionError", "recursion_limit"),), parent_is_run=(ROLE_WRAPPER,),
             run_metadata=(("ls_integration", "langgraph"),), run_metadata_absent="langgraph_node",
-            node_metadata="langgraph_node", thread_metadata="thread_id"),
+            node_metadata="langgraph_node", thread_metadata="thread_id", wrapper_parent_is_run=True,
+            nested_metadata="langgraph_checkpoint_ns"),
     # (rows are appended: a span's row is kept by its index in the bridge's state)
     # Google ADK (tracer gcp.vertex.agent): invoke_workflow > invoke_agent > generate_content, execute_tool.
     # max_llm_calls raises LlmCallsLimitExceededError before the next model call; a transfer to another agent
@@ -209,9 +218,13 @@ def thread_run_id(row: Runtime, text: str | None) -> str:
     if not text or not row.thread_metadata or f'"{row.thread_metadata}"' not in text:
         return ""
     try:
-        thread = _metadata.decode(text).get(row.thread_metadata)
+        meta = _metadata.decode(text)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return ""
+    namespace = meta.get(row.nested_metadata) if row.nested_metadata else None
+    if isinstance(namespace, str) and "|" in namespace:
+        return ""  # a sub-graph's span: the thread is its parent graph's run, not this one
+    thread = meta.get(row.thread_metadata)
     if isinstance(thread, bool) or not isinstance(thread, (str, int)) or thread == "":
         return ""
     run_id = f"{THREAD_RUN_PREFIX}{thread}"

@@ -356,7 +356,8 @@ def _build(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int
         total_tokens = _first(attrs, _TOTAL_KEYS)
     return Span(
         trace_id, span_id, parent_id, role, runtime_index, start_ns, end_ns, error,
-        name[:MAX_NAME] if role == ROLE_RUN else "",
+        name[:MAX_NAME] if role == ROLE_RUN or (role == ROLE_OTHER and runtime.wrapper_parent_is_run
+                                                and get("openinference.span.kind") in runtime.run_kinds) else "",
         agent[:MAX_NAME],
         scope[:MAX_NAME] if role != ROLE_OTHER else "",
         finish[:MAX_NAME],
