@@ -75,7 +75,7 @@ async def _topics(config: Config, args: argparse.Namespace) -> int:
     kept = {t: n for t, n in outputs_held.items() if n and not args.recreate_outputs}
     if kept:
         raise SystemExit("loopwarden topics repair: " + "; ".join(
-            f"output {t} has {layout.counts[t]} partitions, expected {config.partitions}, and holds records ({n} offsets)"
+            f"output {t} has {plural(layout.counts[t], 'partition')}, expected {config.partitions}, and holds records ({n} offsets)"
             for t, n in kept.items())
             + f". A worker started while it had {config.partitions} stays blocked on it. Either keep it as it is: "
             "restart the workers (each keeps the count an output has when it starts); or recreate it with "

@@ -195,7 +195,7 @@ def test_a_worker_stopped_while_its_output_topic_has_the_wrong_count_exits_clean
             await sending
 
         run(delete_while_sending())
-        wait_for(lambda: f"{topic} has 1 partitions".encode() in worker.get("/readyz")[1], why=_said(worker))
+        wait_for(lambda: f"{topic} has 1 partition".encode() in worker.get("/readyz")[1], why=_said(worker))
         time.sleep(2)
         stopping = time.monotonic()
         worker.stop(timeout_s=30)
@@ -228,10 +228,10 @@ def test_topics_repair_recreates_an_empty_wrong_count_output_and_refuses_one_hol
                 await producer.send_and_wait(config.health_topic, b"a transition on the auto-created topic", key=b"x")
 
         run(auto_create_both())
-        wait_for(lambda: f"{config.health_topic} has 1 partitions".encode() in worker.get("/readyz")[1], why=_said(worker))
+        wait_for(lambda: f"{config.health_topic} has 1 partition".encode() in worker.get("/readyz")[1], why=_said(worker))
         res = lw(config, "topics", "repair", "--yes")
         assert res.returncode == 1, res.stdout
-        assert (f"output {config.health_topic} has 1 partitions, expected 4, and holds records (1 offsets). A worker "
+        assert (f"output {config.health_topic} has 1 partition, expected 4, and holds records (1 offsets). A worker "
                 "started while it had 4 stays blocked on it.") in res.stderr
         assert "loopwarden topics repair --partitions 4 --recreate-outputs --yes" in res.stderr.strip().splitlines()[-1]
         counts = run(_admin(config, lambda a: existing_counts(a, [config.health_topic, config.deadletter_topic])))
@@ -303,9 +303,9 @@ def test_a_worker_joining_while_an_output_is_broken_stays_blocked_with_the_first
             await _auto_create(config, config.health_topic)
 
         run(break_health())
-        wait_for(lambda: f"{config.health_topic} has 1 partitions".encode() in a.get("/readyz")[1], why=_said(a))
+        wait_for(lambda: f"{config.health_topic} has 1 partition".encode() in a.get("/readyz")[1], why=_said(a))
         b.start(ready=False)  # joins the group: a rebalance while A is blocked
-        status, body = wait_for(lambda: (lambda r: r if b"has 1 partitions" in r[1] else None)(b.get("/readyz")), why=_said(b))
+        status, body = wait_for(lambda: (lambda r: r if b"has 1 partition" in r[1] else None)(b.get("/readyz")), why=_said(b))
         assert status == 503 and config.health_topic in json.loads(body)["layout"], body
         run(publish(config, [("steps", e["run_id"].encode(), as_json(e)) for e in second]))
         time.sleep(4)  # both blocked through the rebalance: nothing folded, nothing produced to the 1-partition topic

@@ -80,7 +80,7 @@ def test_topics_check_finds_an_auto_created_otel_topic_and_repair_recreates_it_e
     asyncio.run(_create(config, {config.otel_topic: 1}))
     check = lw(config, "topics", "check")
     assert check.returncode == 1
-    assert f"{config.otel_topic:<32} 1 partitions: WRONG, otel_partitions=4" in check.stdout
+    assert f"{config.otel_topic:<32} 1 partition: WRONG, otel_partitions=4" in check.stdout
     assert "LOOPWARDEN_OTEL_PARTITIONS=1" in check.stderr
     res = lw(config, "topics", "repair", "--yes")
     assert res.returncode == 0, res.stderr
