@@ -3,6 +3,7 @@ latency histogram measures the worker), and `tail` under a broker outage stays r
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dev.localkafka import LocalKafka
+from loopwarden.engine.topics import ensure_topics
 from tests.integration.harness import env_for, make_worker, unique_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -50,6 +52,7 @@ def test_tail_through_a_broker_outage_prints_a_few_lines_not_a_flood(tmp_path: P
     """aiokafka logs each failed reconnect; `tail` lets the same line through once per 10 s."""
     broker = LocalKafka(tmp_path / "kafka", heap="384m").start(timeout_s=120)
     config = unique_config(broker.bootstrap)
+    asyncio.run(ensure_topics(config))  # tail reads the health topic a worker made; it creates none itself
     tail = subprocess.Popen([sys.executable, "-m", "loopwarden.cli", "tail", "--health-topic", config.health_topic],
                             env=env_for(config), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
