@@ -97,11 +97,12 @@ def test_a_wrong_setting_is_one_clear_line(broker, case, change, says) -> None:
 
 
 def test_a_missing_ca_file_is_a_configuration_error_before_any_connection(broker, tmp_path: Path) -> None:
+    """A CA file that does not exist stops the command before it connects, in one line naming the variable it came from."""
     config = secure(unique_config(broker.plain), broker, ssl_cafile=None)
     env = {**env_for(config), "LOOPWARDEN_SSL_CAFILE": str(tmp_path / "nope.pem")}
     res = subprocess.run([sys.executable, "-m", "loopwarden.cli", "tail"], env=env, capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 1
-    assert res.stderr.strip() == (f"loopwarden: ssl_cafile: {str(tmp_path / 'nope.pem')!r} cannot be used as a CA "
+    assert res.stderr.strip() == (f"loopwarden: LOOPWARDEN_SSL_CAFILE: {str(tmp_path / 'nope.pem')!r} cannot be used as a CA "
                                   "bundle ([Errno 2] No such file or directory)")
     assert os.environ.get("LOOPWARDEN_SASL_PASSWORD") is None  # nothing leaks into the test process
