@@ -13,14 +13,15 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol
 
 from loopwarden.engine.loop import Engine
 
 log = logging.getLogger("loopwarden.worker")
 
 EXIT_STOP_TIMEOUT = 3  # the process was told to stop and had to be cut short
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Site(Protocol):
@@ -46,8 +47,9 @@ async def run_engines(engines: list[Engine], shutdown_timeout_s: float, serve: C
         for engine in engines:
             engine.stop()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, on_signal)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held by run_process until handled here
     site = await serve()
     try:
         if before is not None:
@@ -55,6 +57,17 @@ async def run_engines(engines: list[Engine], shutdown_timeout_s: float, serve: C
         await run_together(engines)
     finally:
         await site.cleanup()
+
+
+def run_process(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """``asyncio.run(main())`` with the stop signals held until :func:`run_engines` handles them: a Ctrl-C
+    while the event loop is being built is then the usual clean stop, not an exception inside asyncio's
+    own set-up (which leaves a half-made loop and a traceback at exit)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        asyncio.run(main())
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 async def run_together(engines: list[Engine]) -> None:

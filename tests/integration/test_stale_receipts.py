@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from loopwarden.codecs import OutcomeReceipt, encode
 from loopwarden.trust import SigningKey
 from tests.integration.harness import (
-    make_worker, publish, read_topic, run, tick, transitions, unique_config, wait_consumed,
+    make_worker, publish, read_topic, run, tick, transitions, unique_config, wait_consumed, wait_for,
 )
 
 pytestmark = pytest.mark.timeout(240)
@@ -73,7 +73,9 @@ def test_the_worker_refuses_an_old_signed_receipt_for_a_reused_run_id_before_and
         assert states(out)[n1:] == [("RUNNING", "started"), ("VERIFYING", "natural_finish")]
         last = [t for t in transitions(out) if t["run_id"] == run_id][-1]
         assert last["seq"] == n1 + 2 and last["ts"] == t1 + 2000
-        assert _receipts_counted(worker, "untrusted_stale") == 2
+        # the metrics are recorded after each batch's commit: wait for the second batch's count
+        wait_for(lambda: _receipts_counted(worker, "untrusted_stale") == 2,
+                 why=lambda: f"untrusted_stale counted {_receipts_counted(worker, 'untrusted_stale')}")
         fresh = key.sign(OutcomeReceipt(run_id=run_id, ts=t1 + 5000, receipt_id="exp-1", kind="file",
                                         verifier="destination", verified=True, run_started_ts=t1))
         run(publish(config, [("outcomes", run_id.encode(), encode(fresh))]))

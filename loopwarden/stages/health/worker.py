@@ -6,7 +6,6 @@ Process set-up (logging, log filters, the garbage collector) is the CLI's
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
@@ -16,7 +15,7 @@ from loopwarden.engine.config import Config
 from loopwarden.engine.loop import Engine
 from loopwarden.stages.health.stage import HealthStage
 from loopwarden.engine.metrics import Metrics
-from loopwarden.engine.runner import run_engines
+from loopwarden.engine.runner import run_engines, run_process
 from loopwarden.stages.health.task import PartitionTask
 from loopwarden.engine.topics import ensure_topics
 
@@ -86,6 +85,6 @@ def run_worker(config: Config, on_recovered: Callable[[], None] | None = None, v
         await run_engines([worker, *others], config.shutdown_timeout_s, lambda: serve(worker),
                           before=topics_first if others else None)
 
-    asyncio.run(main())
+    run_process(main)
     return 0
 

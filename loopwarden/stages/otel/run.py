@@ -6,7 +6,6 @@ on the configured web host and port, with the same HTTP limits and token as the 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
@@ -18,7 +17,7 @@ from loopwarden.engine.loop import Engine
 from loopwarden.api.http import bearer_ok, metrics_handler
 from loopwarden.api.httplimits import serve_guarded
 from loopwarden.engine.metrics import Metrics
-from loopwarden.engine.runner import run_engines
+from loopwarden.engine.runner import run_engines, run_process
 
 log = logging.getLogger("loopwarden.bridge")
 
@@ -59,5 +58,5 @@ def run_bridge(config: Config, on_recovered: Callable[[], None] | None = None) -
         await run_engines([engine], config.shutdown_timeout_s,
                           lambda: serve_guarded(app, config.web_host, config.web_port, config), logger=log)
 
-    asyncio.run(main())
+    run_process(main)
     return 0
