@@ -2,7 +2,7 @@
  * Stop conditions that know what they are.
  *
  * The AI SDK's `isStepCount(20)` returns an anonymous closure: nothing in it says "step count 20".
- * loopwarden needs the policy as data (spec.md, Condition), so this module offers factories with
+ * loopwarden needs the policy as data (docs/contract.md, Condition), so this module offers factories with
  * the SDK's names that return *the SDK's own condition* and remember its description in a
  * WeakMap. Plain SDK closures are still recognised (see `describeCondition`), but only the
  * factories are guaranteed across SDK versions; anything opaque must be named with
@@ -68,7 +68,7 @@ interface UsageLike {
   totalTokens?: number | undefined;
 }
 
-/** Tokens of one step as spec.md counts them: total, else input + output, missing = 0. */
+/** Tokens of one step as docs/contract.md counts them: total, else input + output, missing = 0. */
 export function stepTokens(usage: UsageLike | undefined): number {
   if (usage == null) return 0;
   if (typeof usage.totalTokens === 'number') return usage.totalTokens;
@@ -126,7 +126,7 @@ export interface DescribeContext {
 }
 
 /**
- * The spec.md Condition of one stop condition.
+ * The docs/contract.md Condition of one stop condition.
  *
  * Recognised: conditions made by this package's factories, and the installed SDK's
  * `isStepCount`/`stepCountIs`, `isLoopFinished` and `hasToolCall` closures (the last only for

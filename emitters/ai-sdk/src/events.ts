@@ -1,5 +1,5 @@
 /**
- * Wire types of loopwarden (spec.md sections 3 and 6), their canonical JSON encoding and a
+ * Wire types of loopwarden (docs/contract.md sections 3 and 6), their canonical JSON encoding and a
  * validating decoder.
  *
  * Field names are the wire names (snake_case) so that a value of these types *is* the event.
@@ -197,7 +197,7 @@ export interface RunEnded {
   approval: Approval | null;
   error_name: string | null;
   /**
-   * Beyond spec.md: the call ran with `experimental_steering` and a steering message was waiting
+   * Beyond docs/contract.md: the call ran with `experimental_steering` and a steering message was waiting
    * when its last step ended, so the SDK evaluated stopWhen after that step although it had no
    * tool calls (ai >= 7.0.154). Omitted (false) otherwise.
    */
@@ -222,7 +222,7 @@ export interface ApprovalResolved {
   approved: boolean;
 }
 
-/** spec.md section 11: the policy of a segment that does not run under the run's. */
+/** docs/contract.md section 11: the policy of a segment that does not run under the run's. */
 export interface SegmentStarted {
   type: 'segment_started';
   run_id: string;
@@ -232,7 +232,7 @@ export interface SegmentStarted {
   policy: Policy | null;
 }
 
-/** spec.md section 11: a model call or tool is still going (activity, nothing else). */
+/** docs/contract.md section 11: a model call or tool is still going (activity, nothing else). */
 export interface RunActive {
   type: 'run_active';
   run_id: string;
@@ -242,7 +242,7 @@ export interface RunActive {
   tool_call_id?: string | null;
 }
 
-/** spec.md section 11: the producer lost `count` events of this run. */
+/** docs/contract.md section 11: the producer lost `count` events of this run. */
 export interface EventsDropped {
   type: 'events_dropped';
   run_id: string;

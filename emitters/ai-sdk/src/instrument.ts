@@ -223,7 +223,7 @@ export class Loopwarden {
     if (!this.topics.steps || !this.topics.outcomes) throw new LoopwardenConfigError('topic names must not be empty');
     this.publisher = new Publisher(options.sink, {
       ...options,
-      // spec.md section 11: a run that lost events is told so (events_dropped), on the steps topic
+      // docs/contract.md section 11: a run that lost events is told so (events_dropped), on the steps topic
       lossReport: (key, count) => ({
         topic: this.topics.steps,
         key,
@@ -456,7 +456,7 @@ class RunState {
     this.nextSegment += 1;
     this.lw.rememberSegment(this.runId, this.nextSegment, this.runPolicy);
     if (this.runPolicy === null || !samePolicy(policy, this.runPolicy)) {
-      // spec.md section 11: e.g. a generateText resume without stopWhen runs under one step
+      // docs/contract.md section 11: e.g. a generateText resume without stopWhen runs under one step
       this.lw.emit({ type: 'segment_started', run_id: this.runId, ts: this.lw.clock(), segment, policy });
     }
     return new SegmentTracker(this, segment, described, policy);
@@ -510,7 +510,7 @@ class SegmentTracker {
     policy: Policy,
   ) {
     this.startedTs = this.lastSignTs = run.lw.clock();
-    // spec.md section 11: a model call or tool longer than a third of the inactivity timeout is
+    // docs/contract.md section 11: a model call or tool longer than a third of the inactivity timeout is
     // told as run_active, so loopwarden does not call it STUCK; checked twice per third.
     const thirdMs = ((policy.inactivity_timeout_s ?? 300) * 1000) / 3;
     const maxMs = (run.lw.options.runActiveMaxS ?? 3600) * 1000;

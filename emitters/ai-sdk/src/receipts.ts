@@ -1,5 +1,5 @@
 /**
- * Signed receipts and declared outcomes (spec.md section 10).
+ * Signed receipts and declared outcomes (docs/contract.md section 10).
  *
  * - `receiptSigningBytes`: the canonical bytes a receipt's signature covers — RFC 8785 (JCS) of
  *   the receipt without `signature`, byte-identical to `loopwarden.codecs.canonical` in Python.

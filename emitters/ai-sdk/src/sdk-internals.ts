@@ -74,8 +74,8 @@ export interface EvaluatedStep {
  * reason is not `interrupted`, and either the step has client tool calls and every one of them
  * has a result, an error (cancelled included) or a denial, or a provider-executed call awaits its
  * deferred result, or (experimental steering, ai >= 7.0.154) it has none, a
- * steering message was waiting and it did not finish with `error`. Unlike spec.md's rule, any
- * other finish reason qualifies (measured by test/oracle/sdk-oracle.mjs).
+ * steering message was waiting and it did not finish with `error`. Any other finish reason than
+ * `interrupted` qualifies, not only `stop`/`tool-calls` (measured by test/oracle/sdk-oracle.mjs).
  */
 export function sdkEvaluatesAfter(step: EvaluatedStep | undefined, steered = false): boolean {
   if (step === undefined || step.finish_reason === 'interrupted') return false;

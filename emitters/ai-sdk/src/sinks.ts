@@ -158,7 +158,7 @@ const LEVELS: Record<number, 'error' | 'warn' | 'info' | 'debug'> = { 1: 'error'
  *
  * Uses kafkajs' Java-compatible murmur2 partitioner (`Partitioners.DefaultPartitioner`), the same
  * as the Java client and aiokafka, so a run lands in the same partition number on `agent.steps`
- * and `agent.outcomes` (spec.md: co-partitioned by run_id). kafkajs' own retries are kept short:
+ * and `agent.outcomes` (docs/contract.md: co-partitioned by run_id). kafkajs' own retries are kept short:
  * the publisher retries a failed batch with backoff and counts drops.
  *
  * `close(ms)` returns within `ms` whatever the broker does: it asks kafkajs to disconnect and
