@@ -106,7 +106,7 @@ def variants(pkg: str, values: list, records: dict[int, list]) -> dict:
                     task.store.write(out.changes, None)
                     summary = task.committed(out)
                     if metrics:
-                        stage.committed(None, out, summary)
+                        stage.committed(p, task, out, summary)
         return go
 
     return {"decode": decode, "feed": feed, "replay": replay, "fold2500": fold(2500),
