@@ -150,16 +150,19 @@ prefixes = ["{out}"]
                 events.append({"type": "outcome_receipt", "run_id": run_id, "ts": ts + 3, "receipt_id": exp_id,
                                "kind": "file", "verifier": "destination", "verified": True, "evidence": {"size": 1}})
                 forged += 1
-        # a person's decision, signed with a trusted key, may travel the outcomes topic (the agent's producer)
-        human_run = "acl-human"
+        # A person's decision, signed with a trusted key, may travel the outcomes topic (the agent's producer).
+        # Stamped after every other run's events, so the worker's stream-time alignment orders its receipt
+        # after its run_ended whatever the fetches: replay below applies the lines in ts order. (A receipt
+        # stamped behind the steps' stream time is applied as it arrives, and may overtake its run_ended.)
+        human_run, human_ts = "acl-human", now + 100
         expected[human_run] = "VERIFIED_COMPLETE"
         events += [
-            {"type": "run_started", "run_id": human_run, "ts": now, "agent": "acl",
+            {"type": "run_started", "run_id": human_run, "ts": human_ts, "agent": "acl",
              "policy": {"version": "v1", "receipt_window_s": 60, "required_outcomes": ["other"]}},
-            {"type": "step_finished", "run_id": human_run, "ts": now + 1, "step": 0, "finish_reason": "stop"},
-            {"type": "run_ended", "run_id": human_run, "ts": now + 1, "cause": "natural_finish", "step_count": 1,
-             "approval": None, "error_name": None},
-            json.loads(encode(human.sign(OutcomeReceipt(run_id=human_run, ts=now + 2, receipt_id="human:other",
+            {"type": "step_finished", "run_id": human_run, "ts": human_ts + 1, "step": 0, "finish_reason": "stop"},
+            {"type": "run_ended", "run_id": human_run, "ts": human_ts + 1, "cause": "natural_finish",
+             "step_count": 1, "approval": None, "error_name": None},
+            json.loads(encode(human.sign(OutcomeReceipt(run_id=human_run, ts=human_ts + 2, receipt_id="human:other",
                                                         kind="other", verifier="human", verified=True)))),
         ]
 
