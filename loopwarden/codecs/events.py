@@ -342,3 +342,55 @@ class HealthTransition(Struct, frozen=True, gc=False, tag_field="type", tag="hea
     to_state: State
     reason: str
     evidence: Evidence
+
+
+# -- bounded recovery (docs/recovery.md) ---------------------------------------
+RecoveryActionName = Literal["resume", "restart", "reverify", "escalate"]
+RECOVERY_ACTIONS: tuple[str, ...] = RecoveryActionName.__args__  # type: ignore[attr-defined]
+# Which states each action can answer: resume continues a run that stalled; restart begins a new attempt of
+# a run that stopped without the work done; reverify asks the verifiers again; escalate fits any state.
+ACTION_STATES: dict[str, frozenset[str]] = {
+    "resume": frozenset({"STUCK"}),
+    "restart": frozenset({"STUCK", "BOUNDED_STOP", "FALSE_COMPLETE", "FAILED"}),
+    "reverify": frozenset({"FALSE_COMPLETE"}),
+    "escalate": frozenset({"WAITING", "WAITING_UNROUTED", "STUCK", "BOUNDED_STOP", "FAILED", "FALSE_COMPLETE",
+                           "UNCERTAIN"}),
+}
+Attempt = Annotated[int, Meta(ge=1, le=10_000)]
+
+
+class RecoveryPolicy(Struct, frozen=True, gc=False, forbid_unknown_fields=True):
+    """What a job may do on its own when an attempt ends in a state (declared, never inferred).
+
+    Unknown fields are refused: a misspelt ``max_attempt`` must not leave a job unbounded by default.
+    """
+
+    max_attempts: Attempt = 1
+    on: Annotated[dict[State, RecoveryActionName], Meta(max_length=16)] = {}
+    backoff_s: Annotated[float, Meta(ge=0, le=366 * 86400)] = 0.0
+    next_policy: Policy | None = None
+    idempotent_tools: Annotated[tuple[Name, ...], Meta(max_length=1000)] = ()
+    escalate_to: Name | None = None
+
+    def __post_init__(self) -> None:
+        for state, action in self.on.items():
+            if state not in ACTION_STATES[action]:
+                allowed = ", ".join(sorted(ACTION_STATES[action]))
+                raise ValueError(f"`on.{state}`: {action!r} cannot answer {state} (it answers {allowed})")
+
+
+class RecoveryAction(Struct, frozen=True, gc=False, tag_field="type", tag="recovery_action"):
+    """One action on ``agent.actions`` (keyed by job_id): what the fleet should do, and when."""
+
+    action_id: str  # `<run_id>:<seq>` of the transition that caused it: consumers drop repeats by it
+    run_id: str
+    job_id: str
+    attempt: int
+    next_attempt: int | None
+    action: RecoveryActionName
+    reason: str
+    ts: int
+    not_before_ts: int
+    next_policy: Policy | None
+    escalate_to: str | None
+    decided_by: str

@@ -1,0 +1,87 @@
+"""Bounded recovery: which action, if any, a run's transition calls for (docs/recovery.md).
+
+:func:`decide` is a pure function of the transition, the job's recovery policy and the attempt, so the
+worker and offline replay decide the same actions. The safety rules are fixed here, not configurable:
+
+* no automatic resume, restart or reverify on UNCERTAIN (a policy cannot ask for one:
+  :class:`RecoveryPolicy` refuses it) or on a run whose producer lost events (``producer_dropped``):
+  what happened is unknown, so a person is told instead;
+* FAILED is restarted only when every failed tool is declared idempotent: repeating any other tool
+  may repeat a side effect that did happen;
+* resume and restart only while ``attempt < max_attempts``; at the bound the job escalates with the
+  reason ``attempts_exhausted``;
+* at most one automatic action per attempt (``acted``): a run that changes state again after its
+  action is the fleet's to handle, not a second action's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from loopwarden.codecs.events import RecoveryAction, RecoveryPolicy
+
+ATTEMPTS_EXHAUSTED = "attempts_exhausted"
+# The safety rules' own reasons for an escalation the policy did not ask for.
+PRODUCER_DROPPED = "producer_dropped"
+NOT_IDEMPOTENT = "not_idempotent"
+# Actions that start another attempt of the job: bounded by max_attempts.
+NEW_ATTEMPT = frozenset({"resume", "restart"})
+
+
+def decide(
+    *,
+    run_id: str,
+    seq: int,
+    ts: int,
+    to_state: str,
+    reason: str,
+    policy: RecoveryPolicy | None,
+    policy_version: str,
+    job_id: str | None = None,
+    attempt: int = 1,
+    failed_tools: Collection[str] = (),
+    producer_dropped: bool = False,
+    acted: bool = False,
+) -> RecoveryAction | None:
+    """The action that the transition ``seq`` of ``run_id`` to ``to_state`` calls for, or None.
+
+    Parameters
+    ----------
+    policy:
+        The job's recovery policy (the run's own, else the agent's default); None: no automatic action.
+    failed_tools:
+        Names of the run's tool calls whose status was ``error``.
+    acted:
+        This attempt already had its automatic action.
+    """
+    if policy is None or acted:
+        return None
+    wanted = policy.on.get(to_state)
+    if wanted is None:
+        return None
+    why = f"{to_state}:{reason}"
+    action = wanted
+    if wanted != "escalate":
+        if producer_dropped:
+            action, why = "escalate", f"{to_state}:{PRODUCER_DROPPED}"
+        elif to_state == "FAILED" and wanted == "restart" and not set(failed_tools) <= set(policy.idempotent_tools):
+            action, why = "escalate", f"{to_state}:{NOT_IDEMPOTENT}"
+        elif wanted in NEW_ATTEMPT and attempt >= policy.max_attempts:
+            action, why = "escalate", ATTEMPTS_EXHAUSTED
+    new_attempt = action in NEW_ATTEMPT
+    # An escalation is due at once: a person waiting out a backoff learns late for nothing.
+    delay_ms = 0 if action == "escalate" else round(policy.backoff_s * 1000)
+    return RecoveryAction(
+        action_id=f"{run_id}:{seq}",
+        run_id=run_id,
+        job_id=job_id or run_id,
+        attempt=attempt,
+        next_attempt=attempt + 1 if new_attempt else None,
+        action=action,
+        reason=why,
+        ts=ts,
+        not_before_ts=ts + delay_ms,
+        next_policy=policy.next_policy if new_attempt else None,
+        escalate_to=policy.escalate_to,
+        decided_by=f"policy:{policy_version}",
+    )
