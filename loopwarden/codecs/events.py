@@ -118,6 +118,44 @@ class Custom(_Condition, tag="custom"):
 Condition = Union[StepCount, ToolCallCondition, LoopFinished, TokenBudget, Custom]
 
 
+# -- bounded recovery (docs/contract.md section 12, docs/recovery.md) -----------
+# What a policy may call for. A person's abandon and acknowledge are published too, as records
+# (a fleet's controller drops a job's pending retry on abandon): ActionName is every action on agent.actions.
+RecoveryActionName = Literal["resume", "restart", "reverify", "escalate"]
+RECOVERY_ACTIONS: tuple[str, ...] = RecoveryActionName.__args__  # type: ignore[attr-defined]
+ActionName = Literal["resume", "restart", "reverify", "escalate", "abandon", "acknowledge"]
+# Which states each action can answer: resume continues a run that stalled; restart begins a new attempt of
+# a run that stopped without the work done; reverify asks the verifiers again; escalate fits any state.
+ACTION_STATES: dict[str, frozenset[str]] = {
+    "resume": frozenset({"STUCK"}),
+    "restart": frozenset({"STUCK", "BOUNDED_STOP", "FALSE_COMPLETE", "FAILED"}),
+    "reverify": frozenset({"FALSE_COMPLETE"}),
+    "escalate": frozenset({"WAITING", "WAITING_UNROUTED", "STUCK", "BOUNDED_STOP", "FAILED", "FALSE_COMPLETE",
+                           "UNCERTAIN"}),
+}
+Attempt = Annotated[int, Meta(ge=1, le=10_000)]
+
+
+class RecoveryPolicy(Struct, frozen=True, gc=False, forbid_unknown_fields=True):
+    """What a job may do on its own when an attempt ends in a state (declared, never inferred).
+
+    Unknown fields are refused: a misspelt ``max_attempt`` must not leave a job unbounded by default.
+    """
+
+    max_attempts: Attempt = 1
+    on: Annotated[dict[State, RecoveryActionName], Meta(max_length=16)] = {}
+    backoff_s: Annotated[float, Meta(ge=0, le=366 * 86400)] = 0.0
+    next_policy: Policy | None = None  # the next attempt's stop policy; None: the same
+    idempotent_tools: Annotated[tuple[Name, ...], Meta(max_length=1000)] = ()
+    escalate_to: Name | None = None
+
+    def __post_init__(self) -> None:
+        for state, action in self.on.items():
+            if state not in ACTION_STATES[action]:
+                allowed = ", ".join(sorted(ACTION_STATES[action]))
+                raise ValueError(f"`on.{state}`: {action!r} cannot answer {state} (it answers {allowed})")
+
+
 class Policy(Struct, frozen=True, gc=False):
     """The stop policy a run was started with (docs/contract.md section 3)."""
 
@@ -126,6 +164,9 @@ class Policy(Struct, frozen=True, gc=False):
     inactivity_timeout_s: DurationS = 300.0
     receipt_window_s: DurationS = 600.0
     required_outcomes: Annotated[tuple[ReceiptKind, ...], Meta(max_length=6)] = ()
+    # What the job may do on its own after this attempt (section 12). UNSET (absent on the wire): the agent's
+    # default policy from the processor's configuration, else none.
+    recovery: RecoveryPolicy | UnsetType = UNSET
 
 
 DEFAULT_POLICY_CONDITIONS: tuple[Condition, ...] = (StepCount(count=20),)
@@ -180,6 +221,11 @@ class _Event(Struct, frozen=True, gc=False, tag_field="type"):
 class RunStarted(_Event, tag="run_started"):
     agent: AgentName
     policy: Policy
+    # The job this run is an attempt of (section 12). Absent on the wire (UNSET): the run is its own job's
+    # first attempt (job_id = run_id, attempt 1, recovers nothing).
+    job_id: RunId | UnsetType = UNSET
+    attempt: Attempt | UnsetType = UNSET
+    recovers: RunId | UnsetType = UNSET  # the run id of the attempt this one replaces
 
 
 class StepFinished(_Event, tag="step_finished"):
@@ -344,53 +390,41 @@ class HealthTransition(Struct, frozen=True, gc=False, tag_field="type", tag="hea
     evidence: Evidence
 
 
-# -- bounded recovery (docs/recovery.md) ---------------------------------------
-RecoveryActionName = Literal["resume", "restart", "reverify", "escalate"]
-RECOVERY_ACTIONS: tuple[str, ...] = RecoveryActionName.__args__  # type: ignore[attr-defined]
-# Which states each action can answer: resume continues a run that stalled; restart begins a new attempt of
-# a run that stopped without the work done; reverify asks the verifiers again; escalate fits any state.
-ACTION_STATES: dict[str, frozenset[str]] = {
-    "resume": frozenset({"STUCK"}),
-    "restart": frozenset({"STUCK", "BOUNDED_STOP", "FALSE_COMPLETE", "FAILED"}),
-    "reverify": frozenset({"FALSE_COMPLETE"}),
-    "escalate": frozenset({"WAITING", "WAITING_UNROUTED", "STUCK", "BOUNDED_STOP", "FAILED", "FALSE_COMPLETE",
-                           "UNCERTAIN"}),
-}
-Attempt = Annotated[int, Meta(ge=1, le=10_000)]
-
-
-class RecoveryPolicy(Struct, frozen=True, gc=False, forbid_unknown_fields=True):
-    """What a job may do on its own when an attempt ends in a state (declared, never inferred).
-
-    Unknown fields are refused: a misspelt ``max_attempt`` must not leave a job unbounded by default.
-    """
-
-    max_attempts: Attempt = 1
-    on: Annotated[dict[State, RecoveryActionName], Meta(max_length=16)] = {}
-    backoff_s: Annotated[float, Meta(ge=0, le=366 * 86400)] = 0.0
-    next_policy: Policy | None = None
-    idempotent_tools: Annotated[tuple[Name, ...], Meta(max_length=1000)] = ()
-    escalate_to: Name | None = None
-
-    def __post_init__(self) -> None:
-        for state, action in self.on.items():
-            if state not in ACTION_STATES[action]:
-                allowed = ", ".join(sorted(ACTION_STATES[action]))
-                raise ValueError(f"`on.{state}`: {action!r} cannot answer {state} (it answers {allowed})")
-
-
 class RecoveryAction(Struct, frozen=True, gc=False, tag_field="type", tag="recovery_action"):
     """One action on ``agent.actions`` (keyed by job_id): what the fleet should do, and when."""
 
-    action_id: str  # `<run_id>:<seq>` of the transition that caused it: consumers drop repeats by it
+    # `<run_id>:<seq>` of the transition that caused it, `<run_id>:op:<request_id>` for a person's:
+    # consumers drop repeats by it.
+    action_id: str
     run_id: str
     job_id: str
     attempt: int
     next_attempt: int | None
-    action: RecoveryActionName
-    reason: str
+    action: ActionName
+    reason: str  # `<state>:<transition reason>`, a safety rule's, or the person's own words
     ts: int
     not_before_ts: int
     next_policy: Policy | None
     escalate_to: str | None
-    decided_by: str
+    decided_by: str  # `policy:<policy version>` or `person:<key id>` (`person:<key id>/<actor>` from the board)
+    override_bound: bool = False  # a person restarted beyond max_attempts
+
+
+OperatorActionName = Literal["retry", "reverify", "escalate", "abandon", "acknowledge"]
+
+
+class OperatorAction(_Event, tag="operator_action"):
+    """A person's decision on a run, on ``agent.steps``, signed like a human receipt (section 12).
+
+    Unsigned, or signed by a key that is not trusted, it changes nothing and is counted.
+    """
+
+    request_id: Ident  # a repeated request id is ignored (a double click, a re-sent command)
+    action: OperatorActionName
+    reason: Annotated[str, Meta(min_length=1, max_length=200)]
+    override_bound: bool = False  # retry beyond the policy's max_attempts (recorded in the action)
+    actor: Name | UnsetType = UNSET  # who, as the signer vouches (the board names its signed-in user)
+    # As on a receipt: the run occurrence the person looked at, signed, so an old action cannot be re-sent
+    # to a later run that reuses the id; UNSET: the action's own ts stands in.
+    run_started_ts: TsMs | UnsetType = UNSET
+    signature: Signature | UnsetType = UNSET
