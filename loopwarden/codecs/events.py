@@ -375,6 +375,11 @@ class Evidence(Struct, frozen=True, gc=False):
     # How each counted receipt was trusted, present only when a trust setting decided it (docs/receipts.md):
     # receipt id -> `channel:<topic>` (came on the verifiers' own topic) or `key:<key_id>` (signed by it).
     receipt_trust: dict[str, str] | UnsetType = UNSET
+    # Section 12, present only for a run that declared a job (job_id or attempt in its run_started):
+    job_id: str | UnsetType = UNSET
+    attempt: int | UnsetType = UNSET
+    # The recovery action this transition caused, present only on that transition.
+    action_id: str | UnsetType = UNSET
 
 
 class HealthTransition(Struct, frozen=True, gc=False, tag_field="type", tag="health_transition"):
