@@ -100,7 +100,7 @@ node-runtime:
 
 # The README's test command: unit, integration (real Kafka) and e2e (real AI SDK) tests.
 test: setup
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=25
 	cd $(EMITTER) && npm test
 	$(MAKE) --no-print-directory test-node-lowest
 
