@@ -162,7 +162,8 @@ def test_end_grace_waits_for_spans_ending_after_the_run_span():
     b.fold([], punctuate=True)
     events = b.events()
     assert kinds(events) == ["run_started", "step_finished", "run_ended"]
-    assert [c.status for c in events[1].tool_calls] == ["cancelled"] and events[2].cause == "aborted"
+    assert [c.status for c in events[1].tool_calls] == ["cancelled"]
+    assert (events[2].cause, events[2].error_name) == ("unknown", "CancelledError")
 
 
 def test_end_grace_waits_while_a_backlog_drains():
@@ -592,12 +593,13 @@ def test_bound_exception_of_another_runtime_is_an_error():
 
 
 @pytest.mark.parametrize("exc,cause,state", [
-    ("asyncio.exceptions.CancelledError", "aborted", "BOUNDED_STOP"),
+    ("asyncio.exceptions.CancelledError", "unknown", "UNCERTAIN"),
+    ("KeyboardInterrupt", "aborted", "BOUNDED_STOP"),
     ("TimeoutError", "timeout", "STUCK"),
     ("ValueError", "error", "FAILED"),
 ])
 def test_cause_from_run_span_exception(exc, cause, state):
-    """A cancellation is aborted, a timeout is timeout, another exception is error with its name."""
+    """A timeout is timeout, an interrupt aborted, a CancelledError (a timeout's too) unknown, another error error; each named."""
     r = Run()
     ended, got = _one([r.chat(), r.tool(), r.end(error=True, exception=exc)])
     assert (ended.cause, ended.error_name, got[0]) == (cause, exc.rsplit(".", 1)[-1], state)

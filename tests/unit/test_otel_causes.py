@@ -41,8 +41,8 @@ def test_a_model_call_cut_short_is_never_a_natural_finish():
     assert [s for s, _ in states(b)] == ["UNCERTAIN"]
 
 
-def test_a_model_call_cut_short_by_a_cancellation_is_aborted():
-    """The same cut-short call with a CancelledError recorded on it: aborted, BOUNDED_STOP."""
+def test_a_model_call_cut_short_by_a_cancellation_is_not_known_to_be_an_abort():
+    """The same cut-short call with a CancelledError on it: a timeout cancels the same way, so unknown (UNCERTAIN), named."""
     b2 = Bridge()
     r2 = Run()
     first, call = r2.chat(), r2.tool()
@@ -50,8 +50,19 @@ def test_a_model_call_cut_short_by_a_cancellation_is_aborted():
     ev = chat.events.add(name="exception", time_unix_nano=chat.end_time_unix_nano)
     ev.attributes.add(key="exception.type").value.string_value = "asyncio.exceptions.CancelledError"
     b2.fold([traces(first, call, chat, r2.end())])
-    assert (ended(b2).cause, ended(b2).error_name) == ("aborted", "CancelledError")
-    assert states(b2) == [("BOUNDED_STOP", "aborted")]
+    assert (ended(b2).cause, ended(b2).error_name) == ("unknown", "CancelledError")
+    assert [s for s, _ in states(b2)] == ["UNCERTAIN"]
+
+
+def test_a_timeout_on_the_run_span_beside_an_inner_cancellation_is_a_timeout():
+    """The run span's TimeoutError with the CancelledError it caused inside: timeout, STUCK (never unknown)."""
+    b = Bridge()
+    r = Run()
+    chat = r.chat()
+    tool = r.tool("slow", exception="asyncio.exceptions.CancelledError")
+    b.fold([traces(chat, tool, r.end(error=True, exception="TimeoutError"))])
+    assert (ended(b).cause, ended(b).error_name) == ("timeout", "TimeoutError")
+    assert states(b) == [("STUCK", "timeout")]
 
 
 def test_a_step_lost_to_late_spans_makes_the_run_uncertain():

@@ -218,7 +218,7 @@ def test_run_with_timeout_returns_what_a_run_within_its_bound_returns():
 
 
 @pytest.mark.parametrize(("raised", "cause"), [("RunCancelled", "aborted"), ("RunTimedOut", "timeout"),
-                                                ("CancelledError", "aborted")])
+                                                ("TimeoutError", "timeout")])
 def test_a_cancellation_or_timeout_leaving_the_scope_is_recorded_as_its_runtime_row_says(raised, cause):
     """An exception the run span's runtime row calls a cancellation or timeout, raised after every span ended OK, is the stop."""
     s = Spans(scope="pydantic-ai")
@@ -229,6 +229,18 @@ def test_a_cancellation_or_timeout_leaving_the_scope_is_recorded_as_its_runtime_
         raise exc(SECRET)
     assert s.marks()["invoke_agent agent"] == {"loopwarden.stop.cause": cause}
     assert s.exception_types()["invoke_agent agent"] == [{"exception.type": raised}]
+
+
+def test_a_cancelled_error_leaving_the_scope_records_no_stop_as_a_timeout_around_it_raises_one_too():
+    """A CancelledError out of the scope may be a timeout's (asyncio.wait_for around it): no cause, no event added."""
+    s = Spans(scope="pydantic-ai")
+    exc = type("CancelledError", (Exception,), {})
+    with pytest.raises(exc), hook.run():
+        with s.agent(), s.chat():
+            pass
+        raise exc(SECRET)
+    assert s.marks()["invoke_agent agent"] == {}
+    assert s.exception_types()["invoke_agent agent"] == []
 
 
 def test_an_ordinary_exception_leaving_the_scope_records_no_stop():

@@ -631,11 +631,15 @@ def _ended(run_id: str, row: Runtime, run_span: Span, last_model: Span | None, l
     # inside), then the last step's model call and tool calls (a runtime may end its run span cleanly after a
     # cancellation cut a tool short)
     inner = [e.rsplit(".", 1)[-1] for x in ([last_model] if last_model else []) + last_calls for e in x.exceptions]
-    # (on one span a timeout beats a cancellation too: the cancellation is how the timeout stopped the run)
+    # (on one span a timeout beats a cancellation too: the cancellation is how the timeout stopped the run).
+    # A cancellation a timeout makes as well (row.cancel_or_timeout: Python's CancelledError) is no verdict:
+    # the cause is not known, and the exception type says why (the producer hook's record, above, would say).
     for names in (shorts, inner):
         for cause, known in (("timeout", row.timeouts), ("aborted", row.cancelled)):
             hit = next((name for name in names if name in known), None)
             if hit is not None:
+                if cause == "aborted" and hit in row.cancel_or_timeout:
+                    cause = "unknown"
                 return RunEnded(**base, cause=cause, approval=None, error_name=hit[:200])
     if run_span.error:
         error_name = shorts[0][:200] if shorts else None

@@ -136,8 +136,8 @@ class Run:
         """Pass the held run spans on, the marks on the outermost one that ended last.
 
         An exception leaving the scope that the run span's runtime row calls a cancellation or a
-        timeout (``RunCancelled``, ``RunTimedOut``, ``CancelledError`` ...) is recorded as one, when
-        nothing else was."""
+        timeout (``RunCancelled``, ``RunTimedOut``, ``TimeoutError`` ...) is recorded as one, when
+        nothing else was; not a ``CancelledError``, which a timeout around the scope raises too."""
         with self._lock:
             if self._closed:
                 return
@@ -172,7 +172,10 @@ class Run:
             name = type(exc).__name__
             scope = span.instrumentation_scope.name if span.instrumentation_scope is not None else ""
             _, row = select_runtime(scope, span.name, span.attributes or {})
-            cause = "aborted" if name in row.cancelled else "timeout" if name in row.timeouts else None
+            # a CancelledError leaving the scope may be a timeout's (asyncio.wait_for around the scope): not
+            # recorded, as the bridge reads it unmarked; cancel_run and run_with_timeout say which it was
+            cause = ("timeout" if name in row.timeouts else None if name in row.cancel_or_timeout
+                     else "aborted" if name in row.cancelled else None)
             if cause is not None:
                 attrs[STOP_CAUSE] = cause
                 if not any(e.name == "exception" and (e.attributes or {}).get("exception.type") == name
