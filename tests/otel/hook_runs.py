@@ -375,3 +375,54 @@ def run_adk(tracer_provider) -> list[Case]:
 
     _use(tracer_provider)
     return asyncio.run(adk())
+
+
+# -- a run hung in its very first model call ----------------------------------------------------------------
+async def _hung(aw, hooked: bool, run_id: str, finished) -> list:
+    """``aw`` (a run whose first model call never returns) started, hooked or not; the spans exported while it
+    hangs; then it is cancelled, so the test ends."""
+    task = hook.start_run(aw, run_id) if hooked else asyncio.ensure_future(aw)
+    await asyncio.sleep(0.5)
+    spans = list(finished())
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    return spans
+
+
+def hung_first_call(runtime: str, tracer_provider, finished, hooked: bool) -> tuple[str, list]:
+    """``runtime``'s run hung in its first model call: (its agent's name, the spans exported while it hangs).
+    Nothing of the run has ended: only the hook's start marker, if hooked, has gone out."""
+    run_id = f"hung-{runtime}"
+    if runtime == "pydantic_ai":
+        from pydantic_ai.models.instrumented import InstrumentationSettings
+
+        async def never(messages, info) -> ModelResponse:
+            await asyncio.Event().wait()
+
+        Agent.instrument_all(InstrumentationSettings(tracer_provider=tracer_provider))
+        a = Agent(FunctionModel(never), name=_name("pa-hung-first", hooked))
+        return a.name, asyncio.run(_hung(a.run(f"task {SECRET}"), hooked, run_id, finished))
+    if runtime == "openai_agents":
+        from agents import Agent as OAAgent, Runner, set_trace_processors
+        from opentelemetry.instrumentation.openai_agents import OpenAIAgentsInstrumentor
+
+        from tests.otel.openai_agents_runs import FakeModel, lookup
+
+        set_trace_processors([])
+        instrumentor = OpenAIAgentsInstrumentor()
+        instrumentor.instrument(tracer_provider=tracer_provider)
+        try:
+            a = OAAgent(name=_name("oa-hung-first", hooked), model=FakeModel("lookup", hang_at=1), tools=[lookup])
+            return a.name, asyncio.run(_hung(Runner.run(a, f"task {SECRET}"), hooked, run_id, finished))
+        finally:
+            instrumentor.uninstrument()
+    assert runtime == "adk", runtime
+    from google.adk.agents import LlmAgent
+
+    from tests.otel.adk_runs import _fake_llm, _run, _use, lookup
+
+    _use(tracer_provider)
+    name = _name("adk_hung_first", hooked)
+    a = LlmAgent(name=name, model=_fake_llm("lookup", hang=True), tools=[lookup])
+    return name, asyncio.run(_hung(_run(a), hooked, run_id, finished))

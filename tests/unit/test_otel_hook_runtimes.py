@@ -69,3 +69,27 @@ def test_hooked_runs_publish_no_content(runtime):
     """A secret planted in every prompt, tool argument and result is in none of the bridge's events."""
     _, _, outputs = outcome(runtime)
     assert outputs and all(SECRET.encode() not in o.value for o in outputs)
+
+
+@pytest.mark.parametrize("runtime", ["pydantic_ai", "openai_agents", "adk"])
+def test_a_run_hung_in_its_first_model_call_goes_stuck_with_the_hook_and_is_unseen_without(runtime):
+    """Hooked, the start marker publishes the run at once, named and under its run id, and it goes STUCK; bare,
+    nothing of it has ended, so nothing is published."""
+    for hooked in (True, False):
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(hook.RunSpans(SimpleSpanProcessor(exporter)))
+        agent, spans = hook_runs.hung_first_call(runtime, provider, exporter.get_finished_spans, hooked)
+        b = Bridge()
+        b.task = b.new_task(limits=Limits(end_grace_s=2))
+        b.fold([encode_spans([s]).SerializeToString() for s in spans])
+        b.fold([], punctuate=True)
+        events = b.events()
+        if not hooked:
+            assert (spans, events) == ([], [])
+            continue
+        (started,) = events
+        assert isinstance(started, RunStarted)
+        assert (started.agent, started.run_id) == (agent, f"hung-{runtime}")
+        assert {run: (t.to_state, t.reason) for run, t in replay(events, advance_s=400).final.items()} == {
+            started.run_id: ("STUCK", "no_progress")}

@@ -23,6 +23,9 @@ ROLE_RUN = 1
 ROLE_MODEL = 2  # a model call: one step
 ROLE_WRAPPER = 3  # a runtime's own per-step span around the model call (AI SDK 7 `step N`): not a step
 ROLE_TOOL = 4
+# the producer hook's start marker: a span it ends at once, as its run span starts, so the run is published
+# (and can go STUCK) before any of its spans ends. Told by ``loopwarden.marker``, whatever the row.
+ROLE_MARK = 5
 
 GENAI_MODEL_OPS = ("chat", "generate_content", "text_completion")
 CANCELLED = ("CancelledError", "AbortError", "KeyboardInterrupt")

@@ -27,6 +27,7 @@ import msgspec
 from loopwarden.codecs.events import CAUSES, Policy
 from loopwarden.stages.otel.mapping import (
     BY_SCOPE,
+    ROLE_MARK,
     ROLE_MODEL,
     ROLE_OTHER,
     ROLE_RUN,
@@ -91,6 +92,8 @@ KNOWN: dict[str, str] = {
     "gen_ai.response.id": PRESENT,
     # the producer hook (loopwarden.stages.otel.hook, or set by hand), on any runtime
     "loopwarden.run.id": HOOK_STR,
+    "loopwarden.agent": HOOK_STR,
+    "loopwarden.marker": HOOK_STR,
     "loopwarden.stop.cause": HOOK_STR,
     "loopwarden.stop.fired": HOOK_STRS,
     "loopwarden.policy": HOOK_STR,
@@ -143,9 +146,12 @@ class Hook(msgspec.Struct, array_like=True, frozen=True, gc=False):
     # approval came to light after its tool span ended (or when it has none)
     approval_tool_call_id: str = ""
     approval_tool_name: str = ""
+    agent: str = ""  # loopwarden.agent: the agent's name, the producer's word over the runtime's
+    marker: str = ""  # loopwarden.marker: "run_start" on the hook's start marker (a child of the run span)
 
 
 _policy_json = msgspec.json.Decoder(Policy)
+RUN_START = "run_start"  # the only loopwarden.marker
 _HOOK_KEYS = frozenset(k for k, kind in KNOWN.items() if kind in HOOK_KINDS)
 
 
@@ -191,8 +197,12 @@ def _hook(attrs: dict[str, Any]) -> Hook:
         bad, deadline_ts = bad + 1, None
     tool_call_id = text("loopwarden.approval.tool_call_id", 200)
     tool_name = text("loopwarden.approval.tool_name", MAX_NAME)
+    agent = text("loopwarden.agent", 100)  # run_started.agent's bound
+    marker = text("loopwarden.marker", 40)
+    if marker and marker != RUN_START:
+        bad, marker = bad + 1, ""
     return Hook(run_id, cause, tuple(fired), policy, approval_id, owner, deadline_ts, resume_token, bad,
-                tool_call_id, tool_name)
+                tool_call_id, tool_name, agent, marker)
 
 
 class Span(msgspec.Struct, array_like=True, frozen=True, gc=False):
@@ -325,6 +335,8 @@ def _build(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int
     role = classify(runtime, name, attrs)
     get = attrs.get
     hook = None if _HOOK_KEYS.isdisjoint(attrs) else _hook(attrs)
+    if hook is not None and hook.marker:
+        role = ROLE_MARK
     if runtime.thread_metadata and role != ROLE_OTHER and (hook is None or not hook.run_id):
         thread = thread_run_id(runtime, get("metadata"))
         if thread:  # the runtime's own run id across traces, below the producer's
@@ -339,6 +351,8 @@ def _build(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int
     agent = get("gen_ai.agent.name") or get("ai.telemetry.functionId") or ""
     if agent and runtime.agent_on_run_only and role != ROLE_RUN:
         agent = ""
+    if hook is not None and hook.agent:
+        agent = hook.agent
     tool_name = tool_id = ""
     if role == ROLE_TOOL:
         tool_name = get("gen_ai.tool.name") or get("ai.toolCall.name") or get("tool.name") or ""
