@@ -9,7 +9,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from loopwarden.codecs import RunStarted
+from loopwarden.codecs import RunStarted, decode_input
 from loopwarden.stages.otel import Limits
 from tests.e2e.test_ai_sdk_agents import _node
 from tests.otel.bridge import Bridge, replay
@@ -100,6 +100,20 @@ def test_without_the_hook_the_same_ai_sdk_runs_stay_uncertain():
     assert {agent: state for agent, (state, _reason) in _only(expected, "-bare").items()} == {
         "sdk-approval-bare": "UNCERTAIN", "sdk-step-budget-bare": "UNCERTAIN"}
     assert _only(got, "-bare") == _only(expected, "-bare")
+
+
+def test_a_hung_ai_sdk_run_is_named_by_loopwarden_agent_from_its_first_event_and_goes_stuck():
+    """Hung after its first step: loopwarden.agent names it at once (no run span ever names it), then STUCK."""
+    _, _, outputs, started = outcome()
+    hung = started["sdk-hung-hooked"]
+    events = [decode_input(o.value) for o in outputs]
+    first, *rest = [e for e in events if e.run_id == hung.run_id]
+    assert first is hung or first == hung  # its first event is the named run_started
+    assert rest == []  # its first step waits for the next model call (hung), the run span never comes
+    last = replay(events, advance_s=400).final[hung.run_id]
+    assert (last.to_state, last.reason) == ("STUCK", "no_progress")
+    # the same run without it: nothing names it before its run span, so it waits start_grace_s for a name
+    assert "ai-sdk-7" not in started and "sdk-hung-unhooked" not in started
 
 
 def test_hooked_ai_sdk_runs_publish_no_content():
