@@ -16,7 +16,7 @@ from loopwarden.stages.otel import Limits, decode_traces, run_id_of
 from loopwarden.stages.otel.fold import FINISH, decode_trace
 from loopwarden.stages.otel.mapping import ROLE_MODEL, ROLE_OTHER, ROLE_RUN, ROLE_TOOL, ROLE_WRAPPER, RUNTIMES, classify
 from tests.otel.bridge import Bridge, Rec, replay
-from tests.otel.traces import SECRET, Run, span, span_id, trace_id, traces
+from tests.otel.traces import SECRET, Run, ai_sdk_7_run, span, span_id, trace_id, traces
 
 
 def kinds(events) -> list[str]:
@@ -621,17 +621,7 @@ def test_cause_not_recorded_is_unknown():
 
 def test_ai_sdk_7_step_wrapper_is_one_step_with_its_model_call():
     """AI SDK 7: `step N` holding `chat` and `execute_tool` is one step; the chat arriving before its wrapper waits."""
-    tid, root = trace_id(), span_id()
-    w1, w2 = span_id(), span_id()
-    g = {"gen_ai__operation__name": "chat"}
-    chat1 = span(tid, "chat mock", 1, 10, parent=w1, gen_ai__response__finish_reasons=["tool-calls"], **g)
-    tool1 = span(tid, "execute_tool lookup", 11, 15, parent=w1, gen_ai__operation__name="execute_tool",
-                 gen_ai__tool__name="lookup", gen_ai__tool__call__id="call-1")
-    step1 = span(tid, "step 1", 1, 16, sid=w1, parent=root, gen_ai__operation__name="agent_step")
-    chat2 = span(tid, "chat mock", 17, 20, parent=w2, gen_ai__response__finish_reasons=["stop"], **g)
-    step2 = span(tid, "step 2", 17, 21, sid=w2, parent=root, gen_ai__operation__name="agent_step")
-    run = span(tid, "invoke_agent mock", 0, 22, sid=root, gen_ai__operation__name="invoke_agent",
-               gen_ai__agent__name="weather", gen_ai__response__finish_reasons=["stop"])
+    tid, root, (chat1, tool1, step1, chat2, step2, run) = ai_sdk_7_run()
     b = Bridge()
     b.fold([traces(chat1, scope="gen_ai", version="")])
     assert b.outputs == []  # which run it belongs to is not known until its wrapper arrives
