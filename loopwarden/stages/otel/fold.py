@@ -200,13 +200,6 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
                 misplaced += 1
         if role == ROLE_RUN:
             run = span.span_id
-        elif role == ROLE_MARK:
-            # the hook's start marker, a child of its run span (still open when the marker was sent): read once
-            run = span.parent_id
-            above = known.get(run) if run else None
-            known.pop(span.span_id, None)
-            if not run or (above is not None and above.role != ROLE_RUN):
-                continue
         elif role == ROLE_MODEL or role == ROLE_TOOL:
             # _owner's first step inline: the parent is the run span, or missing and taken for it
             run = span.parent_id
@@ -218,6 +211,13 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
                     if missing:
                         waiting.setdefault(missing, []).append(span.span_id)
                     continue
+        elif role == ROLE_MARK:
+            # the hook's start marker, a child of its run span (still open when the marker was sent): read once
+            run = span.parent_id
+            above = known.get(run) if run else None
+            known.pop(span.span_id, None)
+            if not run or (above is not None and above.role != ROLE_RUN):
+                continue
         else:
             if role == ROLE_WRAPPER and RUNTIMES[span.runtime].wrapper_parent_is_run:
                 _graph_is_run(known, runs, touched, span)
@@ -234,11 +234,11 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
             touched[run] = None
             if role != ROLE_RUN:
                 continue
-        if role == ROLE_MARK:
-            _mark(progress, span)
-            touched[run] = None
-            continue
         if role != ROLE_RUN:
+            if role == ROLE_MARK:
+                _mark(progress, span)
+                touched[run] = None
+                continue
             if span.start_ns < progress.last_step_start:  # older than a step already published
                 late += 1
                 if role == ROLE_MODEL:
