@@ -10,9 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from loopwarden.codecs import RunStarted, decode_input
-from loopwarden.stages.otel import Limits
 from tests.e2e.test_ai_sdk_agents import _node
-from tests.otel.bridge import Bridge, replay
+from tests.otel.bridge import final_by_agent, replay, through_bridge
 
 HARNESS = Path(__file__).resolve().parents[1] / "otel" / "ai-sdk"
 SECRET = "s3cr3t-PLANTED-0xC0FFEE"  # planted by run.mjs in every prompt, tool argument and result
@@ -59,16 +58,10 @@ def outcome() -> tuple[dict, dict, list, dict]:
         server.server_close()
     assert done.returncode == 0, done.stderr[-3000:]
     expected = {e["agent"]: (e["state"], e["reason"]) for e in map(json.loads, done.stdout.splitlines())}
-    b = Bridge()
-    b.task = b.new_task(limits=Limits(end_grace_s=2))
-    b.fold(handler.bodies)
-    b.now_ms += 2000
-    b.fold([], punctuate=True)
+    b = through_bridge(handler.bodies)
     assert b.deadletters == []
     events = b.events()
-    started = {e.run_id: e for e in events if isinstance(e, RunStarted)}
-    got = {started[run].agent: (t.to_state, t.reason) for run, t in replay(events).final.items()}
-    return expected, got, b.outputs, {e.agent: e for e in started.values()}
+    return expected, final_by_agent(events), b.outputs, {e.agent: e for e in events if isinstance(e, RunStarted)}
 
 
 def _only(table: dict, suffix: str) -> dict:
