@@ -145,8 +145,9 @@ class Run:
         self._run_attrs: dict[str, Any] = {}
         if run_id is not None:
             self._run_attrs[RUN_ID] = _text("run_id", run_id)
-        if agent is not None:
-            self._run_attrs[AGENT] = _text("agent", agent)
+        # the agent's name goes on the run's start marker only: a runtime whose runs are told only at their end
+        # (ADK, LangGraph) gives the run-level attributes to a sub-agent's spans too, which this would misname
+        self._agent = {AGENT: _text("agent", agent)} if agent is not None else {}
         if job_id is not None:
             self._run_attrs[JOB_ID] = _text("job_id", job_id)
         if attempt is not None:
@@ -261,7 +262,7 @@ class Run:
             first = self._started_runs == 0  # the first run span of the scope is its run; a later one a sub-agent
             self._started_runs += 1
         marks = {AGENT: agent} if agent else {}
-        return _start_marker(span, {**marks, **self._run_attrs} if first else marks)
+        return _start_marker(span, {**marks, **self._run_attrs, **self._agent} if first else marks)
 
     def _run_above(self, span_id: int) -> int | None:
         node = self._parent.get(span_id)
