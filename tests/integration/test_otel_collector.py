@@ -11,9 +11,8 @@ from collections import Counter
 
 import pytest
 
-from loopwarden.codecs import RunStarted
 from loopwarden.stages.otel import decode_traces
-from tests.otel.bridge import replay
+from tests.otel.bridge import final_by_agent, replay
 from tests.otel.collector import Collector, bridge_partitions, create_topic, read_spans
 from tests.conftest import REPO
 from tests.e2e.test_ai_sdk_agents import _node
@@ -55,8 +54,7 @@ def _check(records, expected, secret: str) -> Counter:
     assert not any(secret.encode() in rec.value for rec in records)
     events, produced, _outputs = bridge_partitions(records)
     assert produced and secret.encode() not in produced
-    agents = {e.run_id: e.agent for e in events if isinstance(e, RunStarted)}
-    got = {agents[run]: (t.to_state, t.reason) for run, t in replay(events).final.items()}
+    got = final_by_agent(events)
     assert got == {e.agent: (e.state, e.reason) for e in expected}
     return Counter(got.values())
 

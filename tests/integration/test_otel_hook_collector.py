@@ -6,11 +6,10 @@ import asyncio
 
 import pytest
 
-from loopwarden.codecs import RunStarted
 from loopwarden.stages.otel import hook
 from tests.integration.test_otel_collector import collector  # noqa: F401 - the fixture: a Collector of its own
 from tests.otel import hook_runs
-from tests.otel.bridge import replay
+from tests.otel.bridge import compared, final_by_agent
 from tests.otel.collector import bridge_partitions, read_spans
 from tests.otel.pydantic_ai_runs import SECRET
 
@@ -32,9 +31,5 @@ def test_hooked_openai_agents_runs_keep_their_marks_through_the_collector(kafka,
     records = asyncio.run(read_spans(kafka.bootstrap, collector.topic, len(cases)))
     events, produced, _outputs = bridge_partitions(records)
     assert produced and SECRET.encode() not in produced
-    agents = {e.run_id: e.agent for e in events if isinstance(e, RunStarted)}
-    got = {agents[run]: (t.to_state, t.reason) for run, t in replay(events).final.items()}
     expected = {c.agent: (c.state, c.reason) for c in cases}
-    seen = {agent: (got[agent][0], got[agent][1] if reason is not None else None) if agent in got else None
-            for agent, (_state, reason) in expected.items()}
-    assert seen == expected
+    assert compared(final_by_agent(events), expected) == expected

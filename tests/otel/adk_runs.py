@@ -52,7 +52,8 @@ def _use(tracer_provider) -> None:
     _switch.target = tracer_provider
 
 
-def _fake_llm(tool: str | None = None, turns: int = 1, args: dict | None = None, fail: Exception | None = None):
+def _fake_llm(tool: str | None = None, turns: int = 1, args: dict | None = None, fail: Exception | None = None,
+              hang: bool = False):
     from google.adk.models.base_llm import BaseLlm
     from google.adk.models.llm_response import LlmResponse
     from google.genai import types
@@ -64,6 +65,8 @@ def _fake_llm(tool: str | None = None, turns: int = 1, args: dict | None = None,
 
         async def generate_content_async(self, llm_request, stream: bool = False):
             self.calls += 1
+            if hang:
+                await asyncio.Event().wait()  # never returns: until cancelled
             if fail is not None:
                 raise fail
             if tool and self.calls <= turns:

@@ -6,7 +6,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from loopwarden.codecs import decode_input
+from loopwarden.codecs import RunStarted, decode_input
 from loopwarden.stages.otel import Limits
 from loopwarden.stages.otel.task import BridgeBatch, BridgeTask
 from loopwarden.replay import Replay
@@ -81,3 +81,49 @@ def replay(events: list, advance_s: float = 0.0) -> Replay:
         r.feed(event)
     r.finish(advance_s)
     return r
+
+
+def in_memory(hooked: bool = False):
+    """(a tracer provider, its in-memory exporter): each span exported as it ends, through the producer hook's
+    ``RunSpans`` when ``hooked``."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from loopwarden.stages.otel import hook
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    processor = SimpleSpanProcessor(exporter)
+    provider.add_span_processor(hook.RunSpans(processor) if hooked else processor)
+    return provider, exporter
+
+
+def one_per_span(spans) -> list[bytes]:
+    """Each SDK span its own OTLP message, as the exporter would send them ended one by one (the hardest split:
+    a cancelled tool's span ends after its run's)."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    return [encode_spans([s]).SerializeToString() for s in spans]
+
+
+def through_bridge(messages: list[bytes], after_ms: int = 2000) -> Bridge:
+    """``messages`` through a bridge with a 2 s end grace, then its punctuation ``after_ms`` later."""
+    b = Bridge()
+    b.task = b.new_task(limits=Limits(end_grace_s=2))
+    b.fold(messages)
+    b.now_ms += after_ms
+    b.fold([], punctuate=True)
+    return b
+
+
+def compared(got: dict, expected: dict) -> dict:
+    """``got`` (agent -> (state, reason)) read as ``expected`` is written: the reason only where it names one."""
+    return {agent: (got[agent][0], got[agent][1] if reason is not None else None) if agent in got else None
+            for agent, (_state, reason) in expected.items()}
+
+
+def final_by_agent(events: list, advance_s: float = 0.0) -> dict[str, tuple[str, str]]:
+    """Each run's last transition (state, reason) after replay, keyed by its run_started agent."""
+    agents = {e.run_id: e.agent for e in events if isinstance(e, RunStarted)}
+    return {agents[run]: (t.to_state, t.reason) for run, t in replay(events, advance_s).final.items()}

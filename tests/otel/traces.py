@@ -46,6 +46,24 @@ def span(tid: bytes, name: str, start_ms: int, end_ms: int, *, parent: bytes = b
     return s
 
 
+def ai_sdk_7_run(agent: str = "weather") -> tuple[bytes, bytes, list[Span]]:
+    """An AI SDK 7 run (``invoke_agent`` > ``step N`` > ``chat``, ``execute_tool``) of two steps, the first
+    calling ``lookup``: (trace id, run span id, its spans as they end: chat, tool, step 1, chat, step 2, run)."""
+    tid, root = trace_id(), span_id()
+    w1, w2 = span_id(), span_id()
+    g = {"gen_ai__operation__name": "chat"}
+    return tid, root, [
+        span(tid, "chat mock", 1, 10, parent=w1, gen_ai__response__finish_reasons=["tool-calls"], **g),
+        span(tid, "execute_tool lookup", 11, 15, parent=w1, gen_ai__operation__name="execute_tool",
+             gen_ai__tool__name="lookup", gen_ai__tool__call__id="call-1"),
+        span(tid, "step 1", 1, 16, sid=w1, parent=root, gen_ai__operation__name="agent_step"),
+        span(tid, "chat mock", 17, 20, parent=w2, gen_ai__response__finish_reasons=["stop"], **g),
+        span(tid, "step 2", 17, 21, sid=w2, parent=root, gen_ai__operation__name="agent_step"),
+        span(tid, "invoke_agent mock", 0, 22, sid=root, gen_ai__operation__name="invoke_agent",
+             gen_ai__agent__name=agent, gen_ai__response__finish_reasons=["stop"]),
+    ]
+
+
 def traces(*spans: Span, scope: str = "pydantic-ai", version: str = "2.68.0") -> bytes:
     return TracesData(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(
         scope=InstrumentationScope(name=scope, version=version), spans=list(spans))])]).SerializeToString()

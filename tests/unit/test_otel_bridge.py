@@ -16,7 +16,7 @@ from loopwarden.stages.otel import Limits, decode_traces, run_id_of
 from loopwarden.stages.otel.fold import FINISH, decode_trace
 from loopwarden.stages.otel.mapping import ROLE_MODEL, ROLE_OTHER, ROLE_RUN, ROLE_TOOL, ROLE_WRAPPER, RUNTIMES, classify
 from tests.otel.bridge import Bridge, Rec, replay
-from tests.otel.traces import SECRET, Run, span, span_id, trace_id, traces
+from tests.otel.traces import SECRET, Run, ai_sdk_7_run, span, span_id, trace_id, traces
 
 
 def kinds(events) -> list[str]:
@@ -162,7 +162,8 @@ def test_end_grace_waits_for_spans_ending_after_the_run_span():
     b.fold([], punctuate=True)
     events = b.events()
     assert kinds(events) == ["run_started", "step_finished", "run_ended"]
-    assert [c.status for c in events[1].tool_calls] == ["cancelled"] and events[2].cause == "aborted"
+    assert [c.status for c in events[1].tool_calls] == ["cancelled"]
+    assert (events[2].cause, events[2].error_name) == ("unknown", "CancelledError")
 
 
 def test_end_grace_waits_while_a_backlog_drains():
@@ -592,12 +593,13 @@ def test_bound_exception_of_another_runtime_is_an_error():
 
 
 @pytest.mark.parametrize("exc,cause,state", [
-    ("asyncio.exceptions.CancelledError", "aborted", "BOUNDED_STOP"),
+    ("asyncio.exceptions.CancelledError", "unknown", "UNCERTAIN"),
+    ("KeyboardInterrupt", "aborted", "BOUNDED_STOP"),
     ("TimeoutError", "timeout", "STUCK"),
     ("ValueError", "error", "FAILED"),
 ])
 def test_cause_from_run_span_exception(exc, cause, state):
-    """A cancellation is aborted, a timeout is timeout, another exception is error with its name."""
+    """A timeout is timeout, an interrupt aborted, a CancelledError (a timeout's too) unknown, another error error; each named."""
     r = Run()
     ended, got = _one([r.chat(), r.tool(), r.end(error=True, exception=exc)])
     assert (ended.cause, ended.error_name, got[0]) == (cause, exc.rsplit(".", 1)[-1], state)
@@ -619,17 +621,7 @@ def test_cause_not_recorded_is_unknown():
 
 def test_ai_sdk_7_step_wrapper_is_one_step_with_its_model_call():
     """AI SDK 7: `step N` holding `chat` and `execute_tool` is one step; the chat arriving before its wrapper waits."""
-    tid, root = trace_id(), span_id()
-    w1, w2 = span_id(), span_id()
-    g = {"gen_ai__operation__name": "chat"}
-    chat1 = span(tid, "chat mock", 1, 10, parent=w1, gen_ai__response__finish_reasons=["tool-calls"], **g)
-    tool1 = span(tid, "execute_tool lookup", 11, 15, parent=w1, gen_ai__operation__name="execute_tool",
-                 gen_ai__tool__name="lookup", gen_ai__tool__call__id="call-1")
-    step1 = span(tid, "step 1", 1, 16, sid=w1, parent=root, gen_ai__operation__name="agent_step")
-    chat2 = span(tid, "chat mock", 17, 20, parent=w2, gen_ai__response__finish_reasons=["stop"], **g)
-    step2 = span(tid, "step 2", 17, 21, sid=w2, parent=root, gen_ai__operation__name="agent_step")
-    run = span(tid, "invoke_agent mock", 0, 22, sid=root, gen_ai__operation__name="invoke_agent",
-               gen_ai__agent__name="weather", gen_ai__response__finish_reasons=["stop"])
+    tid, root, (chat1, tool1, step1, chat2, step2, run) = ai_sdk_7_run()
     b = Bridge()
     b.fold([traces(chat1, scope="gen_ai", version="")])
     assert b.outputs == []  # which run it belongs to is not known until its wrapper arrives

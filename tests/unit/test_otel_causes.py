@@ -6,7 +6,7 @@ from __future__ import annotations
 from loopwarden.codecs import RunEnded, RunStarted, StepFinished
 from loopwarden.stages.otel import Limits
 from tests.otel.bridge import Bridge, replay
-from tests.otel.traces import Run, span, span_id, trace_id, traces
+from tests.otel.traces import Run, ai_sdk_7_run, span, span_id, trace_id, traces
 
 OPENAI = "opentelemetry.instrumentation.openai_agents"
 LANGCHAIN = "openinference.instrumentation.langchain"
@@ -41,8 +41,8 @@ def test_a_model_call_cut_short_is_never_a_natural_finish():
     assert [s for s, _ in states(b)] == ["UNCERTAIN"]
 
 
-def test_a_model_call_cut_short_by_a_cancellation_is_aborted():
-    """The same cut-short call with a CancelledError recorded on it: aborted, BOUNDED_STOP."""
+def test_a_model_call_cut_short_by_a_cancellation_is_not_known_to_be_an_abort():
+    """The same cut-short call with a CancelledError on it: a timeout cancels the same way, so unknown (UNCERTAIN), named."""
     b2 = Bridge()
     r2 = Run()
     first, call = r2.chat(), r2.tool()
@@ -50,8 +50,19 @@ def test_a_model_call_cut_short_by_a_cancellation_is_aborted():
     ev = chat.events.add(name="exception", time_unix_nano=chat.end_time_unix_nano)
     ev.attributes.add(key="exception.type").value.string_value = "asyncio.exceptions.CancelledError"
     b2.fold([traces(first, call, chat, r2.end())])
-    assert (ended(b2).cause, ended(b2).error_name) == ("aborted", "CancelledError")
-    assert states(b2) == [("BOUNDED_STOP", "aborted")]
+    assert (ended(b2).cause, ended(b2).error_name) == ("unknown", "CancelledError")
+    assert [s for s, _ in states(b2)] == ["UNCERTAIN"]
+
+
+def test_a_timeout_on_the_run_span_beside_an_inner_cancellation_is_a_timeout():
+    """The run span's TimeoutError with the CancelledError it caused inside: timeout, STUCK (never unknown)."""
+    b = Bridge()
+    r = Run()
+    chat = r.chat()
+    tool = r.tool("slow", exception="asyncio.exceptions.CancelledError")
+    b.fold([traces(chat, tool, r.end(error=True, exception="TimeoutError"))])
+    assert (ended(b).cause, ended(b).error_name) == ("timeout", "TimeoutError")
+    assert states(b) == [("STUCK", "timeout")]
 
 
 def test_a_step_lost_to_late_spans_makes_the_run_uncertain():
@@ -175,17 +186,7 @@ def test_a_langgraph_run_starts_at_its_first_finished_node_and_goes_stuck():
 
 def test_ai_sdk_7_under_a_tracer_of_another_name_is_read_as_ai_sdk_7():
     """AI SDK 7 spans from a tracer not named gen_ai, one per message (a chat before its step wrapper): one run."""
-    tid, root = trace_id(), span_id()
-    w1, w2 = span_id(), span_id()
-    g = {"gen_ai__operation__name": "chat"}
-    chat1 = span(tid, "chat mock", 1, 10, parent=w1, gen_ai__response__finish_reasons=["tool-calls"], **g)
-    tool1 = span(tid, "execute_tool lookup", 11, 15, parent=w1, gen_ai__operation__name="execute_tool",
-                 gen_ai__tool__name="lookup", gen_ai__tool__call__id="call-1")
-    step1 = span(tid, "step 1", 1, 16, sid=w1, parent=root, gen_ai__operation__name="agent_step")
-    chat2 = span(tid, "chat mock", 17, 20, parent=w2, gen_ai__response__finish_reasons=["stop"], **g)
-    step2 = span(tid, "step 2", 17, 21, sid=w2, parent=root, gen_ai__operation__name="agent_step")
-    run = span(tid, "invoke_agent mock", 0, 22, sid=root, gen_ai__operation__name="invoke_agent",
-               gen_ai__agent__name="weather", gen_ai__response__finish_reasons=["stop"])
+    tid, root, (chat1, tool1, step1, chat2, step2, run) = ai_sdk_7_run()
     b = Bridge()
     for s in (chat1, tool1, step1, chat2, step2, run):
         b.fold([traces(s, scope="my-app-tracer")])

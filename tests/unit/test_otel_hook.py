@@ -17,6 +17,7 @@ from loopwarden.stages.otel import hook
 from tests.conftest import REPO
 
 SECRET = "s3cr3t-PLANTED-0xC0FFEE"
+MARKER = "loopwarden.run_start"
 POLICY = {"version": "app@1", "stop_when": [{"kind": "custom", "name": "budget", "role": "bound"}]}
 
 
@@ -43,7 +44,11 @@ class Spans:
             "gen_ai.tool.call.arguments": SECRET})
 
     def exported(self) -> dict[str, dict]:
-        return {s.name: dict(s.attributes) for s in self.exporter.get_finished_spans()}
+        """The runtime's spans exported so far (the hook's start markers apart: :meth:`markers`)."""
+        return {s.name: dict(s.attributes) for s in self.exporter.get_finished_spans() if s.name != MARKER}
+
+    def markers(self) -> list:
+        return [s for s in self.exporter.get_finished_spans() if s.name == MARKER]
 
     def marks(self) -> dict[str, dict]:
         return {name: {k: v for k, v in attrs.items() if k.startswith("loopwarden.")}
@@ -70,6 +75,48 @@ def test_run_level_attributes_are_on_the_outer_runs_spans_never_on_a_sub_agents(
     assert (outer["loopwarden.job.id"], outer["loopwarden.attempt"], outer["loopwarden.recovers"]) == ("job-1", 2, "run-6")
     assert json.loads(outer["loopwarden.policy"])["stop_when"] == [{"kind": "custom", "name": "budget", "role": "bound"}]
     assert marks == {"invoke_agent sub": {}, "execute_tool delete": {}}
+
+
+def test_a_run_span_starting_exports_a_content_free_start_marker_at_once():
+    """As a run span starts, a child of it ended at once goes out: the run's attributes and agent, no content."""
+    s = Spans()
+    with hook.run("run-7", policy=POLICY, job_id="job-1"):
+        with s.agent("outer") as outer:
+            (marker,) = s.markers()  # before any span of the run ended
+            assert list(s.exported()) == []
+            with s.agent("sub") as sub:
+                pass
+    first, second = s.markers()
+    assert (first.parent.span_id, second.parent.span_id) == (outer.get_span_context().span_id,
+                                                             sub.get_span_context().span_id)
+    assert first.context.trace_id == outer.get_span_context().trace_id and first.end_time == first.start_time
+    assert {k: v for k, v in first.attributes.items() if k != "loopwarden.policy"} == {
+        "loopwarden.marker": "run_start", "loopwarden.agent": "outer", "loopwarden.run.id": "run-7",
+        "loopwarden.job.id": "job-1"}
+    # a sub-agent's marker names it and carries none of the run's attributes
+    assert dict(second.attributes) == {"loopwarden.marker": "run_start", "loopwarden.agent": "sub"}
+    assert first.instrumentation_scope.name == "pydantic-ai" and not first.events
+    assert all(SECRET not in str(v) for m in s.markers() for v in m.attributes.values())
+
+
+def test_the_agent_given_to_the_scope_names_its_run_on_its_start_marker():
+    """run(agent=...) is the producer's name for the run: on its start marker, over the runtime's name."""
+    s = Spans()
+    with hook.run(agent="invoice-agent"):
+        with s.agent("x"), s.chat():
+            pass
+    assert s.markers()[0].attributes["loopwarden.agent"] == "invoice-agent"
+    # on the marker only: the spans of a sub-agent the hook cannot tell at their start would take it too
+    assert {name: m.get("loopwarden.agent") for name, m in s.marks().items()} == {
+        "chat model": None, "invoke_agent x": None}
+
+
+def test_no_start_marker_outside_a_run_scope():
+    """Without a scope the hook sends nothing of its own."""
+    s = Spans()
+    with s.agent(), s.chat():
+        pass
+    assert s.markers() == []
 
 
 def test_after_a_handoff_the_stop_marks_the_agent_handed_to_and_the_run_id_stays_with_the_first():
@@ -218,7 +265,7 @@ def test_run_with_timeout_returns_what_a_run_within_its_bound_returns():
 
 
 @pytest.mark.parametrize(("raised", "cause"), [("RunCancelled", "aborted"), ("RunTimedOut", "timeout"),
-                                                ("CancelledError", "aborted")])
+                                                ("TimeoutError", "timeout")])
 def test_a_cancellation_or_timeout_leaving_the_scope_is_recorded_as_its_runtime_row_says(raised, cause):
     """An exception the run span's runtime row calls a cancellation or timeout, raised after every span ended OK, is the stop."""
     s = Spans(scope="pydantic-ai")
@@ -229,6 +276,18 @@ def test_a_cancellation_or_timeout_leaving_the_scope_is_recorded_as_its_runtime_
         raise exc(SECRET)
     assert s.marks()["invoke_agent agent"] == {"loopwarden.stop.cause": cause}
     assert s.exception_types()["invoke_agent agent"] == [{"exception.type": raised}]
+
+
+def test_a_cancelled_error_leaving_the_scope_records_no_stop_as_a_timeout_around_it_raises_one_too():
+    """A CancelledError out of the scope may be a timeout's (asyncio.wait_for around it): no cause, no event added."""
+    s = Spans(scope="pydantic-ai")
+    exc = type("CancelledError", (Exception,), {})
+    with pytest.raises(exc), hook.run():
+        with s.agent(), s.chat():
+            pass
+        raise exc(SECRET)
+    assert s.marks()["invoke_agent agent"] == {}
+    assert s.exception_types()["invoke_agent agent"] == []
 
 
 def test_an_ordinary_exception_leaving_the_scope_records_no_stop():

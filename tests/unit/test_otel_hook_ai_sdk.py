@@ -9,10 +9,9 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from loopwarden.codecs import RunStarted
-from loopwarden.stages.otel import Limits
+from loopwarden.codecs import RunStarted, decode_input
 from tests.e2e.test_ai_sdk_agents import _node
-from tests.otel.bridge import Bridge, replay
+from tests.otel.bridge import final_by_agent, replay, through_bridge
 
 HARNESS = Path(__file__).resolve().parents[1] / "otel" / "ai-sdk"
 SECRET = "s3cr3t-PLANTED-0xC0FFEE"  # planted by run.mjs in every prompt, tool argument and result
@@ -59,16 +58,10 @@ def outcome() -> tuple[dict, dict, list, dict]:
         server.server_close()
     assert done.returncode == 0, done.stderr[-3000:]
     expected = {e["agent"]: (e["state"], e["reason"]) for e in map(json.loads, done.stdout.splitlines())}
-    b = Bridge()
-    b.task = b.new_task(limits=Limits(end_grace_s=2))
-    b.fold(handler.bodies)
-    b.now_ms += 2000
-    b.fold([], punctuate=True)
+    b = through_bridge(handler.bodies)
     assert b.deadletters == []
     events = b.events()
-    started = {e.run_id: e for e in events if isinstance(e, RunStarted)}
-    got = {started[run].agent: (t.to_state, t.reason) for run, t in replay(events).final.items()}
-    return expected, got, b.outputs, {e.agent: e for e in started.values()}
+    return expected, final_by_agent(events), b.outputs, {e.agent: e for e in events if isinstance(e, RunStarted)}
 
 
 def _only(table: dict, suffix: str) -> dict:
@@ -100,6 +93,20 @@ def test_without_the_hook_the_same_ai_sdk_runs_stay_uncertain():
     assert {agent: state for agent, (state, _reason) in _only(expected, "-bare").items()} == {
         "sdk-approval-bare": "UNCERTAIN", "sdk-step-budget-bare": "UNCERTAIN"}
     assert _only(got, "-bare") == _only(expected, "-bare")
+
+
+def test_a_hung_ai_sdk_run_is_named_by_loopwarden_agent_from_its_first_event_and_goes_stuck():
+    """Hung after its first step: loopwarden.agent names it at once (no run span ever names it), then STUCK."""
+    _, _, outputs, started = outcome()
+    hung = started["sdk-hung-hooked"]
+    events = [decode_input(o.value) for o in outputs]
+    first, *rest = [e for e in events if e.run_id == hung.run_id]
+    assert first is hung or first == hung  # its first event is the named run_started
+    assert rest == []  # its first step waits for the next model call (hung), the run span never comes
+    last = replay(events, advance_s=400).final[hung.run_id]
+    assert (last.to_state, last.reason) == ("STUCK", "no_progress")
+    # the same run without it: nothing names it before its run span, so it waits start_grace_s for a name
+    assert "ai-sdk-7" not in started and "sdk-hung-unhooked" not in started
 
 
 def test_hooked_ai_sdk_runs_publish_no_content():

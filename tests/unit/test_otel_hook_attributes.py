@@ -12,7 +12,7 @@ from loopwarden.codecs import RunEnded, RunStarted, StepFinished
 from loopwarden.codecs.events import Custom, Policy, StepCount, ToolCall
 from loopwarden.stages.otel import Limits, decode_traces
 from tests.otel.bridge import Bridge, replay
-from tests.otel.traces import Run, traces
+from tests.otel.traces import Run, span, traces
 from tests.unit.test_otel_bridge import _json_traces as otlp_json
 
 POLICY = json.dumps({"version": "app-7", "stop_when": [{"kind": "step_count", "count": 3}],
@@ -196,3 +196,30 @@ def test_spans_without_hook_attributes_carry_no_hook():
     """Spans of a run without the hook decode with no hook record on any of them."""
     r = Run()
     assert all(s.hook is None for s in decode_traces(traces(r.chat(), r.tool(), r.end())))
+
+
+def _marker(r: Run, **kw):
+    """The hook's start marker of run ``r``: a child of its run span, ended as it started, no content."""
+    return span(r.tid, "loopwarden.run_start", r.start_ms, r.start_ms, parent=r.sid, **kw)
+
+
+def test_the_start_marker_publishes_its_run_before_any_of_its_spans_ends():
+    """The marker alone gives run_started, under its run id, agent and policy; the run's spans then join it."""
+    b = Bridge()
+    r = Run(agent="runtime-name")
+    b.fold([traces(_marker(r, loopwarden__marker="run_start", loopwarden__agent="invoice-agent",
+                           loopwarden__run__id="order-9", loopwarden__policy=POLICY))])
+    (started,) = b.events()
+    assert (started.run_id, started.agent, started.policy.version) == ("order-9", "invoice-agent", "app-7")
+    b.fold([traces(r.chat(), r.tool(), r.chat("stop"), r.end())])
+    assert len(of(b, RunStarted)) == 1 and {e.run_id for e in b.events()} == {"order-9"}
+    assert [e.step for e in of(b, StepFinished)] == [0, 1]
+    assert run_of(b) == {"order-9": ("VERIFYING", "natural_finish")}
+
+
+def test_a_marker_of_another_value_is_a_refused_hook_attribute_and_starts_nothing():
+    """loopwarden.marker other than run_start: counted hook_attribute_bad, no run from it."""
+    b = Bridge()
+    r = Run()
+    b.fold([traces(_marker(r, loopwarden__marker="begin", loopwarden__agent="x"))])
+    assert b.events() == [] and b.counts["otel", "hook_attribute_bad"] == 1

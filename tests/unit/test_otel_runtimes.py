@@ -5,14 +5,9 @@ from __future__ import annotations
 import importlib
 
 import pytest
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from loopwarden.codecs import RunEnded, RunStarted, StepFinished
-from loopwarden.stages.otel import Limits
-from tests.otel.bridge import Bridge, replay
+from tests.otel.bridge import final_by_agent, in_memory, one_per_span, replay, through_bridge
 from tests.otel.pydantic_ai_runs import SECRET
 
 
@@ -21,21 +16,11 @@ from tests.otel.pydantic_ai_runs import SECRET
 def test_runtime_runs_reach_their_states_in_memory(runtime):
     """Each scenario's spans (encoded as the OTLP exporter does, one message per span) give its expected state."""
     scenarios = importlib.import_module(f"tests.otel.{runtime}")
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider, exporter = in_memory()
     expected = scenarios.run(provider)
-    b = Bridge()
-    b.task = b.new_task(limits=Limits(end_grace_s=2))
-    # one message per span, as they ended: the hardest split (a cancelled tool's span ends after its run's)
-    b.fold([encode_spans([s]).SerializeToString() for s in exporter.get_finished_spans()])
-    b.now_ms += 2000
-    b.fold([], punctuate=True)
+    b = through_bridge(one_per_span(exporter.get_finished_spans()))
     assert b.deadletters == []
-    events = b.events()
-    agents = {e.run_id: e.agent for e in events if isinstance(e, RunStarted)}
-    got = {agents[run]: (t.to_state, t.reason) for run, t in replay(events).final.items()}
-    assert got == {e.agent: (e.state, e.reason) for e in expected}
+    assert final_by_agent(b.events()) == {e.agent: (e.state, e.reason) for e in expected}
     assert all(SECRET.encode() not in o.value for o in b.outputs)
 
 
@@ -43,15 +28,9 @@ def test_runtime_runs_reach_their_states_in_memory(runtime):
 def test_a_hung_run_starts_at_its_first_spans_and_goes_stuck(runtime):
     """A run that hangs (its run span never ends) is published from the spans that ended, and goes STUCK."""
     scenarios = importlib.import_module(f"tests.otel.{runtime}")
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider, exporter = in_memory()
     expected, spans = scenarios.hung(provider, exporter.get_finished_spans)
-    b = Bridge()
-    b.task = b.new_task(limits=Limits(end_grace_s=2))
-    b.fold([encode_spans([s]).SerializeToString() for s in spans])
-    b.now_ms += 31_000  # the start grace: no span but the run span names the agent
-    b.fold([], punctuate=True)
+    b = through_bridge(one_per_span(spans), after_ms=31_000)  # the start grace: only the run span names the agent
     events = b.events()
     (started,) = [e for e in events if isinstance(e, RunStarted)]
     assert started.agent == expected.agent
@@ -66,26 +45,19 @@ def _subgraph_runs(parents_first: bool) -> tuple[dict, dict, dict, dict, dict]:
     final states, and each run's id."""
     from tests.otel import langgraph_runs
 
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider, exporter = in_memory()
     expected = langgraph_runs.subgraph(provider)
     spans = list(exporter.get_finished_spans())
     if parents_first:
         spans.sort(key=lambda s: s.start_time)
-    b = Bridge()
-    b.task = b.new_task(limits=Limits(end_grace_s=2))
-    b.fold([encode_spans([s]).SerializeToString() for s in spans])
-    b.now_ms += 2000
-    b.fold([], punctuate=True)
-    events = b.events()
+    events = through_bridge(one_per_span(spans)).events()
     agents = {e.run_id: e.agent for e in events if isinstance(e, RunStarted)}
     steps: dict[str, list] = {}
     for e in events:
         if isinstance(e, StepFinished):
             steps.setdefault(agents[e.run_id], []).append((e.finish_reason, [c.name for c in e.tool_calls]))
     ended = {agents[e.run_id]: (e.cause, e.step_count) for e in events if isinstance(e, RunEnded)}
-    final = {agents[run]: (t.to_state, t.reason) for run, t in replay(events).final.items()}
+    final = final_by_agent(events)
     ids = {agent: run for run, agent in agents.items()}
     return steps, ended, final, {e.agent: (e.state, e.reason) for e in expected}, ids
 

@@ -4,8 +4,8 @@ Spans arrive as they end — children first, the run span last — across many m
 :func:`fold_trace` adds a message's spans of one trace to that trace's
 :class:`TraceState` and returns the events that became due, in order:
 
-- ``run_started`` when a run's first span arrives (the run span itself, or a span whose
-  run it is: see ``Runtime.parent_is_run``);
+- ``run_started`` when a run's first span arrives (the run span itself, the producer hook's
+  start marker, or a span whose run it is: see ``Runtime.parent_is_run``);
 - ``step_finished`` for a model call once the next model call of the run has arrived (its
   tool calls are then known) or the run span has ended;
 - ``run_ended`` when the run span arrives, with the cause of section 9's rules.
@@ -33,7 +33,16 @@ from loopwarden.codecs.events import (
     ToolCall,
     Usage,
 )
-from loopwarden.stages.otel.mapping import ROLE_MODEL, ROLE_OTHER, ROLE_RUN, ROLE_TOOL, ROLE_WRAPPER, RUNTIMES, Runtime
+from loopwarden.stages.otel.mapping import (
+    ROLE_MARK,
+    ROLE_MODEL,
+    ROLE_OTHER,
+    ROLE_RUN,
+    ROLE_TOOL,
+    ROLE_WRAPPER,
+    RUNTIMES,
+    Runtime,
+)
 from loopwarden.stages.otel.spans import Span
 
 FINISH = {
@@ -202,6 +211,13 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
                     if missing:
                         waiting.setdefault(missing, []).append(span.span_id)
                     continue
+        elif role == ROLE_MARK:
+            # the hook's start marker, a child of its run span (still open when the marker was sent): read once
+            run = span.parent_id
+            above = known.get(run) if run else None
+            known.pop(span.span_id, None)
+            if not run or (above is not None and above.role != ROLE_RUN):
+                continue
         else:
             if role == ROLE_WRAPPER and RUNTIMES[span.runtime].wrapper_parent_is_run:
                 _graph_is_run(known, runs, touched, span)
@@ -211,7 +227,7 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
             progress = runs[run] = RunProgress(open=[])
         if progress.ended:
             after_end += 1
-            del known[span.span_id]
+            known.pop(span.span_id, None)
             continue
         if span.lost:  # a refused span costs itself: its run reports the loss; a run span still closes its run
             progress.lost += 1
@@ -219,6 +235,10 @@ def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_m
             if role != ROLE_RUN:
                 continue
         if role != ROLE_RUN:
+            if role == ROLE_MARK:
+                _mark(progress, span)
+                touched[run] = None
+                continue
             if span.start_ns < progress.last_step_start:  # older than a step already published
                 late += 1
                 if role == ROLE_MODEL:
@@ -263,6 +283,24 @@ def _join(progress: RunProgress, span: Span) -> None:
         progress.last_end = span.end_ns
         progress.last_tool_error = is_tool and span.error
     progress.open.append(span.span_id)
+
+
+def _mark(progress: RunProgress, span: Span) -> None:
+    """The hook's start marker: the run's start, row, agent, run id and policy, before any of its calls ended."""
+    if not progress.first_ns or span.start_ns < progress.first_ns:
+        progress.first_ns = span.start_ns
+    if not progress.scope:
+        progress.scope, progress.runtime = span.scope, span.runtime
+    if span.agent and not progress.started:
+        progress.agent = span.agent  # the run's own name, over a child's gen_ai.agent.name
+    hook = span.hook
+    if hook is not None:
+        progress.bad += hook.bad
+        if not progress.started:
+            if hook.run_id:
+                progress.key = hook.run_id
+            if hook.policy is not None:
+                progress.policy = hook.policy
 
 
 def close_due(state: TraceState, trace_id: str, now_ms: int, limits: Limits = Limits()) -> Folded:
@@ -631,11 +669,15 @@ def _ended(run_id: str, row: Runtime, run_span: Span, last_model: Span | None, l
     # inside), then the last step's model call and tool calls (a runtime may end its run span cleanly after a
     # cancellation cut a tool short)
     inner = [e.rsplit(".", 1)[-1] for x in ([last_model] if last_model else []) + last_calls for e in x.exceptions]
-    # (on one span a timeout beats a cancellation too: the cancellation is how the timeout stopped the run)
+    # (on one span a timeout beats a cancellation too: the cancellation is how the timeout stopped the run).
+    # A cancellation a timeout makes as well (row.cancel_or_timeout: Python's CancelledError) is no verdict:
+    # the cause is not known, and the exception type says why (the producer hook's record, above, would say).
     for names in (shorts, inner):
         for cause, known in (("timeout", row.timeouts), ("aborted", row.cancelled)):
             hit = next((name for name in names if name in known), None)
             if hit is not None:
+                if cause == "aborted" and hit in row.cancel_or_timeout:
+                    cause = "unknown"
                 return RunEnded(**base, cause=cause, approval=None, error_name=hit[:200])
     if run_span.error:
         error_name = shorts[0][:200] if shorts else None

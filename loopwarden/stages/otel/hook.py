@@ -16,6 +16,13 @@ carry it. Every span is passed on to the wrapped processor as it ends, except th
 spans (the bridge's own mapping tells which), which wait for the scope to exit: they end last, at
 the run's end, and the marks made after the runtime returned (``result.interruptions``, a deferred
 output) are added to them then. So a hung run's spans still reach the bridge as they end.
+
+A span ends before it is exported, and a run hung in its first model call has ended none: so as a
+run span starts, the hook also exports a **start marker**, a child of it that ends at once, holds no
+content and carries the run's attributes (``loopwarden.marker``): the bridge publishes the run from
+it, and the run goes STUCK if nothing follows. The hook knows a run span as it starts by the
+attributes it starts with, or by its GenAI name ``invoke_agent <agent>`` (ADK sets its attributes at
+the end); a runtime that names its runs only at their end (LangGraph through OpenInference) gets none.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from loopwarden.stages.otel.mapping import ROLE_RUN, classify, select_runtime
 try:
     from opentelemetry import trace as trace_api
     from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 except ImportError as exc:  # the base install has no OpenTelemetry: say what to install
     raise ImportError("loopwarden.stages.otel.hook needs the OpenTelemetry SDK: pip install opentelemetry-sdk") from exc
 
@@ -46,6 +54,10 @@ __all__ = [
 T = TypeVar("T")
 
 RUN_ID = "loopwarden.run.id"
+AGENT = "loopwarden.agent"
+MARKER = "loopwarden.marker"
+RUN_START = "run_start"
+INVOKE_AGENT = "invoke_agent "  # the GenAI span name of a run: "invoke_agent <agent name>"
 STOP_CAUSE = "loopwarden.stop.cause"
 STOP_FIRED = "loopwarden.stop.fired"
 POLICY = "loopwarden.policy"
@@ -56,6 +68,7 @@ APPROVAL = "loopwarden.approval."
 
 _current: contextvars.ContextVar[Run | None] = contextvars.ContextVar("loopwarden_run", default=None)
 _tasks: weakref.WeakKeyDictionary[asyncio.Task, Run] = weakref.WeakKeyDictionary()
+_ids = RandomIdGenerator()
 
 
 def _text(name: str, value: Any) -> str:
@@ -80,6 +93,36 @@ def _is_run_span(span: ReadableSpan) -> bool:
     return classify(row, span.name, attrs) == ROLE_RUN
 
 
+def _starts_run(span: Any) -> tuple[bool, str]:
+    """(whether a span just started is a run span, the agent name it gives), as far as its start tells: the
+    bridge's mapping on the attributes it starts with, else its GenAI name ``invoke_agent <agent>`` where its
+    row takes ``invoke_agent`` spans for runs."""
+    attrs = span.attributes or {}
+    scope = span.instrumentation_scope.name if span.instrumentation_scope is not None else ""
+    _, row = select_runtime(scope, span.name, attrs)
+    named = span.name[len(INVOKE_AGENT):].strip() if span.name.startswith(INVOKE_AGENT) else ""
+    if classify(row, span.name, attrs) == ROLE_RUN:
+        given = attrs.get("gen_ai.agent.name")
+        # a row whose spans all give one generic agent name (OpenAI Agents) names the agent in the span name
+        agent = named if row.agent_on_run_only or not isinstance(given, str) or not given else given
+        return True, agent
+    if (named and "invoke_agent" in row.run_ops and not row.run_needs_agent_name
+            and attrs.get("gen_ai.operation.name") in (None, "invoke_agent")):
+        return True, named
+    return False, ""
+
+
+def _start_marker(span: Any, attrs: dict[str, Any]) -> ReadableSpan:
+    """The start marker of a run span that just started: its child, ended at once, with ``attrs`` only."""
+    ctx = span.get_span_context()
+    mine = trace_api.SpanContext(ctx.trace_id, _ids.generate_span_id(), is_remote=False,
+                                 trace_flags=ctx.trace_flags, trace_state=ctx.trace_state)
+    return ReadableSpan(
+        name="loopwarden.run_start", context=mine, parent=ctx, resource=span.resource,
+        attributes={MARKER: RUN_START, **attrs}, kind=trace_api.SpanKind.INTERNAL, start_time=span.start_time,
+        end_time=span.start_time, instrumentation_scope=span.instrumentation_scope)
+
+
 def _marked(span: ReadableSpan, attrs: dict[str, Any], events: tuple[Event, ...]) -> ReadableSpan:
     """A copy of an ended span with ``attrs`` and ``events`` added (ended spans are read-only)."""
     return ReadableSpan(
@@ -96,11 +139,15 @@ class Run:
     first stop recorded wins (a timeout, then the cancellation it causes, is a timeout)."""
 
     def __init__(self, run_id: str | None = None, *, policy: Policy | Mapping[str, Any] | None = None,
-                 job_id: str | None = None, attempt: int | None = None, recovers: str | None = None) -> None:
+                 job_id: str | None = None, attempt: int | None = None, recovers: str | None = None,
+                 agent: str | None = None) -> None:
         self._lock = threading.Lock()
         self._run_attrs: dict[str, Any] = {}
         if run_id is not None:
             self._run_attrs[RUN_ID] = _text("run_id", run_id)
+        # the agent's name goes on the run's start marker only: a runtime whose runs are told only at their end
+        # (ADK, LangGraph) gives the run-level attributes to a sub-agent's spans too, which this would misname
+        self._agent = {AGENT: _text("agent", agent)} if agent is not None else {}
         if job_id is not None:
             self._run_attrs[JOB_ID] = _text("job_id", job_id)
         if attempt is not None:
@@ -117,6 +164,7 @@ class Run:
         self._parent: dict[int, int] = {}  # span id -> parent span id, for every span of the scope
         self._runs: set[int] = set()  # spans that were run spans when they started
         self._outer: int | None = None  # the outermost of them
+        self._started_runs = 0  # run spans a start marker was sent for
         self._held: list[tuple[RunSpans, ReadableSpan]] = []
         self._closed = False
         self._token: contextvars.Token | None = None
@@ -136,8 +184,8 @@ class Run:
         """Pass the held run spans on, the marks on the outermost one that ended last.
 
         An exception leaving the scope that the run span's runtime row calls a cancellation or a
-        timeout (``RunCancelled``, ``RunTimedOut``, ``CancelledError`` ...) is recorded as one, when
-        nothing else was."""
+        timeout (``RunCancelled``, ``RunTimedOut``, ``TimeoutError`` ...) is recorded as one, when
+        nothing else was; not a ``CancelledError``, which a timeout around the scope raises too."""
         with self._lock:
             if self._closed:
                 return
@@ -172,7 +220,10 @@ class Run:
             name = type(exc).__name__
             scope = span.instrumentation_scope.name if span.instrumentation_scope is not None else ""
             _, row = select_runtime(scope, span.name, span.attributes or {})
-            cause = "aborted" if name in row.cancelled else "timeout" if name in row.timeouts else None
+            # a CancelledError leaving the scope may be a timeout's (asyncio.wait_for around the scope): not
+            # recorded, as the bridge reads it unmarked; cancel_run and run_with_timeout say which it was
+            cause = ("timeout" if name in row.timeouts else None if name in row.cancel_or_timeout
+                     else "aborted" if name in row.cancelled else None)
             if cause is not None:
                 attrs[STOP_CAUSE] = cause
                 if not any(e.name == "exception" and (e.attributes or {}).get("exception.type") == name
@@ -181,7 +232,8 @@ class Run:
         return _marked(span, attrs, events) if attrs or events else span
 
     # -- what the processor tells the run ---------------------------------------------------------
-    def _started(self, span: Any) -> None:
+    def _started(self, span: Any) -> ReadableSpan | None:
+        """Note a span of the run as it starts; the start marker to export when it is a run span."""
         ctx = span.get_span_context()
         parent = span.parent
         is_run = _is_run_span(span)  # by the attributes it starts with: some runtimes name a run only at its end
@@ -203,6 +255,14 @@ class Run:
             span.set_attributes(self._run_attrs)
         if stop is not None:  # a span started after the cancel (a cleanup step) is part of the stop too
             self._stamp(span, stop)
+        starts, agent = _starts_run(span)
+        if not starts:
+            return None
+        with self._lock:
+            first = self._started_runs == 0  # the first run span of the scope is its run; a later one a sub-agent
+            self._started_runs += 1
+        marks = {AGENT: agent} if agent else {}
+        return _start_marker(span, {**marks, **self._run_attrs, **self._agent} if first else marks)
 
     def _run_above(self, span_id: int) -> int | None:
         node = self._parent.get(span_id)
@@ -293,10 +353,13 @@ class RunSpans(SpanProcessor):
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         run = _current.get()
+        marker = None
         if run is not None:
             self._runs[span.get_span_context().span_id] = run
-            run._started(span)
+            marker = run._started(span)
         self._export.on_start(span, parent_context=parent_context)
+        if marker is not None:
+            self._export.on_end(marker)
 
     def on_end(self, span: ReadableSpan) -> None:
         run = self._runs.pop(span.context.span_id, None)

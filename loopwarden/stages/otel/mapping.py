@@ -23,10 +23,18 @@ ROLE_RUN = 1
 ROLE_MODEL = 2  # a model call: one step
 ROLE_WRAPPER = 3  # a runtime's own per-step span around the model call (AI SDK 7 `step N`): not a step
 ROLE_TOOL = 4
+# the producer hook's start marker: a span it ends at once, as its run span starts, so the run is published
+# (and can go STUCK) before any of its spans ends. Told by ``loopwarden.marker``, whatever the row.
+ROLE_MARK = 5
 
 GENAI_MODEL_OPS = ("chat", "generate_content", "text_completion")
 CANCELLED = ("CancelledError", "AbortError", "KeyboardInterrupt")
 TIMEOUTS = ("TimeoutError", "ReadTimeout", "TimeoutException")
+# Cancellations a timeout makes too: asyncio.wait_for, anyio's fail_after and Pydantic AI's own ``timeout=``
+# cancel the run's task, and the spans record the same CancelledError as for a deliberate cancel (the
+# TimeoutError is raised to the caller only, outside every span). A JS AbortError is a deliberate abort:
+# a timeout's AbortSignal gives a TimeoutError.
+CANCEL_OR_TIMEOUT = ("CancelledError",)
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,9 @@ class Runtime:
     bounds: tuple[tuple[str, str], ...] = ()
     cancelled: tuple[str, ...] = CANCELLED
     timeouts: tuple[str, ...] = TIMEOUTS
+    # the cancellations of ``cancelled`` the spans cannot tell from a timeout: the cause is then not known
+    # (UNCERTAIN), unless the producer hook recorded it
+    cancel_or_timeout: tuple[str, ...] = CANCEL_OR_TIMEOUT
     # (status description prefix, exception type): a runtime that records an exception it raised only in
     # the span's status description (read only to compare with these prefixes, never copied)
     status_exceptions: tuple[tuple[str, str], ...] = ()

@@ -27,6 +27,7 @@ import msgspec
 from loopwarden.codecs.events import CAUSES, Policy
 from loopwarden.stages.otel.mapping import (
     BY_SCOPE,
+    ROLE_MARK,
     ROLE_MODEL,
     ROLE_OTHER,
     ROLE_RUN,
@@ -91,6 +92,8 @@ KNOWN: dict[str, str] = {
     "gen_ai.response.id": PRESENT,
     # the producer hook (loopwarden.stages.otel.hook, or set by hand), on any runtime
     "loopwarden.run.id": HOOK_STR,
+    "loopwarden.agent": HOOK_STR,
+    "loopwarden.marker": HOOK_STR,
     "loopwarden.stop.cause": HOOK_STR,
     "loopwarden.stop.fired": HOOK_STRS,
     "loopwarden.policy": HOOK_STR,
@@ -143,9 +146,12 @@ class Hook(msgspec.Struct, array_like=True, frozen=True, gc=False):
     # approval came to light after its tool span ended (or when it has none)
     approval_tool_call_id: str = ""
     approval_tool_name: str = ""
+    agent: str = ""  # loopwarden.agent: the agent's name, the producer's word over the runtime's
+    marker: str = ""  # loopwarden.marker: "run_start" on the hook's start marker (a child of the run span)
 
 
 _policy_json = msgspec.json.Decoder(Policy)
+RUN_START = "run_start"  # the only loopwarden.marker
 _HOOK_KEYS = frozenset(k for k, kind in KNOWN.items() if kind in HOOK_KINDS)
 
 
@@ -191,8 +197,12 @@ def _hook(attrs: dict[str, Any]) -> Hook:
         bad, deadline_ts = bad + 1, None
     tool_call_id = text("loopwarden.approval.tool_call_id", 200)
     tool_name = text("loopwarden.approval.tool_name", MAX_NAME)
+    agent = text("loopwarden.agent", 100)  # run_started.agent's bound
+    marker = text("loopwarden.marker", 40)
+    if marker and marker != RUN_START:
+        bad, marker = bad + 1, ""
     return Hook(run_id, cause, tuple(fired), policy, approval_id, owner, deadline_ts, resume_token, bad,
-                tool_call_id, tool_name)
+                tool_call_id, tool_name, agent, marker)
 
 
 class Span(msgspec.Struct, array_like=True, frozen=True, gc=False):
@@ -325,6 +335,8 @@ def _build(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int
     role = classify(runtime, name, attrs)
     get = attrs.get
     hook = None if _HOOK_KEYS.isdisjoint(attrs) else _hook(attrs)
+    if hook is not None and hook.marker:
+        role = ROLE_MARK
     if runtime.thread_metadata and role != ROLE_OTHER and (hook is None or not hook.run_id):
         thread = thread_run_id(runtime, get("metadata"))
         if thread:  # the runtime's own run id across traces, below the producer's
@@ -339,6 +351,8 @@ def _build(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int
     agent = get("gen_ai.agent.name") or get("ai.telemetry.functionId") or ""
     if agent and runtime.agent_on_run_only and role != ROLE_RUN:
         agent = ""
+    if hook is not None and hook.agent:
+        agent = hook.agent
     tool_name = tool_id = ""
     if role == ROLE_TOOL:
         tool_name = get("gen_ai.tool.name") or get("ai.toolCall.name") or get("tool.name") or ""
@@ -558,37 +572,33 @@ def _refuse_proto(sp, scope: str, scope_name: str, exc: BadTraces, out: list[Spa
     parent_id = raw_pid.hex() if len(raw_pid) == 8 else ""
     refused.append(Refused(trace_id, span_id, parent_id, exc.reason, str(exc)))
     try:
-        trace_id, span_id, parent_id = _proto_ids(sp, {})
+        ids = _proto_ids(sp, {})
     except BadTraces:
         return  # no run to tell: the loss is counted only
+    message = sp.status.message if sp.status.code == STATUS_ERROR else ""
+    out.append(_placeholder(sp, _proto_value, ids, sp.start_time_unix_nano, sp.end_time_unix_nano, message,
+                            scope, scope_name, exc.reason))
+
+
+def _placeholder(sp: Any, value_of: Any, ids: tuple[str, str, str], start_ns: int, end_ns: int,
+                 status_message: str, scope: str, scope_name: str, reason: str) -> Span:
+    """A refused span's placeholder (``sp`` a protobuf or an OTLP/JSON span, ``value_of`` its attribute value
+    reader): what could be read of it, ``lost`` = why it was refused. Its mapped attributes that pass their
+    check are kept (the one that refused the span is not). Times that are no span's become its latest one
+    (the task moves a time still ahead of its clock back to it)."""
     attrs = {}
     for kv in sp.attributes:
         kind = KNOWN.get(kv.key)
         if kind is not None:
             try:
-                attrs[kv.key] = _checked(kv.key, kind, _proto_value(kv.value), "")
+                attrs[kv.key] = _checked(kv.key, kind, value_of(kv.value), "")
             except BadTraces:
                 pass  # the attribute that refused the span
-    exceptions = []
-    for ev in sp.events:
-        if ev.name == "exception":
-            for kv in ev.attributes:
-                if kv.key == "exception.type" and kv.value.WhichOneof("value") == "string_value":
-                    exceptions.append(kv.value.string_value)
-    code = sp.status.code
-    out.append(_placeholder(trace_id, span_id, parent_id, sp.name, sp.start_time_unix_nano, sp.end_time_unix_nano,
-                            code, attrs, exceptions, scope, scope_name, sp.status.message if code == STATUS_ERROR else "",
-                            exc.reason))
-
-
-def _placeholder(trace_id: str, span_id: str, parent_id: str, name: str, start_ns: int, end_ns: int, status: int,
-                 attrs: dict[str, Any], exceptions: list[str], scope: str, scope_name: str, status_message: str,
-                 reason: str) -> Span:
-    """A refused span's placeholder: what could be read of it, ``lost`` = why it was refused. Times that are
-    no span's become its latest one (the task moves a time still ahead of its clock back to it)."""
+    exceptions = [x for ev in sp.events if ev.name == "exception" for kv in ev.attributes
+                  if kv.key == "exception.type" and isinstance(x := value_of(kv.value), str)]
     if start_ns <= 0 or end_ns < start_ns:
         start_ns = end_ns = max(start_ns, end_ns, 1)
-    span = _build(trace_id, span_id, parent_id, name, start_ns, end_ns, status, attrs, exceptions, scope, scope_name,
+    span = _build(*ids, sp.name, start_ns, end_ns, sp.status.code, attrs, exceptions, scope, scope_name,
                   status_message)
     return msgspec.structs.replace(span, lost=reason)
 
@@ -766,18 +776,8 @@ def _refuse_json(sp: _JSpan, scope: str, scope_name: str, exc: BadTraces, out: l
         start_ns, end_ns = _nanos(sp.start_time_unix_nano, ""), _nanos(sp.end_time_unix_nano, "")
     except BadTraces:
         return
-    attrs = {}
-    for kv in sp.attributes:
-        kind = KNOWN.get(kv.key)
-        if kind is not None:
-            try:
-                attrs[kv.key] = _checked(kv.key, kind, _json_value(kv.value), "")
-            except BadTraces:
-                pass  # the attribute that refused the span
-    exceptions = [x for ev in sp.events if ev.name == "exception" for kv in ev.attributes
-                  if kv.key == "exception.type" and isinstance(x := _json_value(kv.value), str)]
-    out.append(_placeholder(trace_id, span_id, parent_id, sp.name, start_ns, end_ns, sp.status.code, attrs,
-                            exceptions, scope, scope_name, sp.status.message, exc.reason))
+    out.append(_placeholder(sp, _json_value, (trace_id, span_id, parent_id), start_ns, end_ns, sp.status.message,
+                            scope, scope_name, exc.reason))
 
 
 PROTO = "application/x-protobuf"

@@ -112,6 +112,13 @@ const expect = (agent, state, reason, raised, truth = null) => out.push({ agent,
 const hooked = (attributes, route, run) => current.run({ attributes: { 'loopwarden.run.id': randomUUID(), ...attributes }, route }, run);
 
 if (values.hook) {
+  // a run hung in its second model call, never awaited: its first step's spans go out, its run span never
+  // does. Named by `loopwarden.agent` (the AI SDK names the agent on its run span only), and bare.
+  hooked({ 'loopwarden.agent': 'sdk-hung-hooked' }, {}, () => attempt('sdk-hung-hooked', [step([['c1', 'lookup']]), 'hang']));
+  attempt('sdk-hung-unhooked', [step([['c1', 'lookup']]), 'hang']);
+  // published at once under its name, RUNNING until the inactivity timeout makes it STUCK; the bare one waits
+  // start_grace_s (30 s) for a name no span of it gives
+  expect('sdk-hung-hooked', 'RUNNING', 'started', null);
   const approval = [step([['c1', 'payMarked']])];
   const route = { 'loopwarden.approval.owner': 'ops', 'loopwarden.approval.deadline_ts': Date.now() + 3_600_000,
     'loopwarden.approval.resume_token': 'resume-c1' };
