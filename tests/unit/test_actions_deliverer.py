@@ -104,3 +104,16 @@ def test_settings_come_from_the_environment_when_no_flag_gives_them(tmp_path, mo
     settings = settings_from(parse())
     assert (settings.webhook, settings.secret, settings.topic, settings.group) == (
         "https://ctl.example/actions", SECRET, "fleet.actions", "loopwarden-actions")
+
+
+def test_the_actions_doc_lists_every_metric_the_deliverer_exports() -> None:
+    """docs/actions.md's metrics table names exactly the deliverer's series."""
+    import re
+    from pathlib import Path
+
+    from loopwarden.actions import ActionMetrics
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "actions.md").read_text()
+    documented = set(re.findall(r"^\| `(loopwarden_actions_[a-z_]+)` \|", doc, flags=re.M))
+    exported = {f.name + ("_total" if f.type == "counter" else "") for f in ActionMetrics().registry.collect()}
+    assert documented == exported, (exported - documented, documented - exported)
