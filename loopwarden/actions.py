@@ -202,43 +202,53 @@ class Deliverer:
         task = asyncio.ensure_future(self._deliver(tp, offset, action))
         self.tasks.setdefault(tp, set()).add(task)
         task.add_done_callback(self.tasks[tp].discard)
+        task.add_done_callback(self._failed)
+
+        def settled(_: asyncio.Future, action_id: str = action.action_id) -> None:
+            # here, not in a `finally` of the coroutine: a task cancelled before it first ran never enters it
+            self.in_flight.discard(action_id)
+            self.metrics.pending.dec()
+        task.add_done_callback(settled)
+
+    @staticmethod
+    def _failed(task: asyncio.Future) -> None:
+        # Not expected (every delivery failure is retried inside): said, and the offset stays uncommitted,
+        # so the action is posted again after a restart rather than lost.
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a delivery stopped: %r; its partition commits no further until a restart", task.exception())
 
     async def _deliver(self, tp, offset: int, action: RecoveryAction) -> None:
-        try:
-            wait = action.not_before_ts / 1000 - time.time()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            body = encode(action)
-            headers = {"Content-Type": "application/json", ACTION_ID_HEADER: action.action_id}
-            if self.settings.secret is not None:
-                headers[SIGNATURE_HEADER] = signature(self.settings.secret, body)
-            backoff, failures = self.settings.first_backoff_s, 0
-            while True:
-                async with self._limit:
-                    why = await self._post(body, headers)
-                if why is None:
-                    break
-                failures += 1
-                self.metrics.failures.labels(why).inc()
-                if failures == 1 or failures % 10 == 0:
-                    log.warning("action %s: delivery failed (%s, %d time(s)); retrying with backoff",
-                                action.action_id, why, failures)
-                await asyncio.sleep(backoff * random.uniform(0.5, 1.0))  # jitter: a fleet's retries do not align
-                backoff = min(backoff * 2, self.settings.max_backoff_s)
-            if failures:
-                log.info("action %s delivered after %d failed attempt(s)", action.action_id, failures)
-            self.metrics.delivered.labels(action.action).inc()
-            if action.action == "escalate":
-                self.metrics.escalations.labels(escalation_class(action), action.escalate_to or "").inc()
-            self.delivered_ids[action.action_id] = None
-            if len(self.delivered_ids) > REMEMBERED_IDS:
-                self.delivered_ids.popitem(last=False)
-            offsets = self.partitions.get(tp)
-            if offsets is not None:
-                offsets.done.add(offset)
-        finally:
-            self.in_flight.discard(action.action_id)
-            self.metrics.pending.dec()
+        wait = action.not_before_ts / 1000 - time.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        body = encode(action)
+        headers = {"Content-Type": "application/json", ACTION_ID_HEADER: action.action_id}
+        if self.settings.secret is not None:
+            headers[SIGNATURE_HEADER] = signature(self.settings.secret, body)
+        backoff, failures = self.settings.first_backoff_s, 0
+        while True:
+            async with self._limit:
+                why = await self._post(body, headers)
+            if why is None:
+                break
+            failures += 1
+            self.metrics.failures.labels(why).inc()
+            if failures == 1 or failures % 10 == 0:
+                log.warning("action %s: delivery failed (%s, %d time(s)); retrying with backoff",
+                            action.action_id, why, failures)
+            await asyncio.sleep(backoff * random.uniform(0.5, 1.0))  # jitter: a fleet's retries do not align
+            backoff = min(backoff * 2, self.settings.max_backoff_s)
+        if failures:
+            log.info("action %s delivered after %d failed attempt(s)", action.action_id, failures)
+        self.metrics.delivered.labels(action.action).inc()
+        if action.action == "escalate":
+            self.metrics.escalations.labels(escalation_class(action), action.escalate_to or "").inc()
+        self.delivered_ids[action.action_id] = None
+        if len(self.delivered_ids) > REMEMBERED_IDS:
+            self.delivered_ids.popitem(last=False)
+        offsets = self.partitions.get(tp)
+        if offsets is not None:
+            offsets.done.add(offset)
 
     async def _post(self, body: bytes, headers: dict) -> str | None:
         """None when the receiver took it (2xx), else why not."""

@@ -186,3 +186,31 @@ def test_a_deliverer_killed_mid_stream_delivers_the_rest_when_restarted(kafka, t
     assert_repeats_are_the_same_action(receiver)
     after = len(receiver.requests) - before
     assert after < 400, f"the restart posted {after} actions: it did not start from committed offsets"
+
+
+def test_a_second_deliverer_joining_mid_stream_takes_partitions_over_without_losing_an_action(kafka, tmp_path: Path) -> None:
+    """A rebalance moves partitions while their actions are in flight: the first deliverer commits what was
+    delivered and drops the rest, the second posts the rest; every action arrives, repeats with their own id."""
+    tag = uuid.uuid4().hex[:8]
+    topic, now = f"actions-{tag}", int(time.time() * 1000)
+    actions = [action(i, tag, now) for i in range(400)]
+    asyncio.run(make_topic(kafka.bootstrap, topic))
+    asyncio.run(produce(kafka.bootstrap, topic, actions))
+    receiver = Receiver(tmp_path, SECRET, free_port()).up()
+    receiver.delay_s = 0.5  # about 30 a second: the rebalance lands mid-stream
+    first = deliverer(kafka.bootstrap, topic, f"g-{tag}", receiver, tmp_path, free_port())
+    second, port = None, free_port()
+    try:
+        wait_for(lambda: len(receiver.delivered()) >= 60, 90, first, "sixty deliveries")
+        second = deliverer(kafka.bootstrap, topic, f"g-{tag}", receiver, tmp_path, port)
+        wait_for(lambda: len(receiver.delivered()) >= 400, 120, second, "every action delivered after the rebalance")
+        assert first.poll() is None, first.stderr.read()
+        time.sleep(2)
+        by_second = sum(v for (name, _), v in metrics(port).items() if name == "loopwarden_actions_delivered_total")
+    finally:
+        errs = [stop(p) for p in (first, second) if p is not None]
+        receiver.close()
+    assert all("Traceback" not in err for err in errs), errs
+    assert 0 < by_second < 400, f"the second deliverer delivered {by_second}: no partition moved mid-stream"
+    assert set(receiver.delivered()) == {a.action_id for a in actions}
+    assert_repeats_are_the_same_action(receiver)

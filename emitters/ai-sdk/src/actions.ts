@@ -148,6 +148,8 @@ export interface ActionStats {
 
 /** A running onAction: its counts, and `close()` to stop receiving. */
 export interface ActionSubscription {
+  /** Resolves once the source is reading; rejects when it could not start (e.g. Kafka unreachable). */
+  ready: Promise<void>;
   stats(): ActionStats;
   close(): Promise<void>;
 }

@@ -152,6 +152,14 @@ export type RecoveryActionName = (typeof RECOVERY_ACTION_NAMES)[number];
 export const ACTION_NAMES = [...RECOVERY_ACTION_NAMES, 'abandon', 'acknowledge'] as const;
 export type ActionName = (typeof ACTION_NAMES)[number];
 
+/** Which states each action can answer (loopwarden refuses a policy that asks otherwise). */
+export const ACTION_STATES: Readonly<Record<RecoveryActionName, readonly HealthState[]>> = {
+  resume: ['STUCK'],
+  restart: ['STUCK', 'BOUNDED_STOP', 'FALSE_COMPLETE', 'FAILED'],
+  reverify: ['FALSE_COMPLETE'],
+  escalate: ['WAITING', 'WAITING_UNROUTED', 'STUCK', 'BOUNDED_STOP', 'FAILED', 'FALSE_COMPLETE', 'UNCERTAIN'],
+};
+
 /** Declared, never inferred; loopwarden refuses unknown fields (a misspelt bound must not go unnoticed). */
 export interface RecoveryPolicy {
   /** attempts of the job, the first included (1–10000, default 1) */
@@ -687,6 +695,10 @@ function decodeRecoveryPolicy(r: Reader): RecoveryPolicy {
       if (!(HEALTH_STATES as readonly string[]).includes(state)) throw new LoopwardenDecodeError('Expected a state', path);
       if (!(RECOVERY_ACTION_NAMES as readonly unknown[]).includes(action)) {
         throw new LoopwardenDecodeError(`Expected one of ${RECOVERY_ACTION_NAMES.join(', ')}`, path);
+      }
+      const answers = ACTION_STATES[action as RecoveryActionName];
+      if (!answers.includes(state as HealthState)) {
+        throw new LoopwardenDecodeError(`Expected an action that answers ${state} (${action} answers ${answers.join(', ')})`, path);
       }
       on[state as HealthState] = action as RecoveryActionName;
     }

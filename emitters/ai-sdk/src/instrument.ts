@@ -510,6 +510,7 @@ export class Loopwarden {
     const started = source.start(handle, { groupId: `loopwarden-actions.${this.options.agent ?? 'agent'}` });
     started.catch((error: unknown) => this.internalError(error));
     return {
+      ready: started,
       stats: () => ({ ...stats }),
       close: async () => {
         closed = true;

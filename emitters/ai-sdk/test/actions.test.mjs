@@ -53,6 +53,7 @@ test('onAction hands each action to the handler once, dropping a repeat of its a
   const { actions, lw } = client();
   const seen = [];
   const sub = lw.onAction((a) => seen.push(a.action_id));
+  await sub.ready;
   await actions.push(action(), action(), action({ action_id: 'inv-8:2', run_id: 'inv-8', job_id: 'inv-8' }));
   assert.deepEqual(seen, ['inv-7:4', 'inv-8:2']);
   assert.deepEqual(sub.stats(), { handled: 2, repeats: 1, invalid: 0, skipped: 0, handlerErrors: 0 });
@@ -175,6 +176,10 @@ test('a recovery policy with an unknown field or a wrong action is refused at se
   assert.throws(
     () => createLoopwarden({ sink, recovery: { on: { STUCK: 'retry' } } }),
     (e) => e instanceof LoopwardenConfigError && /recovery\.on\.STUCK is invalid/.test(e.message),
+  );
+  assert.throws(
+    () => createLoopwarden({ sink, recovery: { on: { UNCERTAIN: 'restart' } } }),
+    (e) => e instanceof LoopwardenConfigError && /recovery\.on\.UNCERTAIN is invalid: Expected an action that answers UNCERTAIN/.test(e.message),
   );
 });
 
