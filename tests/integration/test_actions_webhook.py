@@ -214,3 +214,16 @@ def test_a_second_deliverer_joining_mid_stream_takes_partitions_over_without_los
     assert 0 < by_second < 400, f"the second deliverer delivered {by_second}: no partition moved mid-stream"
     assert set(receiver.delivered()) == {a.action_id for a in actions}
     assert_repeats_are_the_same_action(receiver)
+
+
+def test_a_missing_actions_topic_is_one_line_naming_it(kafka, tmp_path: Path) -> None:
+    """The deliverer never creates the topic: a wrong --actions-topic stops it at start in one line."""
+    receiver = Receiver(tmp_path, SECRET, free_port())
+    try:
+        proc = deliverer(kafka.bootstrap, "no-such-actions-topic", "g-missing", receiver, tmp_path, 0)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        receiver.close()
+    assert proc.returncode == 1
+    assert err.strip().splitlines() == ["loopwarden actions: topic no-such-actions-topic does not exist (check "
+                                        "--actions-topic / LOOPWARDEN_ACTIONS_TOPIC; a worker creates it)"], err
