@@ -110,21 +110,19 @@ class _Offsets:
     def __init__(self) -> None:
         self.order: deque[int] = deque()
         self.done: set[int] = set()
-        self.committed: int | None = None
+        self.position: int | None = None  # the next offset to read once every action before it was delivered
+        self.committed: int | None = None  # what the group has, as far as this process knows
 
     def add(self, offset: int) -> None:
         self.order.append(offset)
 
     def committable(self) -> int | None:
-        """The offset to commit (the next to read), when it moved."""
-        last = None
+        """The offset to commit (the next to read), while the group does not have it yet."""
         while self.order and self.order[0] in self.done:
             last = self.order.popleft()
             self.done.discard(last)
-        if last is None or (self.committed is not None and last + 1 <= self.committed):
-            return None
-        self.committed = last + 1
-        return self.committed
+            self.position = last + 1
+        return self.position if self.position != self.committed else None
 
 
 class Deliverer:
@@ -268,8 +266,20 @@ class Deliverer:
     async def _commit(self, only=None) -> None:
         offsets = {tp: o.committable() for tp, o in self.partitions.items() if only is None or tp in only}
         offsets = {tp: off for tp, off in offsets.items() if off is not None}
-        if offsets:
+        if not offsets:
+            return
+        from aiokafka.errors import KafkaError
+
+        try:
             await self._consumer.commit(offsets)
+        except KafkaError as exc:
+            # e.g. the group rebalanced meanwhile: tried again with the next batch, and what a partition's next
+            # owner reads from an older offset it posts again (at least once); nothing is lost by going on
+            log.warning("offsets not committed (%r); their actions may be posted again", exc)
+            return
+        for tp, off in offsets.items():
+            if tp in self.partitions:
+                self.partitions[tp].committed = off
 
     async def _release(self, revoked) -> None:
         """Partitions leave this process: commit what was delivered, drop the rest (their new owner posts it)."""
