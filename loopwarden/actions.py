@@ -142,10 +142,9 @@ class Deliverer:
     async def run(self, stop: asyncio.Event, started: asyncio.Event | None = None) -> None:
         import aiohttp
         from aiokafka import AIOKafkaConsumer
+        from aiokafka.abc import ConsumerRebalanceListener
 
         deliverer = self
-
-        from aiokafka.abc import ConsumerRebalanceListener
 
         class Listener(ConsumerRebalanceListener):
             async def on_partitions_revoked(self, revoked) -> None:

@@ -21,7 +21,9 @@ import time
 import msgspec
 from aiokafka import AIOKafkaProducer
 
-from loopwarden.codecs import JSON, MSGPACK, InputEvent, OutcomeExpected, OutcomeReceipt, Policy, ReceiptKind, RunStarted, encode
+from loopwarden.codecs import (
+    JSON, MSGPACK, InputEvent, OutcomeExpected, OutcomeReceipt, Policy, ReceiptKind, RunStarted, encode,
+)
 from loopwarden.codecs.events import RecoveryAction
 
 
@@ -33,7 +35,8 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def next_attempt(action: RecoveryAction, run_id: str, agent: str, policy: Policy, ts: int | None = None) -> RunStarted:
+def next_attempt(action: RecoveryAction, run_id: str, agent: str, policy: Policy,
+                 ts: int | None = None) -> RunStarted:
     """The ``run_started`` of the attempt a ``resume`` or ``restart`` calls for: a new run linked to the job.
 
     ``policy`` is the one the job ran under; the action's ``next_policy`` replaces it when set (a tighter

@@ -78,4 +78,5 @@ def test_on_action_hands_each_committed_action_over_once_and_starts_the_next_att
     assert (first.job_id, first.attempt, first.recovers) == (resume.job_id, 2, resume.run_id)
     assert (second.job_id, second.attempt, second.recovers) == (restart.job_id, 2, restart.run_id)
     assert first.policy.recovery.max_attempts == 3
-    assert (second.policy.version, second.policy.stop_when, second.policy.recovery.max_attempts) == ("v1-tight", (StepCount(count=4),), 3)
+    assert (second.policy.version, second.policy.stop_when, second.policy.recovery.max_attempts) == (
+        "v1-tight", (StepCount(count=4),), 3)
