@@ -133,6 +133,7 @@ KAFKA_COMMANDS = {
     "receipt": "publish a person's signed decision on a run's outcome (verifier: human)",
     "bridge": "run the OpenTelemetry bridge: spans from the Collector's Kafka exporter -> run events",
     "board": "serve the runs board: the whole fleet's runs from agent.health, live in a browser",
+    "actions": "deliver each recovery action on agent.actions to the fleet's controller (HTTPS webhook, HMAC-signed)",
 }
 
 
@@ -206,6 +207,9 @@ def build_parser(processor: bool | None = None) -> argparse.ArgumentParser:
         from loopwarden.commands.board import add_command as add_board
 
         add_board(sub)
+        from loopwarden.commands.actions import add_command as add_actions
+
+        add_actions(sub)
     else:  # listed anyway, so that asking for one says what to install instead of "invalid choice"
         for name, text in KAFKA_COMMANDS.items():
             p = sub.add_parser(name, help=f"{text} [needs loopwarden[processor]]", add_help=False)
@@ -238,7 +242,7 @@ def set_up_process(args: argparse.Namespace) -> None:
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         _watch_startup(passthrough=True)  # the worker logs aiokafka's lines; a connection error only in the exit line
         args.on_recovered = _recovered
-    elif command in ("board", "verify") and args.func is not _needs_processor:  # services: they log what they do
+    elif command in ("board", "verify", "actions") and args.func is not _needs_processor:  # services: they log what they do
         if command == "board":
             from loopwarden.commands.cliutil import _config
 

@@ -6,6 +6,11 @@ receipts on ``agent.outcomes``, keyed by run_id, JSON (or MessagePack with the
 
     async with Publisher("127.0.0.1:9092") as pub:
         await pub.publish(RunStarted(run_id="r1", ts=now_ms(), agent="a", policy=Policy(version="v1")))
+
+A ``recovery_action`` read from ``agent.actions`` starts the job's next attempt with
+:func:`next_attempt` (docs/actions.md)::
+
+    await pub.publish(next_attempt(action, run_id="r1-2", agent="a", policy=policy))
 """
 
 from __future__ import annotations
@@ -13,9 +18,13 @@ from __future__ import annotations
 import asyncio
 import time
 
+import msgspec
 from aiokafka import AIOKafkaProducer
 
-from loopwarden.codecs import JSON, MSGPACK, InputEvent, OutcomeExpected, OutcomeReceipt, ReceiptKind, encode
+from loopwarden.codecs import (
+    JSON, MSGPACK, InputEvent, OutcomeExpected, OutcomeReceipt, Policy, ReceiptKind, RunStarted, encode,
+)
+from loopwarden.codecs.events import RecoveryAction
 
 
 class PublishError(RuntimeError):
@@ -24,6 +33,30 @@ class PublishError(RuntimeError):
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def next_attempt(action: RecoveryAction, run_id: str, agent: str, policy: Policy,
+                 ts: int | None = None) -> RunStarted:
+    """The ``run_started`` of the attempt a ``resume`` or ``restart`` calls for: a new run linked to the job.
+
+    ``policy`` is the one the job ran under; the action's ``next_policy`` replaces it when set (a tighter
+    bound, say), keeping ``policy``'s recovery when ``next_policy`` declares none, so the job's bound holds
+    across its attempts. Raises ValueError for an action that starts nothing (reverify, escalate, a
+    person's abandon or acknowledge) and for a run id that is not new.
+    """
+    if action.next_attempt is None:
+        raise ValueError(f"action {action.action_id!r} is {action.action!r}: it starts no attempt "
+                         "(only resume and restart do)")
+    if run_id in (action.run_id, action.job_id):
+        raise ValueError(f"run_id {run_id!r} names an earlier attempt of job {action.job_id!r}: "
+                         "each attempt is a run with its own id")
+    chosen = policy
+    if action.next_policy is not None:
+        chosen = action.next_policy
+        if chosen.recovery is msgspec.UNSET and policy.recovery is not msgspec.UNSET:
+            chosen = msgspec.structs.replace(chosen, recovery=policy.recovery)
+    return RunStarted(run_id=run_id, ts=now_ms() if ts is None else ts, agent=agent, policy=chosen,
+                      job_id=action.job_id, attempt=action.next_attempt, recovers=action.run_id)
 
 
 class Publisher:
@@ -115,6 +148,13 @@ class Publisher:
             receipt = key.sign(receipt)
         await self.publish(receipt, wait=wait)
         return receipt
+
+    async def start_attempt(self, action: RecoveryAction, run_id: str, agent: str, policy: Policy,
+                            wait: bool = False) -> RunStarted:
+        """Publish the ``run_started`` of the attempt ``action`` calls for (:func:`next_attempt`)."""
+        event = next_attempt(action, run_id, agent, policy)
+        await self.publish(event, wait=wait)
+        return event
 
     async def partitions(self, topic: str) -> set[int]:
         return set(await self._producer.partitions_for(topic))

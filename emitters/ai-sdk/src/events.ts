@@ -141,6 +141,64 @@ export interface Policy {
   inactivity_timeout_s?: number;
   receipt_window_s?: number;
   required_outcomes?: string[];
+  /** docs/contract.md section 12: what the job may do on its own after this attempt (absent: the agent's default). */
+  recovery?: RecoveryPolicy;
+}
+
+/** Actions a recovery policy may call for (docs/contract.md section 12). */
+export const RECOVERY_ACTION_NAMES = ['resume', 'restart', 'reverify', 'escalate'] as const;
+export type RecoveryActionName = (typeof RECOVERY_ACTION_NAMES)[number];
+/** Every action on `agent.actions`: a person's `abandon` and `acknowledge` are records, nothing to start. */
+export const ACTION_NAMES = [...RECOVERY_ACTION_NAMES, 'abandon', 'acknowledge'] as const;
+export type ActionName = (typeof ACTION_NAMES)[number];
+
+/** Which states each action can answer (loopwarden refuses a policy that asks otherwise). */
+export const ACTION_STATES: Readonly<Record<RecoveryActionName, readonly HealthState[]>> = {
+  resume: ['STUCK'],
+  restart: ['STUCK', 'BOUNDED_STOP', 'FALSE_COMPLETE', 'FAILED'],
+  reverify: ['FALSE_COMPLETE'],
+  escalate: ['WAITING', 'WAITING_UNROUTED', 'STUCK', 'BOUNDED_STOP', 'FAILED', 'FALSE_COMPLETE', 'UNCERTAIN'],
+};
+
+/** Declared, never inferred; loopwarden refuses unknown fields (a misspelt bound must not go unnoticed). */
+export interface RecoveryPolicy {
+  /** attempts of the job, the first included (1–10000, default 1) */
+  max_attempts?: number;
+  /** which action a state calls for; a state absent: no automatic action */
+  on?: Partial<Record<HealthState, RecoveryActionName>>;
+  /** the action is due this long after the transition (seconds, default 0) */
+  backoff_s?: number;
+  /** the next attempt's stop policy; null: the same */
+  next_policy?: Policy | null;
+  /** tools whose repetition is safe: FAILED restarts only over these */
+  idempotent_tools?: string[];
+  /** who is told when the policy cannot act */
+  escalate_to?: string | null;
+}
+
+/** One action on `agent.actions` (keyed by job_id): what the fleet should do, and when. Never produced by the emitter. */
+export interface RecoveryAction {
+  type: 'recovery_action';
+  /** `<run_id>:<seq>` of the transition that caused it (`<run_id>:op:<request_id>` for a person's): drop repeats by it */
+  action_id: string;
+  /** the attempt that ended */
+  run_id: string;
+  job_id: string;
+  attempt: number;
+  /** the attempt to start, for resume and restart; null otherwise */
+  next_attempt: number | null;
+  action: ActionName;
+  reason: string;
+  ts: number;
+  /** ms since the epoch: when it is due */
+  not_before_ts: number;
+  /** the next attempt's stop policy; null: the same */
+  next_policy: Policy | null;
+  escalate_to: string | null;
+  /** `policy:<version>` or `person:<key id>[/<actor>]` */
+  decided_by: string;
+  /** a person restarted beyond max_attempts */
+  override_bound?: boolean;
 }
 
 export interface ToolCallRecord {
@@ -172,6 +230,11 @@ export interface RunStarted {
   ts: number;
   agent: string;
   policy: Policy;
+  /** docs/contract.md section 12: the job this run is an attempt of (absent: its own job's first attempt) */
+  job_id?: string;
+  attempt?: number;
+  /** the run id of the attempt this one replaces */
+  recovers?: string;
 }
 
 export interface StepFinished {
@@ -360,7 +423,7 @@ function pick(source: Obj, keys: readonly string[]): Obj {
 }
 
 const KEYS = {
-  run_started: ['type', 'run_id', 'ts', 'agent', 'policy'],
+  run_started: ['type', 'run_id', 'ts', 'agent', 'policy', 'job_id', 'attempt', 'recovers'],
   step_finished: ['type', 'run_id', 'ts', 'segment', 'step', 'finish_reason', 'tool_calls', 'usage'],
   run_ended: ['type', 'run_id', 'ts', 'segment', 'cause', 'fired', 'step_count', 'approval', 'error_name', 'steered'],
   approval_routed: ['type', 'run_id', 'ts', 'approval_id', 'owner', 'deadline_ts', 'resume_token'],
@@ -384,7 +447,8 @@ const KEYS = {
   ],
 } as const satisfies Record<EventType, readonly string[]>;
 
-const POLICY_KEYS = ['version', 'stop_when', 'inactivity_timeout_s', 'receipt_window_s', 'required_outcomes'];
+const POLICY_KEYS = ['version', 'stop_when', 'inactivity_timeout_s', 'receipt_window_s', 'required_outcomes', 'recovery'];
+const RECOVERY_KEYS = ['max_attempts', 'on', 'backoff_s', 'next_policy', 'idempotent_tools', 'escalate_to'];
 const CONDITION_KEYS: Record<Condition['kind'], readonly string[]> = {
   step_count: ['kind', 'count'],
   tool_call: ['kind', 'tools'],
@@ -403,6 +467,11 @@ function canonicalCondition(condition: Condition): Obj {
 function canonicalPolicy(policy: Policy): Obj {
   const out = pick(policy as unknown as Obj, POLICY_KEYS);
   if (Array.isArray(policy.stop_when)) out.stop_when = policy.stop_when.map(canonicalCondition);
+  if (policy.recovery !== undefined) {
+    const recovery = pick(policy.recovery as unknown as Obj, RECOVERY_KEYS);
+    if (policy.recovery.next_policy) recovery.next_policy = canonicalPolicy(policy.recovery.next_policy);
+    out.recovery = recovery;
+  }
   return out;
 }
 
@@ -604,7 +673,83 @@ function decodePolicy(r: Reader): Policy {
       return kind;
     });
   }
+  if (r.has('recovery')) policy.recovery = decodeRecoveryPolicy(r.object('recovery'));
   return policy;
+}
+
+
+
+function decodeRecoveryPolicy(r: Reader): RecoveryPolicy {
+  for (const [key] of r.entries()) {
+    if (!RECOVERY_KEYS.includes(key)) throw new LoopwardenDecodeError(`Unknown field ${JSON.stringify(key)}`, r.at(key));
+  }
+  const recovery: RecoveryPolicy = {};
+  if (r.has('max_attempts')) {
+    recovery.max_attempts = r.int('max_attempts', { min: 1 });
+    if (recovery.max_attempts > 10_000) throw new LoopwardenDecodeError('Expected `int` <= 10000', r.at('max_attempts'));
+  }
+  if (r.has('on')) {
+    const on: Partial<Record<HealthState, RecoveryActionName>> = {};
+    for (const [state, action] of r.object('on').entries()) {
+      const path = `${r.at('on')}.${state}`;
+      if (!(HEALTH_STATES as readonly string[]).includes(state)) throw new LoopwardenDecodeError('Expected a state', path);
+      if (!(RECOVERY_ACTION_NAMES as readonly unknown[]).includes(action)) {
+        throw new LoopwardenDecodeError(`Expected one of ${RECOVERY_ACTION_NAMES.join(', ')}`, path);
+      }
+      const answers = ACTION_STATES[action as RecoveryActionName];
+      if (!answers.includes(state as HealthState)) {
+        throw new LoopwardenDecodeError(`Expected an action that answers ${state} (${action} answers ${answers.join(', ')})`, path);
+      }
+      on[state as HealthState] = action as RecoveryActionName;
+    }
+    recovery.on = on;
+  }
+  if (r.has('backoff_s')) {
+    const v = r.raw('backoff_s');
+    if (typeof v !== 'number' || !(v >= 0 && v <= LIMITS.maxSeconds)) {
+      throw new LoopwardenDecodeError(`Expected \`float\` >= 0 and <= ${LIMITS.maxSeconds}`, r.at('backoff_s'));
+    }
+    recovery.backoff_s = v;
+  }
+  if (r.has('next_policy')) recovery.next_policy = r.raw('next_policy') === null ? null : decodePolicy(r.object('next_policy'));
+  if (r.has('idempotent_tools')) recovery.idempotent_tools = r.strList('idempotent_tools', { maxItems: 1000, item: ID });
+  if (r.has('escalate_to')) recovery.escalate_to = r.nullableStr('escalate_to', ID);
+  return recovery;
+}
+
+/**
+ * Decode and validate one `recovery_action` read from `agent.actions` (a JSON text or a parsed value).
+ * Unknown fields are dropped. Raises LoopwardenDecodeError naming the offending path.
+ */
+export function decodeRecoveryAction(input: string | unknown): RecoveryAction {
+  let value: unknown = input;
+  if (typeof input === 'string') {
+    try {
+      value = JSON.parse(input);
+    } catch (exc) {
+      throw new LoopwardenDecodeError(`Invalid JSON: ${(exc as Error).message}`, '$');
+    }
+  }
+  if (!isObj(value)) throw new LoopwardenDecodeError('Expected `object`', '$');
+  const r = new Reader(value, '$');
+  r.oneOf('type', ['recovery_action'] as const);
+  const action: RecoveryAction = {
+    type: 'recovery_action',
+    action_id: r.str('action_id', { min: 1 }),
+    run_id: r.str('run_id', { min: 1, max: L.runId }),
+    job_id: r.str('job_id', { min: 1, max: L.runId }),
+    attempt: r.int('attempt', { min: 1 }),
+    next_attempt: r.nullableInt('next_attempt', { min: 2 }),
+    action: r.oneOf('action', ACTION_NAMES),
+    reason: r.str('reason'),
+    ts: r.int('ts', { min: 0 }),
+    not_before_ts: r.int('not_before_ts', { min: 0 }),
+    next_policy: r.raw('next_policy') === null ? null : decodePolicy(r.object('next_policy')),
+    escalate_to: r.nullableStr('escalate_to'),
+    decided_by: r.str('decided_by'),
+  };
+  if (r.has('override_bound')) action.override_bound = r.bool('override_bound');
+  return action;
 }
 
 function decodeUsage(r: Reader): Usage {
@@ -667,8 +812,13 @@ export function decodeEvent(input: string | unknown): LoopwardenEvent {
   const run_id = r.str('run_id', { min: 1, max: L.runId });
   const ts = r.int('ts', { min: 0 });
   switch (type) {
-    case 'run_started':
-      return { type, run_id, ts, agent: r.str('agent', { min: 1, max: L.agent }), policy: decodePolicy(r.object('policy')) };
+    case 'run_started': {
+      const event: RunStarted = { type, run_id, ts, agent: r.str('agent', { min: 1, max: L.agent }), policy: decodePolicy(r.object('policy')) };
+      if (r.has('job_id')) event.job_id = r.str('job_id', { min: 1, max: L.runId });
+      if (r.has('attempt')) event.attempt = r.int('attempt', { min: 1 });
+      if (r.has('recovers')) event.recovers = r.str('recovers', { min: 1, max: L.runId });
+      return event;
+    }
     case 'step_finished': {
       const event: StepFinished = {
         type,

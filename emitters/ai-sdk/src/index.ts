@@ -33,5 +33,16 @@ export { Publisher, PRIORITY, type PublisherOptions, type PublisherStats } from 
 export { summarizeStep, deriveBoundaryCause, clipId, type StepSummary, type CallOutcome, type BoundaryVerdict } from './steps.js';
 export { sdkEvaluatesAfter } from './sdk-internals.js';
 export { LoopwardenConfigError, LoopwardenResumeError } from './errors.js';
+export {
+  KafkaActionSource,
+  MemoryActionSource,
+  ActionHandlingStopped,
+  type ActionSource,
+  type ActionRecordHandler,
+  type ActionStats,
+  type ActionSubscription,
+  type KafkaActionSourceOptions,
+  type OnActionOptions,
+} from './actions.js';
 export * from './receipts.js';
 export * from './events.js';

@@ -17,7 +17,17 @@ import { generateText, streamText, type ToolLoopAgent } from 'ai';
 import { describeCondition, firedIds, type AnyStopCondition } from './conditions.js';
 import { LoopwardenConfigError, LoopwardenResumeError } from './errors.js';
 import {
+  ActionHandlingStopped,
+  type ActionSource,
+  type ActionStats,
+  type ActionSubscription,
+  type OnActionOptions,
+} from './actions.js';
+import {
+  decodeEvent,
+  decodeRecoveryAction,
   encodeEvent,
+  LoopwardenDecodeError,
   LIMITS,
   RECEIPT_KINDS,
   VERIFIERS,
@@ -26,6 +36,8 @@ import {
   type OutcomeReceipt,
   type Policy,
   type ReceiptKind,
+  type RecoveryAction,
+  type RecoveryPolicy,
   type StepsEvent,
   type Verifier,
 } from './events.js';
@@ -72,6 +84,8 @@ export interface PolicyOptions {
   inactivityTimeoutS?: number;
   receiptWindowS?: number;
   requiredOutcomes?: ReceiptKind[];
+  /** What the job may do on its own when a run ends in a state (docs/contract.md section 12); default: none declared. */
+  recovery?: RecoveryPolicy;
   routeApproval?: ApprovalRouter;
 }
 
@@ -88,6 +102,8 @@ export interface LoopwardenOptions extends PolicyOptions, PublisherOptions {
   now?: () => number;
   /** Told about failures inside the instrumentation (they are counted and swallowed). */
   onInternalError?: (error: unknown) => void;
+  /** Where `onAction` reads recovery actions (a KafkaActionSource on agent.actions). */
+  actions?: ActionSource;
 }
 
 export interface RunOptions {
@@ -102,6 +118,12 @@ export interface RunOptions {
   /** Approval id the run is waiting for, when resuming in another process. */
   pendingApprovalId?: string;
   routeApproval?: ApprovalRouter;
+  /**
+   * The recovery action (resume or restart) this run carries out: its run_started names the job, the
+   * attempt (the action's next_attempt) and the run it recovers, under the action's next_policy when it
+   * has one (keeping this run's recovery policy when next_policy declares none).
+   */
+  recovers?: RecoveryAction;
 }
 
 export interface ReceiptInput {
@@ -151,7 +173,43 @@ function checkPolicyOptions(options: PolicyOptions): void {
   ) {
     throw new LoopwardenConfigError(`requiredOutcomes must be distinct receipt kinds (${RECEIPT_KINDS.join(', ')}), got ${JSON.stringify(kinds)}`);
   }
+  if (options.recovery !== undefined) {
+    try {
+      decodeEvent({ type: 'run_started', run_id: '-', ts: 0, agent: '-', policy: { version: '-', recovery: options.recovery } });
+    } catch (error) {
+      if (!(error instanceof LoopwardenDecodeError)) throw error;
+      const where = error.path.replace('$.policy.recovery', 'recovery');
+      throw new LoopwardenConfigError(`${where} is invalid: ${error.message.replace(/ - at `.*`$/, '')}`);
+    }
+  }
 }
+
+function checkRecovers(runId: string, action: RecoveryAction | undefined): void {
+  if (action === undefined) return;
+  if (action == null || typeof action !== 'object' || typeof action.action_id !== 'string') {
+    throw new LoopwardenConfigError('recovers must be a recovery action read by onAction');
+  }
+  if (typeof action.next_attempt !== 'number') {
+    throw new LoopwardenConfigError(
+      `recovers: action ${JSON.stringify(action.action_id)} is ${JSON.stringify(action.action)}: it starts no attempt (only resume and restart do)`,
+    );
+  }
+  if (runId === action.run_id || runId === action.job_id) {
+    throw new LoopwardenConfigError(
+      `run id ${JSON.stringify(runId)} names an earlier attempt of job ${JSON.stringify(action.job_id)}: each attempt is a run with its own id`,
+    );
+  }
+}
+
+/** The policy an attempt that carries out `action` runs under (docs/contract.md section 12). */
+function attemptPolicy(own: Policy, action: RecoveryAction | undefined): Policy {
+  const next = action?.next_policy;
+  if (!next) return own;
+  return next.recovery === undefined && own.recovery !== undefined ? { ...next, recovery: own.recovery } : next;
+}
+
+// Not unref'd: an action waiting for its due time is work the application asked for (onAction runs until closed).
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, Math.max(0, ms)));
 
 function checkRunId(runId: unknown): asserts runId is string {
   const length = typeof runId === 'string' ? [...runId].length : 0;
@@ -273,12 +331,14 @@ export class Loopwarden {
   }
 
   policyFor(described: DescribedPolicy, options: PolicyOptions): Policy {
+    const recovery = options.recovery ?? this.options.recovery;
     return {
       version: options.policyVersion ?? this.options.policyVersion ?? 'unversioned',
       stop_when: described.stopWhen,
       inactivity_timeout_s: options.inactivityTimeoutS ?? this.options.inactivityTimeoutS ?? 300,
       receipt_window_s: options.receiptWindowS ?? this.options.receiptWindowS ?? 600,
       required_outcomes: [...(options.requiredOutcomes ?? this.options.requiredOutcomes ?? [])],
+      ...(recovery !== undefined ? { recovery } : {}),
     };
   }
 
@@ -316,6 +376,7 @@ export class Loopwarden {
   run(runId: string, options: PolicyOptions & RunOptions = {}): TextRun {
     checkRunId(runId);
     checkPolicyOptions(options);
+    checkRecovers(runId, options.recovers);
     const name = options.agent ?? this.options.agent ?? 'agent';
     checkPolicyOptions({ agent: name });
     return new TextRun(this, runId, name, options);
@@ -376,6 +437,87 @@ export class Loopwarden {
   approvalResolved(runId: string, approvalId: string, approved: boolean): boolean {
     checkRunId(runId);
     return this.emit({ type: 'approval_resolved', run_id: runId, ts: this.clock(), approval_id: clipId(approvalId), approved: approved === true });
+  }
+
+  /**
+   * Receive the recovery actions loopwarden publishes (docs/contract.md section 12) and carry them out:
+   * each action once it is due (`not_before_ts`), repeats dropped by `action_id`, at least once (a
+   * record is consumed only after `handler` returned; a handler that throws is called again with the
+   * same action, with backoff). Start the next attempt with `run(newRunId, { recovers: action })`.
+   */
+  onAction(handler: (action: RecoveryAction) => unknown, options: OnActionOptions = {}): ActionSubscription {
+    const source = options.source ?? this.options.actions;
+    if (source == null || typeof source.start !== 'function') {
+      throw new LoopwardenConfigError(
+        'onAction needs an action source: createLoopwarden({ ..., actions: new KafkaActionSource({ brokers }) })',
+      );
+    }
+    if (typeof handler !== 'function') throw new LoopwardenConfigError('onAction needs a handler function');
+    const first = options.retryFirstMs ?? 500;
+    const longest = options.retryMaxMs ?? 60_000;
+    checkRange(first, 'retryFirstMs', (v) => Number.isFinite(v) && v >= 0);
+    checkRange(longest, 'retryMaxMs', (v) => Number.isFinite(v) && v >= first);
+    const stats: ActionStats = { handled: 0, repeats: 0, invalid: 0, skipped: 0, handlerErrors: 0 };
+    const handled = new Map<string, true>(); // action ids handled, oldest first (bounded)
+    let closed = false;
+    const pause = async (ms: number, keepAlive: () => Promise<void>) => {
+      // in slices, so that a long wait keeps the consumer's group membership and notices close()
+      for (let left = ms; left > 0 && !closed; left -= 3_000) {
+        await sleep(Math.min(left, 3_000));
+        await keepAlive();
+      }
+      if (closed) throw new ActionHandlingStopped();
+    };
+    const handle = async (value: string, keepAlive: () => Promise<void>) => {
+      if (closed) throw new ActionHandlingStopped();
+      let action: RecoveryAction;
+      try {
+        action = decodeRecoveryAction(value);
+      } catch (error) {
+        stats.invalid += 1;
+        this.internalError(error);
+        return;
+      }
+      if (handled.has(action.action_id)) {
+        stats.repeats += 1;
+        return;
+      }
+      let accepted = true;
+      try {
+        accepted = options.accept?.(action) ?? true;
+      } catch (error) {
+        this.internalError(error);
+      }
+      if (!accepted) {
+        stats.skipped += 1;
+        return;
+      }
+      await pause(action.not_before_ts - this.clock(), keepAlive);
+      for (let wait = first; ; wait = Math.min(wait * 2, longest)) {
+        try {
+          await handler(action);
+          break;
+        } catch (error) {
+          stats.handlerErrors += 1;
+          this.internalError(error);
+          await pause(wait, keepAlive);
+        }
+      }
+      stats.handled += 1;
+      handled.set(action.action_id, true);
+      if (handled.size > 10_000) handled.delete(handled.keys().next().value as string);
+    };
+    const started = source.start(handle, { groupId: `loopwarden-actions.${this.options.agent ?? 'agent'}` });
+    started.catch((error: unknown) => this.internalError(error));
+    return {
+      ready: started,
+      stats: () => ({ ...stats }),
+      close: async () => {
+        closed = true;
+        await started.catch(() => undefined);
+        await source.close();
+      },
+    };
   }
 
   stats(): LoopwardenStats {
@@ -442,8 +584,16 @@ class RunState {
     }
     if (!this.started) {
       this.started = true;
-      this.runPolicy = policy;
-      this.lw.emit({ type: 'run_started', run_id: this.runId, ts: this.lw.clock(), agent: this.agent, policy });
+      const action = this.options.recovers;
+      this.runPolicy = attemptPolicy(policy, action);
+      this.lw.emit({
+        type: 'run_started',
+        run_id: this.runId,
+        ts: this.lw.clock(),
+        agent: this.agent,
+        policy: this.runPolicy,
+        ...(action ? { job_id: action.job_id, attempt: action.next_attempt as number, recovers: action.run_id } : {}),
+      });
     }
     for (const { approvalId, approved } of responses) {
       if (this.resolved.has(approvalId)) continue;
@@ -853,6 +1003,7 @@ export class WatchedAgent<AGENT extends ToolLoopAgent<any, any, any, any>> {
   /** The handle for one application-level run; each generate()/stream() on it is a segment. */
   run(runId: string, options: RunOptions = {}): AgentRun<AGENT> {
     checkRunId(runId);
+    checkRecovers(runId, options.recovers);
     const state = new RunState(this.lw, runId, this.name, { ...this.options, ...options });
     return new AgentRun(this.lw, state, this.runner, this.described, this.policy);
   }

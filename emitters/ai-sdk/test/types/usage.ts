@@ -7,10 +7,12 @@ import {
   createLoopwarden,
   hasToolCall,
   isStepCount,
+  KafkaActionSource,
   KafkaSink,
   MemorySink,
   namedCondition,
   tokenBudget,
+  type RecoveryAction,
   type RunEnded,
   type StepsEvent,
 } from '../../src/index.js';
@@ -39,3 +41,21 @@ export function events(sink: MemorySink): RunEnded[] {
 }
 
 export const example: StepsEvent = { type: 'approval_resolved', run_id: 'r', ts: 0, approval_id: 'a', approved: true };
+
+// The README's recovery: onAction's handler gets a typed action, and run() takes it as `recovers`.
+export function readmeRecovery(agent: ToolLoopAgent<never, typeof tools>, page: (to: string | null, why: string) => Promise<void>) {
+  const lw = createLoopwarden({
+    sink: new KafkaSink({ brokers: ['kafka:9092'] }),
+    actions: new KafkaActionSource({ brokers: ['kafka:9092'] }),
+    agent: 'invoice-agent',
+    recovery: { max_attempts: 3, on: { STUCK: 'resume' }, backoff_s: 30, escalate_to: 'invoices-oncall' },
+  });
+  const watched = lw.instrument(agent);
+  return lw.onAction(async (action: RecoveryAction) => {
+    if (action.action === 'resume' || action.action === 'restart') {
+      await watched.run(`${action.job_id}-a${action.next_attempt}`, { recovers: action }).generate({ prompt: 'again' });
+    } else if (action.action === 'escalate') {
+      await page(action.escalate_to, action.reason);
+    }
+  }, { accept: (action) => action.job_id.startsWith('inv-') });
+}
