@@ -27,7 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from loopwarden.codecs import STATES
 from loopwarden.rules import RunState
 from loopwarden.rules.machine import evidence_of
-from loopwarden.engine.config import Config
+from loopwarden.config import Config
 from loopwarden.api.httplimits import GuardedSite, serve_guarded
 from loopwarden.engine.metrics import Metrics
 from loopwarden.api.peers import ANSWER_SIGNATURE, FORWARDED, forward, peer_key, sign_answer, signed_by_peer

@@ -17,7 +17,8 @@ from loopwarden.commands.cliutil import (
     port_taken,
     trusted_verifiers,
 )
-from loopwarden.engine.config import CLOCKS, STORES
+from loopwarden.config import CLOCKS
+from loopwarden.engine.config import STORES
 from loopwarden.engine.exceptions import ConfigError
 
 
@@ -259,6 +260,6 @@ def _bridge_beside(config, on_recovered):
 
     def engines(metrics) -> list[Engine]:
         bridge = bridge_config(config)
-        return [Engine(bridge, BridgeStage(bridge, metrics), metrics, on_recovered)]
+        return [Engine(bridge, BridgeStage(bridge, metrics, config), metrics, on_recovered)]
 
     return engines

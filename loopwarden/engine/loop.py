@@ -31,7 +31,7 @@ from aiokafka.errors import ProducerFenced
 
 from loopwarden.engine.assignment import CoPartitionedAssignor
 from loopwarden.engine.checkpoint import Checkpoint
-from loopwarden.engine.config import Config
+from loopwarden.engine.config import EngineConfig
 from loopwarden.engine.groupcommit import GroupCommitter
 from loopwarden.engine.layoutguard import LayoutGuard
 from loopwarden.engine.manager import RECOVERABLE, PartitionManager, quietly
@@ -63,7 +63,7 @@ class _Rebalance(ConsumerRebalanceListener):
 class Engine:
     """One worker of a stage: its consumer, its assigned partitions, the loop."""
 
-    def __init__(self, config: Config, stage: Stage, metrics: Metrics | None = None,
+    def __init__(self, config: EngineConfig, stage: Stage, metrics: Metrics | None = None,
                  on_recovered: Callable[[], None] | None = None) -> None:
         self.config = config
         self.stage = stage

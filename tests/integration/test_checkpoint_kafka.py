@@ -16,7 +16,7 @@ from loopwarden.engine.manager import RECOVERABLE
 from loopwarden.engine.recovery import transactional_producer
 from loopwarden.engine.stage import Output
 from loopwarden.engine.outputs import Router
-from loopwarden.engine.topics import existing_counts
+from loopwarden.stages.topics import existing_counts
 from tests.integration.harness import delete_topic, run, unique_config
 
 

@@ -173,7 +173,7 @@ def test_a_batch_got_across_an_owning_is_not_taken_and_its_inputs_are_fetched_ag
     input in it is sought back to the offset its partition takes next (unowned ones are left); a later one is taken."""
     from aiokafka import TopicPartition
 
-    from loopwarden.engine.config import Config
+    from loopwarden.config import Config
     from loopwarden.engine.loop import Engine
     from loopwarden.engine.partition import AssignedPartition, OwnedPartition
     from tests.engine.counter_stage import CounterStage
@@ -206,7 +206,7 @@ def test_a_transaction_of_an_ownership_already_dropped_leaves_the_current_one_al
     session timeouts); the same failure of the current ownership drops it."""
     import asyncio
 
-    from loopwarden.engine.config import Config
+    from loopwarden.config import Config
     from loopwarden.stages.health.stage import HealthStage
     from loopwarden.engine.manager import PartitionManager
     from loopwarden.engine.metrics import Metrics
@@ -620,7 +620,7 @@ def test_owning_again_runs_beside_the_loop_once_a_partition_and_lets_go_when_giv
 
     from aiokafka.errors import KafkaConnectionError
 
-    from loopwarden.engine.config import Config
+    from loopwarden.config import Config
     from loopwarden.engine.partition import AssignedPartition
     from loopwarden.engine.reowning import Reowning
 

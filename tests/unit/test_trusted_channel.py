@@ -18,12 +18,12 @@ from loopwarden.rules import Settings, decode_state, encode_state
 from loopwarden.simulate import fleet
 from loopwarden.stages.health.acl import Authorizer, problem
 from loopwarden.engine.alignment import ALIGNED, StreamTime
-from loopwarden.engine.config import Config, from_env
+from loopwarden.config import Config, from_env
 from loopwarden.engine.exceptions import ConfigError
 from loopwarden.stages.health.stage import HealthStage
 from loopwarden.engine.metrics import Metrics
 from loopwarden.stages.health.task import PartitionTask, Tick, encode_tick
-from loopwarden.engine.topics import co_partitioned, plan, wanted
+from loopwarden.stages.topics import co_partitioned, plan, wanted
 from loopwarden.stages.health.topology import assess
 from loopwarden.trust import ReceiptTrust, SigningKey, TrustedVerifiers
 from tests.builders import ended, receipt, started, step, timed

@@ -11,13 +11,13 @@ from collections.abc import Callable
 
 from loopwarden.api import pages
 from loopwarden.engine.assignment import partition_of
-from loopwarden.engine.config import Config
+from loopwarden.config import Config
 from loopwarden.engine.loop import Engine
 from loopwarden.stages.health.stage import HealthStage
 from loopwarden.engine.metrics import Metrics
 from loopwarden.engine.runner import run_engines, run_process
 from loopwarden.stages.health.task import PartitionTask
-from loopwarden.engine.topics import ensure_topics
+from loopwarden.stages.topics import ensure_topics
 
 log = logging.getLogger("loopwarden.worker")
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from loopwarden.stages.otel.stage import BridgeStage, bridge_config
-from loopwarden.engine.config import Config
+from loopwarden.config import Config
 from loopwarden.engine.loop import Engine
 from loopwarden.api.http import bearer_ok, metrics_handler
 from loopwarden.api.httplimits import serve_guarded
@@ -53,7 +53,7 @@ def run_bridge(config: Config, on_recovered: Callable[[], None] | None = None) -
     async def main() -> None:
         metrics = Metrics()
         bridge = bridge_config(config)
-        engine = Engine(bridge, BridgeStage(bridge, metrics), metrics, on_recovered)
+        engine = Engine(bridge, BridgeStage(bridge, metrics, config), metrics, on_recovered)
         app = make_app(engine, metrics, config.token)
         await run_engines([engine], config.shutdown_timeout_s,
                           lambda: serve_guarded(app, config.web_host, config.web_port, config), logger=log)
