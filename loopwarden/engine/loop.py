@@ -35,7 +35,7 @@ from loopwarden.engine.config import EngineConfig
 from loopwarden.engine.groupcommit import GroupCommitter
 from loopwarden.engine.layoutguard import LayoutGuard
 from loopwarden.engine.manager import RECOVERABLE, PartitionManager, quietly
-from loopwarden.engine.metrics import Metrics
+from loopwarden.engine.metrics import EngineMetrics
 from loopwarden.engine.outputs import Router, deadletter_output
 from loopwarden.engine.partition import AssignedPartition, OwnedPartition
 from loopwarden.engine.recovery import restoring_consumer
@@ -63,11 +63,11 @@ class _Rebalance(ConsumerRebalanceListener):
 class Engine:
     """One worker of a stage: its consumer, its assigned partitions, the loop."""
 
-    def __init__(self, config: EngineConfig, stage: Stage, metrics: Metrics | None = None,
+    def __init__(self, config: EngineConfig, stage: Stage, metrics: EngineMetrics | None = None,
                  on_recovered: Callable[[], None] | None = None) -> None:
         self.config = config
         self.stage = stage
-        self.metrics = metrics or Metrics()
+        self.metrics = metrics or EngineMetrics()
         self.untracked = frozenset(i.topic for i in stage.inputs if not i.tracked)
         self.assignor = CoPartitionedAssignor(config.advertised_url)
         self.router = Router(config.partitions, stage.keyed_like_input)

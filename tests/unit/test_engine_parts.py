@@ -209,8 +209,9 @@ def test_a_transaction_of_an_ownership_already_dropped_leaves_the_current_one_al
     from loopwarden.config import Config
     from loopwarden.stages.health.stage import HealthStage
     from loopwarden.engine.manager import PartitionManager
-    from loopwarden.engine.metrics import Metrics
+    from loopwarden.engine.metrics import EngineMetrics
     from loopwarden.engine.partition import AssignedPartition
+    from loopwarden.stages.health.metrics import HealthMetrics
 
     class Part:  # what the manager reads of an OwnedPartition (its number, its identity) and its close()
         def __init__(self, number: int) -> None:
@@ -219,8 +220,8 @@ def test_a_transaction_of_an_ownership_already_dropped_leaves_the_current_one_al
         async def close(self, stopping=None) -> None:
             self.closed = True
 
-    metrics = Metrics()
-    manager = PartitionManager(Config(), HealthStage(Config(), metrics), metrics, Router(8))
+    metrics = EngineMetrics()
+    manager = PartitionManager(Config(), HealthStage(Config(), HealthMetrics(metrics)), metrics, Router(8))
     old, new = Part(3), Part(3)
     a = manager.assigned[3] = AssignedPartition(3)
     a.owned = new  # type: ignore[assignment]
@@ -234,7 +235,7 @@ def test_a_transaction_of_an_ownership_already_dropped_leaves_the_current_one_al
 def test_the_watch_shows_the_lag_of_every_turn_and_drops_a_forgotten_partitions_series() -> None:
     """Each turn measures the lag afresh (a scrape right after the last commit reads 0), writing the gauge only
     when it changed; a partition no longer assigned loses its series, and gets it back when assigned again."""
-    from loopwarden.engine.metrics import Metrics
+    from loopwarden.engine.metrics import EngineMetrics
     from loopwarden.engine.partition import AssignedPartition
     from loopwarden.engine.watch import Watch
 
@@ -245,7 +246,7 @@ def test_the_watch_shows_the_lag_of_every_turn_and_drops_a_forgotten_partitions_
         def highwater(self, tp) -> int:
             return self.end
 
-    ends, metrics = Ends(), Metrics()
+    ends, metrics = Ends(), EngineMetrics()
     watch = Watch(ends, {"agent.steps": "steps"}, metrics, stall_timeout_s=60, malloc_trim_s=0)
     a = AssignedPartition(2)
     a.committed["agent.steps"] = 0
@@ -580,7 +581,7 @@ def test_the_input_bound_sums_what_waits_and_unholds_only_tasks_that_hold() -> N
 
     from loopwarden.engine.alignment import Alignment
     from loopwarden.engine.inputbound import InputBound
-    from loopwarden.engine.metrics import Metrics
+    from loopwarden.engine.metrics import EngineMetrics
 
     class Task:
         def __init__(self, holding: int, held_bytes: int) -> None:
@@ -591,7 +592,7 @@ def test_the_input_bound_sums_what_waits_and_unholds_only_tasks_that_hold() -> N
             self.number, self.buffered_bytes, self.task = number, buffered_bytes, Task(holding, held_bytes)
             self.alignment = Alignment(None, number, {}, 1000)  # type: ignore[arg-type]
 
-    metrics = Metrics(CollectorRegistry())
+    metrics = EngineMetrics(CollectorRegistry())
     bound = InputBound(1000, metrics, "health")
     parts = [Part(0, 300, 0, 0), Part(1, 0, 2, 600), Part(2, 99, 0, 0)]
     assert bound.waiting(parts) == 999 and not bound.full(parts)

@@ -220,7 +220,8 @@ def test_the_stages_transition_metrics_per_batch_equal_them_per_transition() -> 
     from loopwarden.rules import TIMER_REASONS
     from loopwarden.stages.health.batch import wall_clock_ms
     from loopwarden.stages.health.stage import HealthStage
-    from loopwarden.engine.metrics import AGENT_LABELS_MAX, Metrics
+    from loopwarden.engine.metrics import EngineMetrics
+    from loopwarden.stages.health.metrics import AGENT_LABELS_MAX, HealthMetrics
     from tests.unit.test_task import LOG
 
     task = PartitionTask(0, MemoryPartition(), ROLES, settings=Settings(), clock="event",
@@ -232,7 +233,7 @@ def test_the_stages_transition_metrics_per_batch_equal_them_per_transition() -> 
         task.committed(out)
         batches.append(out)
     assert sum(len(b.transitions) for b in batches) > 50
-    new, ref = Metrics(), Metrics()
+    new, ref = HealthMetrics(EngineMetrics()), HealthMetrics(EngineMetrics())
     ref._agents.update(f"a{i}" for i in range(AGENT_LABELS_MAX - 2))  # noqa: SLF001 - near the label cap, in both
     new._agents.update(ref._agents)  # noqa: SLF001
     stage = HealthStage.__new__(HealthStage)

@@ -18,7 +18,7 @@ from typing import cast
 from loopwarden.rules import TIMER_REASONS, Settings
 from loopwarden.stages.health.batch import Batch, wall_clock_ms
 from loopwarden.stages.health.config import HealthConfig
-from loopwarden.engine.metrics import Metrics
+from loopwarden.stages.health.metrics import HealthMetrics
 from loopwarden.engine.stage import Input, StageBase
 from loopwarden.stages.health.task import PartitionTask
 from loopwarden.stages.topics import ensure_topics
@@ -33,7 +33,7 @@ class HealthStage(StageBase[PartitionTask, Batch]):
     name = "health"
     store_name = "runs"
 
-    def __init__(self, config: HealthConfig, metrics: Metrics, verifiers=None) -> None:
+    def __init__(self, config: HealthConfig, metrics: HealthMetrics, verifiers=None) -> None:
         self.config = config
         self.metrics = metrics
         # loopwarden.trust.TrustedVerifiers or None; with the trusted topic, how the task decides trust (None: all count)

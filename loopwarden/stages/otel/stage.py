@@ -27,7 +27,7 @@ from aiokafka.errors import KafkaError
 from loopwarden.stages.otel.fold import Limits
 from loopwarden.stages.otel.task import PUNCTUATE_S, BridgeBatch, BridgeTask
 from loopwarden.engine.exceptions import TopicLayoutError
-from loopwarden.engine.metrics import Metrics
+from loopwarden.stages.otel.metrics import OtelMetrics
 from loopwarden.engine.security import client_options
 from loopwarden.engine.stage import Input, StageBase
 from loopwarden.engine.recovery import COMPACTED
@@ -45,7 +45,7 @@ class BridgeStage(StageBase[BridgeTask, BridgeBatch]):
     name = "otel"
     store_name = "traces"
 
-    def __init__(self, config: OtelConfig, metrics: Metrics, events: RunEvents) -> None:
+    def __init__(self, config: OtelConfig, metrics: OtelMetrics, events: RunEvents) -> None:
         """``config``: the bridge's own (:func:`bridge_config`); ``events``: where its run events go."""
         self.config, self.events = config, events
         self.metrics = metrics
