@@ -43,7 +43,7 @@ from loopwarden.engine.reowning import Reowning
 from loopwarden.engine.security import client_options
 from loopwarden.engine.horizons import Horizons
 from loopwarden.engine.inputbound import InputBound
-from loopwarden.engine.stage import FoldResult, Stage
+from loopwarden.engine.stage import Folded, Stage
 from loopwarden.engine.watch import Watch
 
 log = logging.getLogger("loopwarden.worker")
@@ -180,7 +180,7 @@ class Engine:
             else:
                 part.after_commit(result, None)
 
-    async def _commit(self, part: OwnedPartition, result: FoldResult, records: list) -> None:
+    async def _commit(self, part: OwnedPartition, result: Folded, records: list) -> None:
         c, stage = self.config, self.stage
         dead = [deadletter_output(d, stage.deadletter_topic, self.router.counts[stage.deadletter_topic],
                                   c.max_message_bytes) for d in result.deadletters]

@@ -474,7 +474,7 @@ def test_stream_time_reads_held_records_once_and_gives_the_limits_of_reading_the
     from collections import namedtuple
 
     from loopwarden.engine.alignment import ALIGNED, StreamTime
-    from loopwarden.stages.health.batch import Batch
+    from loopwarden.stages.health.batch import HealthFolded
     from loopwarden.engine.stage import DeadLetter
 
     ev, rec = namedtuple("ev", "ts"), namedtuple("rec", "topic offset value")
@@ -500,7 +500,7 @@ def test_stream_time_reads_held_records_once_and_gives_the_limits_of_reading_the
             lagging = set(rng.sample(list(ALIGNED), rng.randint(0, 3)))
             want = _limits_reading_everything(stream.seen_ts, roles, per_topic, lagging)
             assert stream.limits(per_topic, lagging) == want, (seed, _fold)
-            for role, items in stream.ready(per_topic, lagging, Batch()).items():  # none past its limit applied
+            for role, items in stream.ready(per_topic, lagging, HealthFolded()).items():  # none past its limit applied
                 assert all(item[1].ts <= want[role] for item in items) if role in want else True
             held = [r for items in stream.held.values() for r, _ in items]  # what input_buffer_max_bytes counts
             assert stream.held_bytes == sum(len(r.value) for r in held if r.value is not None), (seed, _fold)

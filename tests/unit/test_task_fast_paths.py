@@ -194,11 +194,11 @@ def test_the_folds_input_decoding_equals_the_checked_decoding(rec, role, ts_limi
 def test_a_batchs_input_decoding_equals_the_checked_decoding_record_by_record(records, ts_limit) -> None:
     """inputs.decode_records (decode_input's accepting path inline) gives, record by record and topic by topic, the
     event or the dead letter the checked way gives; ticks handed back, other topics dead-lettered."""
-    from loopwarden.stages.health.batch import Batch
+    from loopwarden.stages.health.batch import HealthFolded
     from loopwarden.stages.health.inputs import decode_records
 
     per_topic: dict = {}
-    out = Batch()
+    out = HealthFolded()
     ticks = decode_records(records, ROLES, ts_limit, 300_000, per_topic, out)
     expected: dict = {}
     for rec in records:

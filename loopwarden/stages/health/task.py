@@ -2,7 +2,7 @@
 
 The engine (``loopwarden.engine.loop``, running the health stage of
 ``loopwarden.stages.health.stage``) hands every consumed batch of a partition to
-:meth:`PartitionTask.fold` and commits the returned :class:`Batch` in one Kafka
+:meth:`PartitionTask.fold` and commits the returned :class:`HealthFolded` in one Kafka
 transaction: its transitions, its dead letters, **one changelog record per run
 touched** (the run's last state in the batch) and the consumed offsets. Only once the
 transaction is committed does the loop call :meth:`PartitionTask.committed`, which
@@ -32,7 +32,7 @@ from loopwarden.rules.machine import DEADLINE_KEEPING, Result, apply_into
 from loopwarden.rules.table import RunTable
 from loopwarden.engine.alignment import ALIGNED, StreamTime
 from loopwarden.stages.health.batchend import BatchEnd
-from loopwarden.stages.health.batch import CLOCK_KEY, Batch, _decode_clock, is_meta, wall_clock_ms  # noqa: F401
+from loopwarden.stages.health.batch import CLOCK_KEY, HealthFolded, _decode_clock, is_meta, wall_clock_ms  # noqa: F401
 from loopwarden.stages.health.inputs import Record, Tick, decode_input, decode_records, decode_tick, encode_tick, header  # noqa: F401
 from loopwarden.stages.health.inputs import merge_by_ts
 from loopwarden.stages.health.hotstates import LIMIT as HOT_RUNS, HotStates
@@ -138,7 +138,7 @@ class PartitionTask(BatchEnd):
         state = self._live.get(run_id, _ABSENT)
         return self.hot.take(run_id, self.store) if state is _ABSENT else state  # type: ignore[return-value]
 
-    def _take(self, run_id: str, res, out: Batch) -> None:
+    def _take(self, run_id: str, res, out: HealthFolded) -> None:
         counts = out.counts
         for kind, label in res.notes:
             counts[kind, label] += 1
@@ -149,7 +149,7 @@ class PartitionTask(BatchEnd):
 
     # -- the batch --------------------------------------------------------------------
     def fold(self, records: Iterable[Record], *, punctuate: bool = False, caught_up: bool = True,
-             lagging: Collection[str] = ()) -> Batch:
+             lagging: Collection[str] = ()) -> HealthFolded:
         """Apply a batch of this partition's records (any input topic, offset order per topic).
 
         ``punctuate``: fire due timers after the inputs (the loop asks once per tick
@@ -165,7 +165,7 @@ class PartitionTask(BatchEnd):
         across batches, not only within one (stream-time alignment, as Kafka Streams does).
         A call with no ``lagging`` folds everything held.
         """
-        out = Batch()
+        out = HealthFolded()
         live, before, moved, hot, store = self._live, self._before, self._moved, self.hot, self.store
         live.clear()
         before.clear()
@@ -282,7 +282,7 @@ class PartitionTask(BatchEnd):
         """The input topics it holds records of."""
         return self.stream.held.keys()
 
-    def fire_due(self, now_ms: int, out: Batch) -> None:
+    def fire_due(self, now_ms: int, out: HealthFolded) -> None:
         """Fire every due timer of the partition in deadline order: O(due timers)."""
         timers, before = self.timers, self._before
         for state, health, res in timers.fire_due(now_ms):

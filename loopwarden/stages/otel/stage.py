@@ -25,7 +25,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
 from loopwarden.stages.otel.fold import Limits
-from loopwarden.stages.otel.task import PUNCTUATE_S, BridgeBatch, BridgeTask
+from loopwarden.stages.otel.task import PUNCTUATE_S, BridgeTask, Folded
 from loopwarden.engine.exceptions import TopicLayoutError
 from loopwarden.stages.otel.metrics import OtelMetrics
 from loopwarden.engine.security import client_options
@@ -41,7 +41,7 @@ def bridge_config(config: OtelT) -> OtelT:
     return dataclasses.replace(config, app_id=f"{config.app_id}-otel", partitions=config.otel_partitions)
 
 
-class BridgeStage(StageBase[BridgeTask, BridgeBatch]):
+class BridgeStage(StageBase[BridgeTask, Folded]):
     name = "otel"
     store_name = "traces"
 
@@ -105,7 +105,7 @@ class BridgeStage(StageBase[BridgeTask, BridgeBatch]):
         return f" ({sum(task.traces for task in tasks)} traces held)"
 
     # -- metrics, from what happened ---------------------------------------------------
-    def committed(self, partition: int, task: BridgeTask, result: BridgeBatch, summary: object) -> None:
+    def committed(self, partition: int, task: BridgeTask, result: Folded, summary: object) -> None:
         m = self.metrics
         m.otel_traces.labels(str(partition)).set(task.traces)
         for key, n in result.counts.items():
