@@ -1,9 +1,11 @@
-"""A loopwarden process's settings: the engine's and those of every stage it may run, in one frozen value.
+"""A loopwarden process's settings: the engine's and those of every registered stage, in one frozen value.
 
 Each part is declared where it belongs: :class:`~loopwarden.engine.config.EngineConfig` in the engine, a stage's
 in its folder (``loopwarden.stages.health.config``, ``loopwarden.stages.otel.config``). :class:`Config` joins
-them, so ``LOOPWARDEN_<NAME>`` and a worker's flags set any of them; the engine is handed the whole and reads
-only its own fields. ``loopwarden config-doc`` writes docs/configuration.md from them, in :data:`LISTED` order.
+the configs of the stages registered in ``loopwarden.stages.STAGES``, so ``LOOPWARDEN_<NAME>`` and a worker's
+flags set any of them; the engine is handed the whole and reads only its own fields. ``loopwarden
+config-doc`` writes docs/configuration.md from them: :data:`LISTED` first, in its order, then any other
+setting in the order its stage declares it.
 """
 
 from __future__ import annotations
@@ -12,15 +14,21 @@ from dataclasses import Field, dataclass, fields
 
 from loopwarden.engine import config as engine_config
 from loopwarden.engine.config import EngineConfig, env_name
-from loopwarden.stages.health.config import CLOCKS, HealthConfig
-from loopwarden.stages.otel.config import OtelConfig
+from loopwarden.stages import STAGES, Registered
+from loopwarden.stages.health.config import CLOCKS
 
-__all__ = ["CLOCKS", "LISTED", "Config", "EngineConfig", "env_name", "from_env", "listed_fields"]
+__all__ = ["CLOCKS", "LISTED", "Config", "EngineConfig", "env_name", "from_env", "joined_config", "listed_fields"]
 
 
-@dataclass(frozen=True)
-class Config(HealthConfig, OtelConfig):
-    """Every knob of a loopwarden process: the engine's, the health stage's and the OpenTelemetry bridge's."""
+def joined_config(stages: dict[str, Registered] = STAGES) -> type:
+    """One frozen dataclass whose bases are the stages' config classes, in the order they are registered."""
+    bases = tuple(reg.config_class() for reg in stages.values())
+    namespace = {"__module__": __name__,
+                 "__doc__": "Every knob of a loopwarden process: the engine's and each registered stage's."}
+    return dataclass(frozen=True)(type("Config", bases, namespace))
+
+
+Config = joined_config()
 
 
 # The order an operator reads the settings in (docs/configuration.md, `loopwarden worker --help`): the broker
@@ -39,16 +47,16 @@ LISTED = (
 )
 
 
-def listed_fields() -> list[Field]:
-    """Config's fields in :data:`LISTED` order; a field missing from LISTED (or a name there that is no field) is
-    an error, so a new setting cannot be left out of the docs."""
-    by_name = {f.name: f for f in fields(Config)}
-    if set(by_name) != set(LISTED):
-        raise ValueError(f"loopwarden.config.LISTED and Config differ: not listed {sorted(set(by_name) - set(LISTED))}, "
-                         f"no such setting {sorted(set(LISTED) - set(by_name))}")
-    return [by_name[name] for name in LISTED]
+def listed_fields(config: type = Config) -> list[Field]:
+    """``config``'s fields: those in :data:`LISTED` in its order, then the others (a stage registered since, a
+    setting added since) in the order their classes declare them. A name in LISTED that is no setting is an
+    error."""
+    by_name = {f.name: f for f in fields(config)}
+    if set(LISTED) - set(by_name):
+        raise ValueError(f"loopwarden.config.LISTED names no such setting: {sorted(set(LISTED) - set(by_name))}")
+    return [by_name[name] for name in LISTED] + [f for name, f in by_name.items() if name not in LISTED]
 
 
-def from_env(overrides: dict | None = None, environ: dict | None = None) -> Config:
+def from_env(overrides: dict | None = None, environ: dict | None = None) -> Config:  # type: ignore[valid-type]
     """Build a Config from ``LOOPWARDEN_*`` variables, then ``overrides`` (flags; None = unset)."""
     return engine_config.from_env(overrides, environ, kind=Config)

@@ -43,7 +43,7 @@ def field_comments() -> dict[str, str]:
     beside it."""
     out: dict[str, str] = {}
     for klass in Config.__mro__:
-        if klass.__module__.startswith("loopwarden.") and "__dataclass_fields__" in vars(klass):
+        if klass.__module__.startswith("loopwarden.") and vars(klass).get("__annotations__"):  # declares fields
             out.update(_class_comments(klass))
     return out
 

@@ -43,6 +43,12 @@ it holds are not fetched). A task that does not align ignores ``lagging`` and ke
 ``holding = held_bytes = 0``, ``held_topics = ()``. What waits in memory, records buffered and held,
 is bounded by ``input_buffer_max_bytes`` (the engine's :meth:`Engine.process`).
 
+The engine calls a task only through this contract, never guessing at an attribute. Its two hooks
+besides the fold: **timers** are ``fold(punctuate=True)``, once per ``punctuate_every_s`` and only with
+a batch, so what they change commits with it (Kafka Streams' punctuator, Bytewax's ``on_notify``);
+the **pre-fold hold** is :attr:`Task.settling` (a :class:`Settles`, or None), which the engine reads
+before every fold.
+
 :class:`TaskBase` gives a task the parts it may leave out: no alignment, nothing to rebuild
 beyond the store, ``rebuild_steps()`` as one step, nothing kept between fold and commit.
 A task shaped like that (the health stage's ``PartitionTask``, the OpenTelemetry

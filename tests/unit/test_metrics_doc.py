@@ -6,14 +6,14 @@ import re
 from pathlib import Path
 
 from loopwarden.engine.metrics import EngineMetrics
+from loopwarden.stages import stage_metrics
 from loopwarden.stages.health.metrics import HealthMetrics
-from loopwarden.stages.otel.metrics import OtelMetrics
 
 
 def worker_metrics() -> EngineMetrics:
-    """The series of a worker that runs the bridge beside (`worker --otel`): the engine's and both stages'."""
+    """The series of a worker that runs the bridge beside (`worker --otel`): the engine's and every stage's."""
     metrics = EngineMetrics()
-    HealthMetrics(metrics), OtelMetrics(metrics)
+    stage_metrics(metrics)
     return metrics
 
 
