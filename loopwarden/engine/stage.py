@@ -58,6 +58,7 @@ bridge's task) plugs in with a few lines: see ``tests/engine/counter_stage.py`` 
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -73,6 +74,11 @@ class Record(Protocol):
     key: bytes | None
     value: bytes | None
     headers: object
+
+
+def wall_clock_ms() -> int:
+    """The wall clock in ms since the epoch, as Kafka stamps records."""
+    return int(time.time() * 1000)
 
 
 def value_bytes(records) -> int:

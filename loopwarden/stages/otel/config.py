@@ -1,7 +1,7 @@
 """The OpenTelemetry bridge's settings: the Collector's topic, its partitions, how long a run's late spans wait.
 
-They extend the engine's (:class:`~loopwarden.engine.config.EngineConfig`). Where the bridge's run events go is
-the settings of the stage that reads them (:class:`RunEvents`), given to the bridge beside its own.
+They extend the engine's (:class:`~loopwarden.engine.config.EngineConfig`). Where the bridge's run events go
+is a setting of the stage that reads them (:class:`RunEvents`), handed to the bridge beside its own.
 """
 
 from __future__ import annotations

@@ -51,8 +51,7 @@ from loopwarden.stages.otel.fold import (
 )
 from loopwarden.stages.otel.deadletter import describe
 from loopwarden.stages.otel.spans import BadTraces, Refused, Span, decode_traces
-from loopwarden.stages.health.batch import wall_clock_ms
-from loopwarden.engine.stage import DeadLetter, Folded, Output, Record, TaskBase, header
+from loopwarden.engine.stage import DeadLetter, Folded, Output, Record, TaskBase, header, wall_clock_ms
 
 log = logging.getLogger("loopwarden.otel")
 
