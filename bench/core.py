@@ -75,8 +75,14 @@ def variants(pkg: str, values: list, records: dict[int, list]) -> dict:
     records from each commit (``HealthStage.committed``, as the engine calls it), or not."""
     mod = lambda name: importlib.import_module(f"{pkg}.{name}")  # noqa: E731
     decode_input, Replay = mod("codecs").decode_input, mod("replay").Replay
-    Settings, Metrics, MemoryPartition = mod("rules").Settings, mod("engine.metrics").Metrics, mod("engine.store").MemoryPartition
-    PartitionTask, HealthStage, Config = mod("stages.health.task").PartitionTask, mod("stages.health.stage").HealthStage, mod("engine.config").Config
+    Settings, MemoryPartition = mod("rules").Settings, mod("engine.store").MemoryPartition
+    PartitionTask, HealthStage = mod("stages.health.task").PartitionTask, mod("stages.health.stage").HealthStage
+    try:  # the process's Config and the stage's own metrics class
+        Config, EngineMetrics = mod("config").Config, mod("engine.metrics").EngineMetrics
+        HealthMetrics = mod("stages.health.metrics").HealthMetrics
+    except ModuleNotFoundError:  # a revision with one Config and one Metrics, both in the engine (core_ab.py)
+        Config, HealthMetrics = mod("engine.config").Config, mod("engine.metrics").Metrics
+        EngineMetrics = None
     decoded = [decode_input(v) for v in values]
 
     def decode() -> None:
@@ -97,7 +103,7 @@ def variants(pkg: str, values: list, records: dict[int, list]) -> dict:
 
     def fold(batch: int, metrics: bool = True, order: dict[int, list] = records):
         def go() -> None:
-            stage = HealthStage(Config(), Metrics())
+            stage = HealthStage(Config(), HealthMetrics(EngineMetrics()) if EngineMetrics else HealthMetrics())
             roles = {"steps": "steps", "outcomes": "outcomes", "ticks": "ticks"}
             for p, part in order.items():
                 task = PartitionTask(p, MemoryPartition(), roles, settings=Settings(), clock="event")

@@ -55,7 +55,7 @@ from bench.common import Report, cpu_s, duration, jit_cpu_s, median, progress, s
 from loopwarden.codecs import decode_input
 from dev.localkafka import DEFAULT_JVM_ARGS, LocalKafka, free_port
 from loopwarden.simulate import fleet
-from loopwarden.engine.config import Config
+from loopwarden.config import Config
 from loopwarden.engine.recovery import decode_offsets
 from loopwarden.engine.store import OFFSETS_KEY
 

@@ -40,9 +40,9 @@ from dev.localkafka import DEFAULT_JVM_ARGS, LocalKafka, free_port
 from loopwarden.publisher import Publisher
 from loopwarden.replay import Replay
 from loopwarden.simulate import fleet
-from loopwarden.engine.config import Config
+from loopwarden.config import Config
 from loopwarden.stages.health.task import Tick, encode_tick
-from loopwarden.engine.topics import ensure_topics
+from loopwarden.stages.topics import ensure_topics
 
 ADVANCE_S = 700.0
 ROOT = Path(__file__).resolve().parent.parent

@@ -32,8 +32,8 @@ from loopwarden.codecs.states import STATE_TABLE
 from loopwarden.docs_links import state_action, state_doc
 from loopwarden.commands.clients import COLORS, format_transition
 from loopwarden.commands.cliutil import plural
-from loopwarden.engine.config import Config, from_env
-from loopwarden.engine.topics import ensure_topics
+from loopwarden.config import Config, from_env
+from loopwarden.stages.topics import ensure_topics
 
 LEGEND = """\
 make dev: what you see
@@ -98,7 +98,7 @@ async def _show(config: Config, stop_at: float | None, worker: subprocess.Popen,
 
     from aiokafka import TopicPartition
 
-    from loopwarden.engine.topics import partition_count
+    from loopwarden.stages.topics import partition_count
 
     # What agent.health held when this start began is earlier starts' (counted, not shown); every
     # transition after that is shown, whoever produced its run (this fleet, an emitter, `simulate`).

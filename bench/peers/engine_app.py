@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import msgspec
 
 from bench.peers import Progress
-from loopwarden.engine.config import Config
+from loopwarden.config import Config
 from loopwarden.engine.loop import Engine
 from loopwarden.engine.stage import DeadLetter, Folded, Input, Output, StageBase, TaskBase
 

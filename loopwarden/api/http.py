@@ -27,9 +27,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from loopwarden.codecs import STATES
 from loopwarden.rules import RunState
 from loopwarden.rules.machine import evidence_of
-from loopwarden.engine.config import Config
+from loopwarden.config import Config
 from loopwarden.api.httplimits import GuardedSite, serve_guarded
-from loopwarden.engine.metrics import Metrics
+from loopwarden.engine.metrics import EngineMetrics
 from loopwarden.api.peers import ANSWER_SIGNATURE, FORWARDED, forward, peer_key, sign_answer, signed_by_peer
 from loopwarden.api.readmodel import ORDERS, iso
 
@@ -38,7 +38,7 @@ __all__ = ["FORWARDED", "ReadModel", "make_app", "run_document", "serve"]
 
 class ReadModel(Protocol):
     config: Config
-    metrics: Metrics
+    metrics: EngineMetrics
     stalled: set[int]
     blocked: str | None  # why the topic layout stops processing (None: it does not)
 
@@ -115,7 +115,7 @@ def run_document(state: RunState, now_ms: int | None = None) -> dict:
     }
 
 
-def metrics_handler(metrics: Metrics) -> Callable[[web.Request], Awaitable[web.Response]]:
+def metrics_handler(metrics: EngineMetrics) -> Callable[[web.Request], Awaitable[web.Response]]:
     """``GET /metrics``: the Prometheus text of ``metrics.registry`` (the worker's and the bridge's route)."""
     async def handler(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(metrics.registry), content_type=CONTENT_TYPE_LATEST.split(";")[0],

@@ -107,7 +107,7 @@ def cmd_actions(args: argparse.Namespace) -> int:
     from loopwarden.commands.cliutil import _client, _config, _connected, port_in_use, port_taken
     from loopwarden.engine.exceptions import TopicLayoutError
     from loopwarden.engine.security import client_options
-    from loopwarden.engine.topics import partition_count
+    from loopwarden.stages.topics import partition_count
 
     settings = settings_from(args)
     port = _number(args, "metrics_port", 6069, "--metrics-port", 0, integer=True)

@@ -8,11 +8,11 @@ import sys
 import time
 
 from loopwarden.commands.cliutil import _client, _config, _connected, plural
-from loopwarden.engine.config import Config
+from loopwarden.config import Config
 from loopwarden.engine.security import client_options
 
 def _describe(layout, config: Config) -> list[str]:
-    from loopwarden.engine.topics import co_partitioned, otel_topics
+    from loopwarden.stages.topics import co_partitioned, otel_topics
 
     lines = []
     for topic in layout.topics:
@@ -41,7 +41,7 @@ def _describe(layout, config: Config) -> list[str]:
 
 
 async def _topics(config: Config, args: argparse.Namespace) -> int:
-    from loopwarden.engine.topics import expected, partition_count, read_layout, repair, repair_plan
+    from loopwarden.stages.topics import expected, partition_count, read_layout, repair, repair_plan
 
     # The bridge's topics: when asked, or when the Collector's topic exists (a mismatch there shows up here).
     otel = args.otel or await partition_count(config, config.otel_topic) is not None
@@ -127,14 +127,14 @@ async def _check_trusted_topic(config: Config) -> bool:
 
 async def _expand(config: Config, args: argparse.Namespace, otel: bool = False) -> int:
     from loopwarden.stages.health.expand import expand
-    from loopwarden.engine.topics import otel_topics
+    from loopwarden.stages.topics import otel_topics
 
     if args.expand_to is None:
         raise SystemExit("loopwarden topics expand: --to N is required (the new partition count)")
     if not args.yes:
         if not sys.stdin.isatty():
             raise SystemExit("loopwarden topics expand: not a terminal, so not asking: run again with --yes to expand")
-        from loopwarden.engine.topics import co_partitioned
+        from loopwarden.stages.topics import co_partitioned
 
         *rest, last = co_partitioned(config)
         print(f"expand {', '.join(rest)} and {last} to {args.expand_to} partitions, moving the runs whose partition changes (every worker must be stopped)")
@@ -185,7 +185,7 @@ def format_deadletter(rec, preview_bytes: int) -> dict:
 async def _deadletters(config: Config, args: argparse.Namespace) -> int:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from loopwarden.engine.topics import partition_count
+    from loopwarden.stages.topics import partition_count
 
     n = await partition_count(config, config.deadletter_topic)
     _connected()

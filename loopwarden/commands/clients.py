@@ -11,7 +11,7 @@ import time
 
 from loopwarden.codecs.states import STATE_TABLE
 from loopwarden.commands.cliutil import _client, _config, _connected
-from loopwarden.engine.config import Config
+from loopwarden.config import Config
 from loopwarden.engine.security import client_options
 
 COLORS = {s.name: s.ansi for s in STATE_TABLE}  # tail's SGR colour per state
@@ -46,7 +46,7 @@ def _duration(s: float) -> str:
 async def _simulate(config: Config, args: argparse.Namespace) -> int:
     from loopwarden.publisher import Publisher
     from loopwarden.simulate import fleet
-    from loopwarden.engine.topics import ensure_topics
+    from loopwarden.stages.topics import ensure_topics
 
     await ensure_topics(config)  # before the broker auto-creates them with the wrong partition count
 
@@ -88,7 +88,7 @@ async def _simulate(config: Config, args: argparse.Namespace) -> int:
 async def _simulate_one(config: Config, args: argparse.Namespace, expect_file: str | None) -> int:
     from loopwarden.publisher import Publisher
     from loopwarden.simulate import one_run
-    from loopwarden.engine.topics import ensure_topics
+    from loopwarden.stages.topics import ensure_topics
 
     await ensure_topics(config)
     async with Publisher(config.bootstrap, config.steps_topic, config.outcomes_topic,
@@ -166,7 +166,7 @@ async def _tail(config: Config, args: argparse.Namespace) -> int:
     from aiokafka import AIOKafkaConsumer
 
     from loopwarden.engine.exceptions import TopicLayoutError
-    from loopwarden.engine.topics import partition_count
+    from loopwarden.stages.topics import partition_count
 
     # asked with an admin request first: a consumer's metadata request for a missing topic lets a broker
     # with auto.create.topics.enable create it, and a reader must never create a topic
@@ -218,7 +218,7 @@ async def _tick(config: Config, now_ms: int) -> int:
     from loopwarden.publisher import Publisher
     from loopwarden.engine.exceptions import TopicLayoutError
     from loopwarden.stages.health.task import Tick, encode_tick
-    from loopwarden.engine.topics import partition_count
+    from loopwarden.stages.topics import partition_count
 
     # asked without a metadata request for the topic itself, which would let a broker auto-create it
     if not await partition_count(config, config.ticks_topic):

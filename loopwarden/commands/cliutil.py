@@ -11,7 +11,7 @@ import logging
 import os
 from dataclasses import fields
 
-from loopwarden.engine.config import Config, env_name, from_env
+from loopwarden.config import Config, env_name, from_env, listed_fields
 from loopwarden.engine.exceptions import ConfigError
 from loopwarden.engine.security import MECHANISMS, PROTOCOLS
 
@@ -151,7 +151,7 @@ def _common(p: argparse.ArgumentParser, *, topics: tuple[str, ...] = ("steps", "
 def _env_epilog() -> str:
     """Every setting's environment variable and default (the flags above override them)."""
     lines = ["environment (a flag overrides its variable):"]
-    for f in fields(Config):
+    for f in listed_fields():
         default = getattr(Config(), f.name)
         shown = "unset" if default is None else default
         lines.append(f"  LOOPWARDEN_{f.name.upper():<22} default {shown}")

@@ -17,7 +17,8 @@ from loopwarden.commands.cliutil import (
     port_taken,
     trusted_verifiers,
 )
-from loopwarden.engine.config import CLOCKS, STORES
+from loopwarden.config import CLOCKS
+from loopwarden.engine.config import STORES
 from loopwarden.engine.exceptions import ConfigError
 
 
@@ -255,10 +256,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def _bridge_beside(config, on_recovered):
     """``worker --otel``: the OpenTelemetry bridge's engine, run in the worker's process with its metrics."""
     from loopwarden.engine.loop import Engine
+    from loopwarden.stages.otel.metrics import OtelMetrics
     from loopwarden.stages.otel.stage import BridgeStage, bridge_config
 
     def engines(metrics) -> list[Engine]:
         bridge = bridge_config(config)
-        return [Engine(bridge, BridgeStage(bridge, metrics), metrics, on_recovered)]
+        return [Engine(bridge, BridgeStage(bridge, OtelMetrics(metrics), config), metrics, on_recovered)]
 
     return engines

@@ -193,7 +193,7 @@ class StreamTime:
         ties to the earlier role, so two events of a partition with one ``ts`` are applied in the same order
         however the fetches cut the batch (docs/contract.md section 5).
 
-        Dead letters go to ``out`` (a Batch) and count as consumed; a topic's records past its limit
+        Dead letters go to ``out`` (the fold's :class:`~loopwarden.engine.stage.Folded`) and count as consumed; a topic's records past its limit
         (see :meth:`limits`) are held, with the rest of the topic, for a later fold."""
         limits = self.limits(per_topic, lagging) if lagging else {}
         seen_ts, roles, counts = self.seen_ts, self.roles, out.counts

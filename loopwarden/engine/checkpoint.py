@@ -27,7 +27,7 @@ from typing import TypeVar
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import IllegalOperation, KafkaError, UnknownTopicOrPartitionError
 
-from loopwarden.engine.stage import FoldResult, Output
+from loopwarden.engine.stage import Folded, Output
 from loopwarden.engine.store import OFFSETS_KEY
 from loopwarden.engine.outputs import Router
 
@@ -43,7 +43,7 @@ class Committed:
     seconds: float  # begin to commit: the broker round trips
     offsets: bytes | None = None  # the engine's offsets record it wrote to the changelog (None: none)
 
-    def record(self, metrics, result: FoldResult) -> None:
+    def record(self, metrics, result: Folded) -> None:
         """The loop's metrics of this commit, and a log line per dead letter it wrote."""
         metrics.transactions.labels("committed").inc()
         metrics.transaction_seconds.observe(self.seconds)
@@ -65,7 +65,7 @@ class Checkpoint:
         self.changelog_topic = changelog_topic
         self.router = router
 
-    async def commit(self, result: FoldResult, deadletters: list[Output], *, offsets_record: bytes | None = None,
+    async def commit(self, result: Folded, deadletters: list[Output], *, offsets_record: bytes | None = None,
                      group_offsets: dict[str, int] | None = None, begun: Awaitable[None] | None = None) -> Committed:
         """In order: begin; the outputs, the dead letters, the changelog; the offsets; commit.
 

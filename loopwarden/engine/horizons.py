@@ -9,7 +9,7 @@ import time
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from loopwarden.engine.config import Config
+from loopwarden.engine.config import EngineConfig
 from loopwarden.engine.manager import RECOVERABLE, PartitionManager, quietly
 from loopwarden.engine.security import client_options
 from loopwarden.engine.stage import Horizon, Settles
@@ -20,7 +20,7 @@ log = logging.getLogger("loopwarden.worker")
 class Horizons:
     """The engine's half: reads :class:`Horizon` s with a consumer of its own (no group) and the group's consumer."""
 
-    def __init__(self, config: Config, partitions: PartitionManager) -> None:
+    def __init__(self, config: EngineConfig, partitions: PartitionManager) -> None:
         self.config = config
         self.partitions = partitions  # its group's consumer (committed offsets), its tracked input topics
         self.probe: AIOKafkaConsumer | None = None  # read_committed, no group: end offsets, the first record not consumed

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
-from loopwarden.engine.metrics import Metrics
+from loopwarden.engine.metrics import EngineMetrics
 
 if TYPE_CHECKING:
     from loopwarden.engine.partition import OwnedPartition
@@ -35,7 +35,7 @@ class InputBound:
     ``loopwarden_input_waiting_peak_bytes``). Each engine has its own: ``worker --otel`` runs two (the health stage's
     and the bridge's), each bounded alone."""
 
-    def __init__(self, max_bytes: int, metrics: Metrics, stage: str) -> None:
+    def __init__(self, max_bytes: int, metrics: EngineMetrics, stage: str) -> None:
         self.max_bytes = max_bytes
         self.gauge = metrics.input_waiting_bytes.labels(stage)
         self.peak, self.peak_gauge = 0, metrics.input_waiting_peak_bytes.labels(stage)

@@ -30,7 +30,7 @@ from loopwarden.engine.manager import RECOVERABLE
 if TYPE_CHECKING:
     from loopwarden.engine.assignment import CoPartitionedAssignor
     from loopwarden.engine.manager import PartitionManager
-    from loopwarden.engine.metrics import Metrics
+    from loopwarden.engine.metrics import EngineMetrics
     from loopwarden.engine.partition import OwnedPartition
     from loopwarden.engine.reowning import Reowning
     from loopwarden.engine.stage import LayoutWatch
@@ -47,7 +47,7 @@ class LayoutGuard:
     ``reowning``: the retries a hold cancels first."""
 
     def __init__(self, watch: LayoutWatch | None, check_s: float, assignor: CoPartitionedAssignor,
-                 partitions: PartitionManager, metrics: Metrics, lock: asyncio.Lock, reowning: Reowning) -> None:
+                 partitions: PartitionManager, metrics: EngineMetrics, lock: asyncio.Lock, reowning: Reowning) -> None:
         self.watch = watch
         self.check_s = check_s
         self.assignor, self.partitions, self.metrics = assignor, partitions, metrics

@@ -31,11 +31,11 @@ from aiokafka.errors import ProducerFenced
 
 from loopwarden.engine.assignment import CoPartitionedAssignor
 from loopwarden.engine.checkpoint import Checkpoint
-from loopwarden.engine.config import Config
+from loopwarden.engine.config import EngineConfig
 from loopwarden.engine.groupcommit import GroupCommitter
 from loopwarden.engine.layoutguard import LayoutGuard
 from loopwarden.engine.manager import RECOVERABLE, PartitionManager, quietly
-from loopwarden.engine.metrics import Metrics
+from loopwarden.engine.metrics import EngineMetrics
 from loopwarden.engine.outputs import Router, deadletter_output
 from loopwarden.engine.partition import AssignedPartition, OwnedPartition
 from loopwarden.engine.recovery import restoring_consumer
@@ -43,7 +43,7 @@ from loopwarden.engine.reowning import Reowning
 from loopwarden.engine.security import client_options
 from loopwarden.engine.horizons import Horizons
 from loopwarden.engine.inputbound import InputBound
-from loopwarden.engine.stage import FoldResult, Stage
+from loopwarden.engine.stage import Folded, Stage
 from loopwarden.engine.watch import Watch
 
 log = logging.getLogger("loopwarden.worker")
@@ -63,11 +63,11 @@ class _Rebalance(ConsumerRebalanceListener):
 class Engine:
     """One worker of a stage: its consumer, its assigned partitions, the loop."""
 
-    def __init__(self, config: Config, stage: Stage, metrics: Metrics | None = None,
+    def __init__(self, config: EngineConfig, stage: Stage, metrics: EngineMetrics | None = None,
                  on_recovered: Callable[[], None] | None = None) -> None:
         self.config = config
         self.stage = stage
-        self.metrics = metrics or Metrics()
+        self.metrics = metrics or EngineMetrics()
         self.untracked = frozenset(i.topic for i in stage.inputs if not i.tracked)
         self.assignor = CoPartitionedAssignor(config.advertised_url)
         self.router = Router(config.partitions, stage.keyed_like_input)
@@ -180,7 +180,7 @@ class Engine:
             else:
                 part.after_commit(result, None)
 
-    async def _commit(self, part: OwnedPartition, result: FoldResult, records: list) -> None:
+    async def _commit(self, part: OwnedPartition, result: Folded, records: list) -> None:
         c, stage = self.config, self.stage
         dead = [deadletter_output(d, stage.deadletter_topic, self.router.counts[stage.deadletter_topic],
                                   c.max_message_bytes) for d in result.deadletters]

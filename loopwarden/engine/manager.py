@@ -20,8 +20,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from loopwarden.engine.alignment import Alignment
-from loopwarden.engine.config import Config
-from loopwarden.engine.metrics import Metrics
+from loopwarden.engine.config import EngineConfig
+from loopwarden.engine.metrics import EngineMetrics
 from loopwarden.engine.partition import AssignedPartition, OwnedPartition, Stopping
 from loopwarden.engine.pauses import Pauses
 from loopwarden.engine.recovery import restore, seek_committed, transactional_producer
@@ -52,7 +52,7 @@ class Owning:
 class PartitionManager:
     """``assigned``: partition -> its :class:`AssignedPartition` (owned or not)."""
 
-    def __init__(self, config: Config, stage: Stage, metrics: Metrics, router: Router) -> None:
+    def __init__(self, config: EngineConfig, stage: Stage, metrics: EngineMetrics, router: Router) -> None:
         self.config = config
         self.stage = stage
         self.metrics = metrics

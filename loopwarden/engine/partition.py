@@ -25,7 +25,7 @@ from loopwarden.engine.alignment import Alignment
 from loopwarden.engine.checkpoint import retrieved
 from loopwarden.engine.marks import Mark, marks_of
 from loopwarden.engine.recovery import encode_offsets
-from loopwarden.engine.stage import FoldResult, Stage, Task, value_bytes
+from loopwarden.engine.stage import Folded, Stage, Task, value_bytes
 from loopwarden.engine.store import PartitionStore
 
 if TYPE_CHECKING:
@@ -177,7 +177,7 @@ class OwnedPartition:
         (``PartitionManager.prepare``): the stage hears of it."""
         self.stage.restored(self.number, self.task)
 
-    def after_commit(self, result: FoldResult, committed: Committed | None) -> None:
+    def after_commit(self, result: Folded, committed: Committed | None) -> None:
         """The batch's transaction committed (``None``: the batch had nothing to commit)."""
         if committed is not None:
             self.store.write(result.changes, committed.position, committed.offsets)
@@ -185,7 +185,7 @@ class OwnedPartition:
                 self.marks = self._marks
         self.stage.committed(self.number, self.task, result, self.task.committed(result))
 
-    def after_abort(self, result: FoldResult) -> None:
+    def after_abort(self, result: Folded) -> None:
         """The batch's transaction failed: the task forgets it (the store holds the committed state)."""
         self.task.discard()
         self.stage.aborted(self.number, self.task, result)

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from loopwarden.engine.config import Config
+from loopwarden.engine.config import EngineConfig
 from loopwarden.engine.outputs import OVERHEAD
 from loopwarden.engine.marks import Mark, describe, recreated
 from loopwarden.engine.security import client_options
@@ -38,6 +38,8 @@ _encode_offsets = msgspec.msgpack.Encoder().encode
 # topic -> next offset, or [next offset, the mark's offset, timestamp, key CRC] (marks.py; a record written
 # without marks holds the offset alone)
 _decode_offsets = msgspec.msgpack.Decoder(dict[str, int | tuple[int, int, int, int]]).decode
+# A changelog's topic configs: compaction keeps each key's last state, a tombstone goes after a day.
+COMPACTED = {"cleanup.policy": "compact", "delete.retention.ms": "86400000"}
 
 
 def encode_offsets(offsets: dict[str, int], marks: Mapping[str, Mark] | None = None) -> bytes:
@@ -66,13 +68,13 @@ def decode_offsets(raw: bytes | None) -> dict[str, int]:
     return {t: n for t, (n, _mark) in decode_logged(raw).items()}
 
 
-def restoring_consumer(config: Config) -> AIOKafkaConsumer:
+def restoring_consumer(config: EngineConfig) -> AIOKafkaConsumer:
     """A consumer of no group that reads changelogs ``read_committed`` (:func:`restore`), not started."""
     return AIOKafkaConsumer(**client_options(config), group_id=None, enable_auto_commit=False,
                             isolation_level="read_committed", auto_offset_reset="earliest")
 
 
-def transactional_producer(config: Config, partition: int) -> AIOKafkaProducer:
+def transactional_producer(config: EngineConfig, partition: int) -> AIOKafkaProducer:
     """The producer of one input partition's transactions (``<app id>-<partition>``), not started."""
     return AIOKafkaProducer(
         **client_options(config), transactional_id=f"{config.app_id}-{partition}", enable_idempotence=True,

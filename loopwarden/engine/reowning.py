@@ -23,7 +23,7 @@ from loopwarden.engine.manager import RECOVERABLE, quietly
 from loopwarden.engine.recovery import restoring_consumer
 
 if TYPE_CHECKING:
-    from loopwarden.engine.config import Config
+    from loopwarden.engine.config import EngineConfig
     from loopwarden.engine.manager import PartitionManager
     from loopwarden.engine.partition import AssignedPartition
 
@@ -35,7 +35,7 @@ BACKOFF_MAX_S = 30.0  # a retry that fails waits 1 s more than its last wait, up
 class Reowning:
     """The retries of owning under way: partition -> its task (at most one a partition)."""
 
-    def __init__(self, config: Config, partitions: PartitionManager, lock: asyncio.Lock, stopping: asyncio.Event,
+    def __init__(self, config: EngineConfig, partitions: PartitionManager, lock: asyncio.Lock, stopping: asyncio.Event,
                  restorer=restoring_consumer) -> None:
         self.config, self.partitions = config, partitions
         self.lock = lock  # the engine's: owning takes turns with rebalances and handing out batches

@@ -1,4 +1,4 @@
-"""How every Kafka client of the project connects: TLS and SASL settings from the Config.
+"""How every Kafka client of the project connects: TLS and SASL settings from the EngineConfig.
 
 One function, :func:`client_options`, gives the keyword arguments that aiokafka's consumer,
 producer and admin client take (``bootstrap_servers``, ``security_protocol``, an SSL context,
@@ -39,7 +39,7 @@ def ssl_context(cafile: str | None, certfile: str | None, keyfile: str | None, c
 
 
 def client_options(config) -> dict:
-    """Keyword arguments for aiokafka's clients (consumer, producer, admin) from a Config."""
+    """Keyword arguments for aiokafka's clients (consumer, producer, admin) from an EngineConfig."""
     opts: dict = {"bootstrap_servers": config.broker, "security_protocol": config.security_protocol}
     if "SSL" in config.security_protocol:
         opts["ssl_context"] = ssl_context(config.ssl_cafile, config.ssl_certfile, config.ssl_keyfile,
@@ -51,7 +51,7 @@ def client_options(config) -> dict:
 
 
 def check(config) -> None:
-    """Refuse settings that cannot work together, naming them (called by Config)."""
+    """Refuse settings that cannot work together, naming them (called by EngineConfig)."""
     p = config.security_protocol
     if p not in PROTOCOLS:
         raise ConfigError(f"security_protocol: {p!r} must be one of {', '.join(PROTOCOLS)}")

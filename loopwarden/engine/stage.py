@@ -43,6 +43,12 @@ it holds are not fetched). A task that does not align ignores ``lagging`` and ke
 ``holding = held_bytes = 0``, ``held_topics = ()``. What waits in memory, records buffered and held,
 is bounded by ``input_buffer_max_bytes`` (the engine's :meth:`Engine.process`).
 
+The engine calls a task only through this contract, never guessing at an attribute. Its two hooks
+besides the fold: **timers** are ``fold(punctuate=True)``, once per ``punctuate_every_s`` and only with
+a batch, so what they change commits with it (Kafka Streams' punctuator, Bytewax's ``on_notify``);
+the **pre-fold hold** is :attr:`Task.settling` (a :class:`Settles`, or None), which the engine reads
+before every fold.
+
 :class:`TaskBase` gives a task the parts it may leave out: no alignment, nothing to rebuild
 beyond the store, ``rebuild_steps()`` as one step, nothing kept between fold and commit.
 A task shaped like that (the health stage's ``PartitionTask``, the OpenTelemetry
@@ -52,6 +58,8 @@ bridge's task) plugs in with a few lines: see ``tests/engine/counter_stage.py`` 
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
@@ -66,6 +74,11 @@ class Record(Protocol):
     key: bytes | None
     value: bytes | None
     headers: object
+
+
+def wall_clock_ms() -> int:
+    """The wall clock in ms since the epoch, as Kafka stamps records."""
+    return int(time.time() * 1000)
 
 
 def value_bytes(records) -> int:
@@ -109,29 +122,21 @@ class Input:
     tracked: bool = True  # counts for lag, progress and alignment (a control topic like ticks does not)
 
 
-class FoldResult(Protocol):
-    """What a fold returns; committed in one transaction, in this order."""
-
-    outputs: list[Output]
-    deadletters: list[DeadLetter]
-    changes: dict[bytes, bytes | None]  # store key -> new value, None deletes
-    offsets: dict[str, int]  # input topic -> next offset to consume
-    consumed: int  # input records
-
-    def __bool__(self) -> bool: ...  # anything to commit
-
-
 @dataclass
 class Folded:
-    """A plain :class:`FoldResult`, for a stage whose fold needs nothing more (tests/engine/counter_stage.py)."""
+    """What a fold returns, the one name of a fold's result in every stage: committed in one transaction, in
+    this order (outputs, dead letters, changes, offsets). A stage whose observers need more of a batch
+    extends it (the health stage's ``HealthFolded`` adds the batch's transitions)."""
 
     outputs: list[Output] = field(default_factory=list)
     deadletters: list[DeadLetter] = field(default_factory=list)
-    changes: dict[bytes, bytes | None] = field(default_factory=dict)
-    offsets: dict[str, int] = field(default_factory=dict)
-    consumed: int = 0
+    changes: dict[bytes, bytes | None] = field(default_factory=dict)  # store key -> new value, None deletes
+    offsets: dict[str, int] = field(default_factory=dict)  # input topic -> next offset to consume
+    # Bounded-label counts for the stage's metrics, aggregated over the batch: (kind, label, ...) -> n
+    counts: Counter = field(default_factory=Counter)
+    consumed: int = 0  # input records
 
-    def __bool__(self) -> bool:
+    def __bool__(self) -> bool:  # anything to commit
         return bool(self.outputs or self.deadletters or self.changes or self.offsets)
 
 
@@ -179,13 +184,13 @@ class Task(Protocol):
     def rebuild(self) -> object: ...
     def rebuild_steps(self) -> Iterator[object]: ...
     def fold(self, records: Iterable[Any], *, punctuate: bool, caught_up: bool,
-             lagging: Iterable[str]) -> FoldResult: ...
-    def committed(self, result: FoldResult) -> object: ...
+             lagging: Iterable[str]) -> Folded: ...
+    def committed(self, result: Folded) -> object: ...
     def discard(self) -> None: ...
 
 
 TaskT = TypeVar("TaskT", bound=Task)  # the stage's own task: its observers get it typed, as it made it
-ResultT = TypeVar("ResultT", bound=FoldResult)  # what the stage's fold returns
+ResultT = TypeVar("ResultT", bound=Folded)  # what the stage's fold returns
 
 
 class LayoutVerdict(Protocol):
@@ -254,7 +259,7 @@ class TaskBase:
     def rebuild_steps(self) -> Iterator[object]:
         yield self.rebuild()
 
-    def committed(self, result: FoldResult) -> object:
+    def committed(self, result: Folded) -> object:
         return None
 
     def discard(self) -> None:

@@ -16,7 +16,7 @@ import time
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from loopwarden.engine import memory
-from loopwarden.engine.metrics import Metrics
+from loopwarden.engine.metrics import EngineMetrics
 from loopwarden.engine.partition import AssignedPartition
 
 log = logging.getLogger("loopwarden.worker")
@@ -31,7 +31,7 @@ class Watch:
     changed. A ``TopicPartition`` and ``labels()`` per partition and input on every turn (a few hundred a
     second at 13 kev/s) cost 3.4 % of the worker's CPU in bench g (py-spy)."""
 
-    def __init__(self, consumer: AIOKafkaConsumer, tracked: dict[str, str], metrics: Metrics,
+    def __init__(self, consumer: AIOKafkaConsumer, tracked: dict[str, str], metrics: EngineMetrics,
                  stall_timeout_s: float, malloc_trim_s: float) -> None:
         self.consumer = consumer
         self.tracked = tracked  # topic -> role (the lag gauge's label)

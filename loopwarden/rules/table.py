@@ -1,10 +1,12 @@
-"""The run table's timer service: one scheduling policy and one due-firing loop for both shells.
+"""The run table's timer service: one per-event driver, one scheduling policy and one due-firing loop for both
+shells.
 
 Replay (``loopwarden.replay``) and the Kafka health stage (``loopwarden.stages.health.task``)
 keep their runs' states differently (a dict of live states; a store of committed bytes
 under a batch's overlay) and hand the table a ``load(run_id)`` for them. Everything about
-*when* a run is looked at again lives here: :meth:`RunTable.changed` after every change
-of a run, :meth:`RunTable.fire_due` when the clock moves. No shell reads the
+*when* a run is looked at again lives here: :meth:`RunTable.step` drives each event through
+the core and queues its run's timer, :meth:`RunTable.changed` after every change of a run,
+:meth:`RunTable.fire_due` when the clock moves. No shell reads the
 :class:`~loopwarden.rules.timers.TimerQueue`.
 
 Retention and tombs are timers like the others (``fire_next`` drops a settled run to
@@ -16,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterator
 
 from loopwarden.rules.conditions import _BY_ID, compile_policy
-from loopwarden.rules.machine import _TIMERLESS, DEADLINE_KEEPING, Result, RunState, Settings, _ms, fire_next
+from loopwarden.rules.machine import _TIMERLESS, DEADLINE_KEEPING, Result, RunState, Settings, _ms, apply_into, fire_next
 from loopwarden.rules.timers import TimerQueue
 
 _NEVER = 1 << 62
@@ -63,6 +65,28 @@ class RunTable:
             approval = state.approval
             return None if approval is None else approval.deadline_ts
         return None
+
+    def step(self, res: Result, state: RunState | None, event, now: int, clock: int, noted: dict,
+             schedule: bool = True) -> RunState:
+        """One event of a run through the core, the per-event driver both shells call (``Replay.feed``,
+        ``PartitionTask.fold``): apply it (``apply_into``), count its notes in ``noted``, and with ``schedule``
+        (timers on the event clock) queue the run's timer as it is now, by :meth:`changed`'s policy. Returns the
+        run's new state; its transitions stay in ``res.transitions`` for the shell to hand on, and the shell
+        fires what became due. A failed event leaves nothing in ``res`` for the next one."""
+        try:
+            new = apply_into(res, state, event, now, clock)
+        except BaseException:
+            del res.transitions[:], res.notes[:]
+            raise
+        notes = res.notes
+        if notes:
+            for note in notes:
+                noted[note] = noted.get(note, 0) + 1
+            notes.clear()
+        # changed()'s first test, inline: after most step events nothing is looked at, and no call is made
+        if schedule and (res.transitions or new is not state or event.__class__ not in DEADLINE_KEEPING):
+            self.changed(new, bool(res.transitions))
+        return new
 
     def changed(self, state: RunState, transitioned: bool, event_type: type | None = None,
                 run: Hashable | None = None) -> None:

@@ -315,7 +315,7 @@ def kafka_options(config: VerifyConfig) -> dict:
     """aiokafka's connection arguments: the config's broker, and TLS/SASL from the LOOPWARDEN_* settings every
     command reads (LOOPWARDEN_SECURITY_PROTOCOL, LOOPWARDEN_SASL_*, LOOPWARDEN_SSL_*): with ACLs, the verifier
     connects as its own principal, the one allowed to write the trusted receipts topic."""
-    from loopwarden.engine.config import from_env
+    from loopwarden.config import from_env
     from loopwarden.engine.security import client_options
 
     return client_options(from_env({"broker": config.broker}))

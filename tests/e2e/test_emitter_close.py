@@ -19,7 +19,7 @@ def test_a_clean_close_prints_nothing_but_the_stats(kafka) -> None:
     node = _node()
     _built(node)
     from tests.integration.harness import run, unique_config
-    from loopwarden.engine.topics import ensure_topics
+    from loopwarden.stages.topics import ensure_topics
 
     config = unique_config(kafka.bootstrap)
     run(ensure_topics(config))  # as in a deployment: the topics exist (auto-creation logs of its own)

@@ -3,19 +3,33 @@
 For every input record it produces ``<count> <input partition>:<offset>`` keyed by the
 record's key to the output topic (the default partitioner over that topic's own
 partition count), and keeps each key's count in its changelog: the engine commits
-outputs, changelog and offsets in one transaction per batch. ``python -m
-tests.engine.counter_stage`` runs it (config from ``LOOPWARDEN_*``; topics from
-``COUNTER_IN`` and ``COUNTER_OUT``) until SIGTERM.
+outputs, changelog and offsets in one transaction per batch. Its settings are
+:class:`CounterConfig` (the engine's and its two topics, ``LOOPWARDEN_COUNTER_IN`` and
+``LOOPWARDEN_COUNTER_OUT``). ``python -m tests.engine.counter_stage`` runs it until SIGTERM.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 from collections.abc import Mapping
+from dataclasses import dataclass
 
+from loopwarden.engine.config import EngineConfig
 from loopwarden.engine.stage import DeadLetter, Folded, Input, Output, StageBase, TaskBase
+
+
+@dataclass(frozen=True)
+class CounterConfig(EngineConfig):
+    """The engine's knobs and the counter's topics."""
+
+    # Input: the records to count, keyed by what is counted.
+    counter_in: str = "counter.in"
+    # Output: each record's count so far.
+    counter_out: str = "counter.out"
+
+    def topics(self) -> dict[str, str]:
+        return {**super().topics(), "counter_in": self.counter_in, "counter_out": self.counter_out}
 
 
 class CounterTask(TaskBase):  # no alignment, nothing to rebuild or keep beyond the store: TaskBase's defaults
@@ -57,8 +71,8 @@ def main() -> None:
     from loopwarden.engine.loop import Engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = from_env()
-    engine = Engine(config, CounterStage(os.environ["COUNTER_IN"], os.environ["COUNTER_OUT"], config.app_id))
+    config = from_env(kind=CounterConfig)
+    engine = Engine(config, CounterStage(config.counter_in, config.counter_out, config.app_id))
 
     async def run() -> None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, engine.stop)

@@ -77,7 +77,7 @@ def test_a_counter_stage_on_the_engine_is_exactly_once_under_sigkill(kafka, tmp_
                      batch_wait_ms=batch_wait_ms)
     in_topic, out_topic = run(counter_topics(kafka.bootstrap, config.app_id, f"count-{tag}", IN_PARTITIONS,
                                              OUT_PARTITIONS))
-    env = {**env_for(config), "COUNTER_IN": in_topic, "COUNTER_OUT": out_topic, "PYTHONPATH": os.getcwd()}
+    env = {**env_for(config), "LOOPWARDEN_COUNTER_IN": in_topic, "LOOPWARDEN_COUNTER_OUT": out_topic, "PYTHONPATH": os.getcwd()}
     publishing = Publishing(kafka.bootstrap, in_topic, 6000)
     log = tmp_path / "counter.log"
     proc = _start(env, log)

@@ -25,7 +25,7 @@ from bench.common import rss_kb
 from dev.localkafka import LocalKafka
 from loopwarden.publisher import Publisher
 from loopwarden.simulate import fleet
-from loopwarden.engine.topics import ensure_topics
+from loopwarden.stages.topics import ensure_topics
 from tests.integration.harness import make_worker, unique_config
 
 EVENTS_PER_RUN = 6.5
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     config = unique_config(broker.bootstrap, partitions=8)
     from dataclasses import fields
 
-    from loopwarden.engine.config import Config
+    from loopwarden.config import Config
 
     types = {f.name: f.type for f in fields(Config)}
     settings: dict = {}

@@ -19,7 +19,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from dev.localkafka import free_port
-from loopwarden.engine.topics import ensure_topics
+from loopwarden.stages.topics import ensure_topics
 from tests.faults.test_worker_faults import assert_exactly_once
 from tests.integration.harness import make_worker, read_topic, run, transitions, unique_config
 from tests.otel.traces import T0, Run, traces

@@ -21,7 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from loopwarden.codecs import decode_input
 from loopwarden.replay import Replay
 from loopwarden.engine.exceptions import TopicLayoutError
-from loopwarden.engine.topics import existing_counts, records_held, repair
+from loopwarden.stages.topics import existing_counts, records_held, repair
 from tests.builders import ended, started, step
 from tests.integration.harness import (
     as_json,

@@ -21,7 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from dev.localkafka import free_port
 from loopwarden.publisher import Publisher
-from loopwarden.engine.config import Config
+from loopwarden.config import Config
 
 
 def unique_config(bootstrap: str, partitions: int = 4, **kw) -> Config:
@@ -132,7 +132,7 @@ def make_worker(config: Config, tmp: Path, name: str = "w", **overrides) -> Work
 
 async def publish(config: Config, messages: list[tuple]) -> None:
     """Publish (role, key, value) or (role, key, value, headers) in order; role is steps|outcomes."""
-    from loopwarden.engine.topics import ensure_topics
+    from loopwarden.stages.topics import ensure_topics
 
     await ensure_topics(config)
     topics = {"steps": config.steps_topic, "outcomes": config.outcomes_topic}

@@ -24,7 +24,7 @@ from loopwarden.codecs import decode_input, encode
 from loopwarden.replay import Replay
 from loopwarden.simulate import fleet
 from loopwarden.trust import SigningKey, TrustedVerifiers
-from loopwarden.engine.topics import ensure_topics
+from loopwarden.stages.topics import ensure_topics
 from tests.integration.harness import env_for, stop_process, unique_config
 
 pytestmark = pytest.mark.timeout(300)

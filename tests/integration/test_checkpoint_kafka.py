@@ -10,13 +10,13 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import ProducerFenced, UnknownTopicOrPartitionError
 
-from loopwarden.stages.health.batch import Batch
+from loopwarden.stages.health.batch import HealthFolded
 from loopwarden.engine.checkpoint import Checkpoint, _Outbox
 from loopwarden.engine.manager import RECOVERABLE
 from loopwarden.engine.recovery import transactional_producer
 from loopwarden.engine.stage import Output
 from loopwarden.engine.outputs import Router
-from loopwarden.engine.topics import existing_counts
+from loopwarden.stages.topics import existing_counts
 from tests.integration.harness import delete_topic, run, unique_config
 
 
@@ -46,7 +46,7 @@ def test_an_output_re_created_with_fewer_partitions_fails_the_commit_as_a_kafka_
                 await asyncio.sleep(0.1)
             await later.start()
             assert await later.partitions_for(health) == {0}
-            batch = Batch(outputs=[Output(health, b"run-1", b"{}")], changes={b"run-1": b"state"},
+            batch = HealthFolded(outputs=[Output(health, b"run-1", b"{}")], changes={b"run-1": b"state"},
                           offsets={config.steps_topic: 1}, consumed=1)
             try:
                 await Checkpoint(later, 2, config.app_id, changelog, router).commit(batch, [])
@@ -105,7 +105,7 @@ def test_a_producer_fenced_between_two_sends_of_a_transaction_fails_it_as_fenced
             await zombies[1].start()
             router = Router(2, keyed_like_input=frozenset({health}))
             await router.learn(checkpointed, [health])
-            batch = Batch(outputs=[Output(health, b"run-1", b"{}")], changes={b"run-1": b"state"},
+            batch = HealthFolded(outputs=[Output(health, b"run-1", b"{}")], changes={b"run-1": b"state"},
                           offsets={config.steps_topic: 1}, consumed=1)
             try:
                 await Checkpoint(checkpointed, 1, config.app_id, changelog, router).commit(batch, [], begun=begun)

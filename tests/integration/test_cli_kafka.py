@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dev.localkafka import LocalKafka
-from loopwarden.engine.topics import ensure_topics
+from loopwarden.stages.topics import ensure_topics
 from tests.integration.harness import env_for, make_worker, unique_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -47,8 +47,8 @@ def another_producer(bootstrap: str) -> None:
 
     from loopwarden.codecs import Policy, RunStarted
     from loopwarden.publisher import Publisher, now_ms
-    from loopwarden.engine.config import Config
-    from loopwarden.engine.topics import partition_count
+    from loopwarden.config import Config
+    from loopwarden.stages.topics import partition_count
 
     async def go() -> None:
         deadline = time.monotonic() + 120

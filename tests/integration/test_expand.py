@@ -10,10 +10,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from loopwarden.engine.assignment import partition_of
-from loopwarden.engine.config import Config
+from loopwarden.config import Config
 from loopwarden.engine.exceptions import TopicLayoutError
 from loopwarden.stages.health.expand import expand
-from loopwarden.engine.topics import co_partitioned, existing_counts, outputs
+from loopwarden.stages.topics import co_partitioned, existing_counts, outputs
 from loopwarden.stages.health.topology import LAYOUT_KEY, decode_expansion
 from tests.integration.harness import stable_end_offsets
 

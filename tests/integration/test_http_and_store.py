@@ -152,7 +152,7 @@ def test_python_publisher_with_msgpack(kafka, tmp_path: Path) -> None:
     """Events sent by loopwarden.publisher as MessagePack (content-type header) are classified."""
     from loopwarden.codecs import MSGPACK, decode_input
     from loopwarden.publisher import Publisher
-    from loopwarden.engine.topics import ensure_topics
+    from loopwarden.stages.topics import ensure_topics
 
     config = unique_config(kafka.bootstrap)
     worker = make_worker(config, tmp_path, clock="event").start()

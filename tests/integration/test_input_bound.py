@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loopwarden.codecs import OutcomeReceipt, Policy, RunEnded, RunStarted, StepFinished, ToolCall, encode
 from loopwarden.replay import Replay
-from loopwarden.engine.config import Config
+from loopwarden.config import Config
 from tests.integration.harness import final_states, make_worker, publish, run, tick, unique_config, wait_consumed
 from tests.integration.test_processor import ADVANCE_MS, wait_final
 
@@ -98,7 +98,8 @@ def test_a_backlog_of_large_events_waits_within_the_byte_bound_and_reaches_repla
 
 def test_the_byte_bound_is_checked_by_name() -> None:
     """A bound below 1 MiB is refused with its name and value."""
-    from loopwarden.engine.config import ConfigError, from_env
+    from loopwarden.config import from_env
+    from loopwarden.engine.exceptions import ConfigError
 
     with pytest.raises(ConfigError, match=r"input_buffer_max_bytes: 1000 must be between 1048576 and"):
         from_env(environ={"LOOPWARDEN_INPUT_BUFFER_MAX_BYTES": "1000"})

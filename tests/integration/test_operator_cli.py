@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from loopwarden.publisher import Publisher
-from loopwarden.engine.topics import ensure_topics, read_layout
+from loopwarden.stages.topics import ensure_topics, read_layout
 from tests.integration.harness import env_for, unique_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -126,7 +126,7 @@ def test_tail_filters_by_run_state_and_agent(kafka) -> None:
 def test_tail_on_a_missing_topic_says_so_and_creates_nothing(kafka) -> None:
     """`tail --health-topic <typo>` on a broker that auto-creates topics: one line saying the topic does not
     exist, exit 1, and the topic is still missing afterwards (a reader never creates a topic)."""
-    from loopwarden.engine.topics import partition_count
+    from loopwarden.stages.topics import partition_count
 
     config = unique_config(kafka.bootstrap)
     typo = config.health_topic + "-typo"

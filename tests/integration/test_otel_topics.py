@@ -10,8 +10,9 @@ from dataclasses import replace
 import pytest
 
 from loopwarden.stages.otel.stage import BridgeStage, bridge_config
-from loopwarden.engine.metrics import Metrics
-from loopwarden.engine.topics import ensure_topics, otel_topics, partition_count
+from loopwarden.engine.metrics import EngineMetrics
+from loopwarden.stages.otel.metrics import OtelMetrics
+from loopwarden.stages.topics import ensure_topics, otel_topics, partition_count
 from tests.integration.harness import unique_config
 from tests.integration.test_operator_cli import _create, lw
 
@@ -30,13 +31,13 @@ def counts(config) -> dict[str, int | None]:
 
 
 def prepare_bridge(config) -> None:
-    asyncio.run(BridgeStage(bridge_config(config), Metrics()).prepare())
+    asyncio.run(BridgeStage(bridge_config(config), OtelMetrics(EngineMetrics()), config).prepare())
 
 
 def test_bridge_stage_changelog_is_the_one_topics_names():
     """The changelog the bridge's stage writes is the one `topics` checks and repairs."""
     config = unique_config("127.0.0.1:9", partitions=2)
-    assert BridgeStage(bridge_config(config), Metrics()).changelog_topic == otel_topics(config)[1]
+    assert BridgeStage(bridge_config(config), OtelMetrics(EngineMetrics()), config).changelog_topic == otel_topics(config)[1]
 
 
 def test_bridge_refusing_an_auto_created_otel_topic_creates_nothing_so_the_count_it_names_works(kafka):

@@ -17,7 +17,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.records_to_delete import RecordsToDelete
 
 from loopwarden.engine.marks import recreated
-from loopwarden.engine.topics import repair
+from loopwarden.stages.topics import repair
 from tests.builders import ended, started, step
 from tests.integration.harness import (
     as_json,

@@ -15,7 +15,7 @@ import pytest
 
 from loopwarden.publisher import Publisher
 from loopwarden.simulate import fleet
-from loopwarden.engine.config import Config
+from loopwarden.config import Config
 from loopwarden.engine.security import client_options
 from tests.integration.harness import env_for, final_states, make_worker, run, tick, unique_config
 from tests.integration.secure_broker import USERS, start_secure_broker

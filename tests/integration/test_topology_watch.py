@@ -7,7 +7,7 @@ import uuid
 
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 
-from loopwarden.engine.config import Config
+from loopwarden.config import Config
 from loopwarden.stages.health.topology import TopologyWatch, co_partitioned, outputs
 
 

@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from loopwarden.publisher import Publisher
 from loopwarden.engine.alignment import Alignment
-from loopwarden.engine.topics import ensure_topics
+from loopwarden.stages.topics import ensure_topics
 from tests.builders import ended, receipt, started, step
 from tests.integration.harness import (group_offsets, make_worker, read_topic, run, stable_end_offsets, transitions,
                                       unique_config)

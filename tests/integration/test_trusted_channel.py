@@ -26,7 +26,7 @@ from dev.destinations import free_port
 from loopwarden.codecs import OutcomeReceipt, decode_input, encode
 from loopwarden.publisher import Publisher
 from loopwarden.replay import Replay
-from loopwarden.engine.config import Config
+from loopwarden.config import Config
 from loopwarden.engine.security import client_options
 from loopwarden.trust import SigningKey, TrustedVerifiers
 from tests.integration.acl_broker import (

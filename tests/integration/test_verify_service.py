@@ -339,7 +339,7 @@ def test_the_verifier_waits_for_the_steps_topic_and_never_creates_it(kafka, tmp_
     import signal
 
     from tests.integration.harness import run, unique_config
-    from loopwarden.engine.topics import partition_count
+    from loopwarden.stages.topics import partition_count
 
     config = unique_config(kafka.bootstrap)
     SigningKey.generate("v").save(str(tmp_path / "v.key"))

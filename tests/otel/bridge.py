@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from loopwarden.codecs import RunStarted, decode_input
 from loopwarden.stages.otel import Limits
-from loopwarden.stages.otel.task import BridgeBatch, BridgeTask
+from loopwarden.stages.otel.task import BridgeTask, Folded
 from loopwarden.replay import Replay
 
 
@@ -46,7 +46,7 @@ class Bridge:
         return task
 
     def fold(self, values: list[bytes | None], *, punctuate: bool = False, commit: bool = True,
-             headers: tuple = ()) -> BridgeBatch:
+             headers: tuple = ()) -> Folded:
         recs = []
         for v in values:
             recs.append(Rec(v, self.offset, headers=headers))
@@ -58,7 +58,7 @@ class Bridge:
         self.commit(out)
         return out
 
-    def commit(self, out: BridgeBatch) -> None:
+    def commit(self, out: Folded) -> None:
         """What the engine does once ``out``'s transaction committed: the store takes its changes."""
         for key, raw in out.changes.items():
             if raw is None:

@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 
 from loopwarden.stages.otel.run import make_app
 from loopwarden.api.http import metrics_handler
-from loopwarden.engine.metrics import Metrics
+from loopwarden.engine.metrics import EngineMetrics
 
 TOKEN = "a-token-of-sixteen-chars"
 
@@ -28,7 +28,7 @@ def _get(port: int, path: str, token: str | None = None) -> tuple[int, str, byte
 
 def test_the_bridge_serves_the_workers_metrics_route_behind_the_workers_token_check() -> None:
     """The bridge's /metrics answers like the worker's handler (same body and Content-Type); without the token, 401."""
-    metrics = Metrics()
+    metrics = EngineMetrics()
     metrics.transactions.labels("committed").inc(3)
 
     async def scenario():
@@ -56,7 +56,7 @@ def test_the_bridge_serves_the_workers_metrics_route_behind_the_workers_token_ch
     assert answers["no token"][0] == 401 and answers["healthz"][0] == 200
 
 
-def _worker_metrics_app(metrics: Metrics) -> web.Application:
+def _worker_metrics_app(metrics: EngineMetrics) -> web.Application:
     app = web.Application()
     app.router.add_get("/metrics", metrics_handler(metrics))
     return app

@@ -10,7 +10,7 @@ from dataclasses import fields
 import pytest
 
 from loopwarden.cli import KAFKA_COMMANDS, main
-from loopwarden.engine.config import Config
+from loopwarden.config import Config
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loopwarden.engine.config import Config, from_env
+from loopwarden.config import Config, from_env
 from loopwarden.engine.exceptions import ConfigError
 
 

@@ -173,7 +173,7 @@ def test_a_batch_got_across_an_owning_is_not_taken_and_its_inputs_are_fetched_ag
     input in it is sought back to the offset its partition takes next (unowned ones are left); a later one is taken."""
     from aiokafka import TopicPartition
 
-    from loopwarden.engine.config import Config
+    from loopwarden.config import Config
     from loopwarden.engine.loop import Engine
     from loopwarden.engine.partition import AssignedPartition, OwnedPartition
     from tests.engine.counter_stage import CounterStage
@@ -206,11 +206,12 @@ def test_a_transaction_of_an_ownership_already_dropped_leaves_the_current_one_al
     session timeouts); the same failure of the current ownership drops it."""
     import asyncio
 
-    from loopwarden.engine.config import Config
+    from loopwarden.config import Config
     from loopwarden.stages.health.stage import HealthStage
     from loopwarden.engine.manager import PartitionManager
-    from loopwarden.engine.metrics import Metrics
+    from loopwarden.engine.metrics import EngineMetrics
     from loopwarden.engine.partition import AssignedPartition
+    from loopwarden.stages.health.metrics import HealthMetrics
 
     class Part:  # what the manager reads of an OwnedPartition (its number, its identity) and its close()
         def __init__(self, number: int) -> None:
@@ -219,8 +220,8 @@ def test_a_transaction_of_an_ownership_already_dropped_leaves_the_current_one_al
         async def close(self, stopping=None) -> None:
             self.closed = True
 
-    metrics = Metrics()
-    manager = PartitionManager(Config(), HealthStage(Config(), metrics), metrics, Router(8))
+    metrics = EngineMetrics()
+    manager = PartitionManager(Config(), HealthStage(Config(), HealthMetrics(metrics)), metrics, Router(8))
     old, new = Part(3), Part(3)
     a = manager.assigned[3] = AssignedPartition(3)
     a.owned = new  # type: ignore[assignment]
@@ -234,7 +235,7 @@ def test_a_transaction_of_an_ownership_already_dropped_leaves_the_current_one_al
 def test_the_watch_shows_the_lag_of_every_turn_and_drops_a_forgotten_partitions_series() -> None:
     """Each turn measures the lag afresh (a scrape right after the last commit reads 0), writing the gauge only
     when it changed; a partition no longer assigned loses its series, and gets it back when assigned again."""
-    from loopwarden.engine.metrics import Metrics
+    from loopwarden.engine.metrics import EngineMetrics
     from loopwarden.engine.partition import AssignedPartition
     from loopwarden.engine.watch import Watch
 
@@ -245,7 +246,7 @@ def test_the_watch_shows_the_lag_of_every_turn_and_drops_a_forgotten_partitions_
         def highwater(self, tp) -> int:
             return self.end
 
-    ends, metrics = Ends(), Metrics()
+    ends, metrics = Ends(), EngineMetrics()
     watch = Watch(ends, {"agent.steps": "steps"}, metrics, stall_timeout_s=60, malloc_trim_s=0)
     a = AssignedPartition(2)
     a.committed["agent.steps"] = 0
@@ -473,7 +474,7 @@ def test_stream_time_reads_held_records_once_and_gives_the_limits_of_reading_the
     from collections import namedtuple
 
     from loopwarden.engine.alignment import ALIGNED, StreamTime
-    from loopwarden.stages.health.batch import Batch
+    from loopwarden.stages.health.batch import HealthFolded
     from loopwarden.engine.stage import DeadLetter
 
     ev, rec = namedtuple("ev", "ts"), namedtuple("rec", "topic offset value")
@@ -499,7 +500,7 @@ def test_stream_time_reads_held_records_once_and_gives_the_limits_of_reading_the
             lagging = set(rng.sample(list(ALIGNED), rng.randint(0, 3)))
             want = _limits_reading_everything(stream.seen_ts, roles, per_topic, lagging)
             assert stream.limits(per_topic, lagging) == want, (seed, _fold)
-            for role, items in stream.ready(per_topic, lagging, Batch()).items():  # none past its limit applied
+            for role, items in stream.ready(per_topic, lagging, HealthFolded()).items():  # none past its limit applied
                 assert all(item[1].ts <= want[role] for item in items) if role in want else True
             held = [r for items in stream.held.values() for r, _ in items]  # what input_buffer_max_bytes counts
             assert stream.held_bytes == sum(len(r.value) for r in held if r.value is not None), (seed, _fold)
@@ -580,7 +581,7 @@ def test_the_input_bound_sums_what_waits_and_unholds_only_tasks_that_hold() -> N
 
     from loopwarden.engine.alignment import Alignment
     from loopwarden.engine.inputbound import InputBound
-    from loopwarden.engine.metrics import Metrics
+    from loopwarden.engine.metrics import EngineMetrics
 
     class Task:
         def __init__(self, holding: int, held_bytes: int) -> None:
@@ -591,7 +592,7 @@ def test_the_input_bound_sums_what_waits_and_unholds_only_tasks_that_hold() -> N
             self.number, self.buffered_bytes, self.task = number, buffered_bytes, Task(holding, held_bytes)
             self.alignment = Alignment(None, number, {}, 1000)  # type: ignore[arg-type]
 
-    metrics = Metrics(CollectorRegistry())
+    metrics = EngineMetrics(CollectorRegistry())
     bound = InputBound(1000, metrics, "health")
     parts = [Part(0, 300, 0, 0), Part(1, 0, 2, 600), Part(2, 99, 0, 0)]
     assert bound.waiting(parts) == 999 and not bound.full(parts)
@@ -620,7 +621,7 @@ def test_owning_again_runs_beside_the_loop_once_a_partition_and_lets_go_when_giv
 
     from aiokafka.errors import KafkaConnectionError
 
-    from loopwarden.engine.config import Config
+    from loopwarden.config import Config
     from loopwarden.engine.partition import AssignedPartition
     from loopwarden.engine.reowning import Reowning
 

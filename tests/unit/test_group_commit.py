@@ -12,7 +12,7 @@ from aiokafka.errors import CommitFailedError, KafkaConnectionError
 from prometheus_client import CollectorRegistry
 
 from loopwarden.engine.groupcommit import GroupCommitter
-from loopwarden.engine.metrics import Metrics
+from loopwarden.engine.metrics import EngineMetrics
 from loopwarden.engine.partition import AssignedPartition
 
 
@@ -48,7 +48,7 @@ def _engine(consumer: _Consumer, partitions: dict[int, tuple[dict[str, int], boo
         a.owned = _Part(p, behind) if owned else None
         assigned[p] = a
     registry = CollectorRegistry()
-    return SimpleNamespace(config=SimpleNamespace(commit_offsets_ms=every_ms), metrics=Metrics(registry),
+    return SimpleNamespace(config=SimpleNamespace(commit_offsets_ms=every_ms), metrics=EngineMetrics(registry),
                            consumer=consumer, assigned=assigned, registry=registry)
 
 

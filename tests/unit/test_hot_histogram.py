@@ -6,7 +6,8 @@ import random
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from loopwarden.engine.metrics import HotHistogram, Metrics
+from loopwarden.engine.metrics import EngineMetrics, HotHistogram
+from loopwarden.stages.health.metrics import HealthMetrics
 
 BUCKETS = (0.0025, 0.005, 0.01, 0.1, 1, 2.5, 60)
 
@@ -32,7 +33,7 @@ def test_a_hot_histogram_exposes_what_a_prometheus_histogram_of_the_same_values_
 
 def test_the_workers_latency_histograms_are_the_hot_ones_and_exported() -> None:
     """The two per-transition histograms are HotHistograms, in the registry /metrics serves."""
-    m = Metrics()
+    m = HealthMetrics(EngineMetrics())
     m.latency.observe(0.2)
     m.timer_latency.observe(3.0)
     assert isinstance(m.latency, HotHistogram) and isinstance(m.timer_latency, HotHistogram)

@@ -77,6 +77,15 @@ def test_the_engine_knows_no_stage() -> None:
         assert not {m for m in _imports(path) if m.startswith(outside)}, path.name
 
 
+def test_no_stage_imports_another() -> None:
+    """A stage's modules import the engine, the rules, the read API, never another stage's folder."""
+    stages = PACKAGE / "stages"
+    for folder in (d for d in stages.iterdir() if (d / "__init__.py").exists()):
+        others = tuple(f"loopwarden.stages.{d.name}" for d in stages.iterdir() if d.is_dir() and d != folder)
+        for path in folder.glob("*.py"):
+            assert not {m for m in _imports(path) if m.startswith(others)}, f"{folder.name}/{path.name}"
+
+
 def test_process_set_up_happens_only_in_the_cli() -> None:
     """Logging, log filters and the collector are set by loopwarden.cli.set_up_process, never by a library function."""
     set_up = {"basicConfig", "freeze", "for_streaming", "quiet_repeats", "quiet_fence_leftovers", "_watch_startup",

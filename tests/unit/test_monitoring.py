@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loopwarden.engine.metrics import Metrics
+from tests.unit.test_metrics_doc import worker_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
@@ -31,7 +31,7 @@ def exported_series() -> set[str]:
     """Series names the worker's registry exports, including those of labelled metrics with no child yet."""
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     names = set()
-    for family in Metrics().registry.collect():
+    for family in worker_metrics().registry.collect():
         names |= {family.name + s for s in suffixes.get(family.type, ("",))}
         names |= {s.name for s in family.samples}
     return names

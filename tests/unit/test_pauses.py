@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from loopwarden.engine.alignment import HOLD_MAX, Alignment
 from loopwarden.engine.inputbound import InputBound
-from loopwarden.engine.metrics import Metrics
+from loopwarden.engine.metrics import EngineMetrics
 from loopwarden.engine.pauses import Pauses
 
 STEPS, OUTCOMES = "agent.steps", "agent.outcomes"
@@ -33,14 +33,14 @@ class Consumer:
         self.paused.difference_update(tps)
 
 
-def _pauses() -> tuple[Pauses, Consumer, Metrics]:
-    metrics = Metrics(CollectorRegistry())
+def _pauses() -> tuple[Pauses, Consumer, EngineMetrics]:
+    metrics = EngineMetrics(CollectorRegistry())
     pauses = Pauses(lambda reason: metrics.inputs_paused.labels("health", reason))
     pauses.consumer = consumer = Consumer()  # type: ignore[assignment]
     return pauses, consumer, metrics
 
 
-def _gauge(metrics: Metrics, reason: str) -> float:
+def _gauge(metrics: EngineMetrics, reason: str) -> float:
     return metrics.registry.get_sample_value("loopwarden_inputs_paused", {"stage": "health", "reason": reason})
 
 

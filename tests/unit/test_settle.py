@@ -6,7 +6,7 @@ import asyncio
 import json
 
 from loopwarden.engine.assignment import partition_of
-from loopwarden.stages.health.batch import Batch
+from loopwarden.stages.health.batch import HealthFolded
 from loopwarden.stages.health.inputs import decode_input
 from loopwarden.engine.horizons import Horizons
 from loopwarden.engine.stage import Horizon
@@ -129,16 +129,16 @@ def test_a_moved_runs_records_wait_while_alignment_holds_one_of_its_records_back
     forwarded = _item(step(1, run=run, ts=NOW + 10), 2, NOW + 10, forwarded=True)
     held = {"steps": [(forwarded[2], forwarded)]}  # what StreamTime.held holds after this fold
     inputs: dict = {"steps": []}
-    out = Batch()
+    out = HealthFolded()
     assert s.divert(inputs, NOW, out, held) == [] and len(s.stash) == 2 and s.needed == {old}
-    released = s.divert({"steps": [forwarded]}, NOW, Batch(), {})  # the next fold applies the held record
+    released = s.divert({"steps": [forwarded]}, NOW, HealthFolded(), {})  # the next fold applies the held record
     assert [e.step if e.__struct_config__.tag == "step_finished" else e.__struct_config__.tag
             for _r, e, _rec in released] == [1, 2, "run_ended"]
     other = next(r for r in (f"other-{i}" for i in range(1000))  # another moved run to partition 5
                  if partition_of(r.encode(), 6) == 5 and partition_of(r.encode(), 4) != 5)
     lone = _item(step(1, run=other, ts=NOW + 10), 3, NOW + 10, forwarded=True)
     later = [_item(step(4, run=run, ts=NOW + 40), 4, NOW + 40)]
-    assert len(s.divert({"steps": later}, NOW, Batch(), {"steps": [(lone[2], lone)]})) == 1  # not held back by it
+    assert len(s.divert({"steps": later}, NOW, HealthFolded(), {"steps": [(lone[2], lone)]})) == 1  # not held back by it
 
 
 def test_a_horizon_that_cannot_be_read_now_leaves_the_last_one_in_place() -> None:

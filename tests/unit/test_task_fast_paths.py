@@ -194,11 +194,11 @@ def test_the_folds_input_decoding_equals_the_checked_decoding(rec, role, ts_limi
 def test_a_batchs_input_decoding_equals_the_checked_decoding_record_by_record(records, ts_limit) -> None:
     """inputs.decode_records (decode_input's accepting path inline) gives, record by record and topic by topic, the
     event or the dead letter the checked way gives; ticks handed back, other topics dead-lettered."""
-    from loopwarden.stages.health.batch import Batch
+    from loopwarden.stages.health.batch import HealthFolded
     from loopwarden.stages.health.inputs import decode_records
 
     per_topic: dict = {}
-    out = Batch()
+    out = HealthFolded()
     ticks = decode_records(records, ROLES, ts_limit, 300_000, per_topic, out)
     expected: dict = {}
     for rec in records:
@@ -220,7 +220,8 @@ def test_the_stages_transition_metrics_per_batch_equal_them_per_transition() -> 
     from loopwarden.rules import TIMER_REASONS
     from loopwarden.stages.health.batch import wall_clock_ms
     from loopwarden.stages.health.stage import HealthStage
-    from loopwarden.engine.metrics import AGENT_LABELS_MAX, Metrics
+    from loopwarden.engine.metrics import EngineMetrics
+    from loopwarden.stages.health.metrics import AGENT_LABELS_MAX, HealthMetrics
     from tests.unit.test_task import LOG
 
     task = PartitionTask(0, MemoryPartition(), ROLES, settings=Settings(), clock="event",
@@ -232,7 +233,7 @@ def test_the_stages_transition_metrics_per_batch_equal_them_per_transition() -> 
         task.committed(out)
         batches.append(out)
     assert sum(len(b.transitions) for b in batches) > 50
-    new, ref = Metrics(), Metrics()
+    new, ref = HealthMetrics(EngineMetrics()), HealthMetrics(EngineMetrics())
     ref._agents.update(f"a{i}" for i in range(AGENT_LABELS_MAX - 2))  # noqa: SLF001 - near the label cap, in both
     new._agents.update(ref._agents)  # noqa: SLF001
     stage = HealthStage.__new__(HealthStage)

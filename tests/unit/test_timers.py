@@ -157,3 +157,23 @@ def test_replay_is_unchanged_when_the_queue_rebuilds_at_every_stale_push(monkeyp
     monkeypatch.setattr(TimerQueue, "stale_slack", -(10**9))
     fast, ref = _both(events, advance_s)
     assert fast == ref
+
+
+def test_the_per_event_driver_applies_an_event_counts_its_notes_and_queues_its_runs_timer() -> None:
+    """RunTable.step, which replay and the health task both call: the event reaches the core, its notes are
+    counted in the shell's dict, the run's timer is queued on the event clock (not without ``schedule``), and a
+    duplicate event is a note, no transition."""
+    from loopwarden.rules import Settings
+    from loopwarden.rules.machine import Result
+    from loopwarden.rules.table import RunTable
+
+    started = RunStarted(run_id="r", ts=1_000, agent="a", policy=Policy(version="v1", stop_when=[]))
+    for schedule in (True, False):
+        states: dict = {}
+        table, res, noted = RunTable(Settings(), states.get), Result(None), {}
+        new = states["r"] = table.step(res, None, started, 1_000, 1_000, noted, schedule)
+        assert new.run_id == "r" and [t.to_state for t in res.transitions] == ["RUNNING"]
+        assert table.due(10**12) is schedule  # its inactivity timer, queued only on the event clock
+        res.transitions.clear()
+        assert table.step(res, new, started, 1_000, 1_000, noted, schedule) is new and not res.transitions
+        assert noted and not res.notes  # the duplicate's note is counted in the shell's dict, and taken out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loopwarden.engine.config import Config
+from loopwarden.config import Config
 from loopwarden.stages.health.topology import assess, co_partitioned, outputs
 
 C = Config(partitions=8)
@@ -84,7 +84,7 @@ def test_repair_does_not_take_a_topic_it_cannot_describe_yet_for_one_of_the_conf
     done)."""
     import asyncio
 
-    from loopwarden.engine.topics import TopicLayoutError, _settled
+    from loopwarden.stages.topics import TopicLayoutError, _settled
 
     config = Config(partitions=4)
     topic = config.health_topic

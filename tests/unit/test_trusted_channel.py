@@ -18,12 +18,13 @@ from loopwarden.rules import Settings, decode_state, encode_state
 from loopwarden.simulate import fleet
 from loopwarden.stages.health.acl import Authorizer, problem
 from loopwarden.engine.alignment import ALIGNED, StreamTime
-from loopwarden.engine.config import Config, from_env
+from loopwarden.config import Config, from_env
 from loopwarden.engine.exceptions import ConfigError
 from loopwarden.stages.health.stage import HealthStage
-from loopwarden.engine.metrics import Metrics
+from loopwarden.engine.metrics import EngineMetrics
+from loopwarden.stages.health.metrics import HealthMetrics
 from loopwarden.stages.health.task import PartitionTask, Tick, encode_tick
-from loopwarden.engine.topics import co_partitioned, plan, wanted
+from loopwarden.stages.topics import co_partitioned, plan, wanted
 from loopwarden.stages.health.topology import assess
 from loopwarden.trust import ReceiptTrust, SigningKey, TrustedVerifiers
 from tests.builders import ended, receipt, started, step, timed
@@ -126,10 +127,10 @@ def test_the_setting_adds_the_topic_to_the_layout_and_the_stage_and_nothing_with
     """Co-partitioned, wanted, watched, and a third tracked input; unset, none of these."""
     before = Config()
     assert VERIFIED not in co_partitioned(before) and VERIFIED not in wanted(before)
-    assert [i.role for i in HealthStage(before, Metrics()).inputs] == ["steps", "outcomes", "ticks"]
+    assert [i.role for i in HealthStage(before, HealthMetrics(EngineMetrics())).inputs] == ["steps", "outcomes", "ticks"]
     c = Config(trusted_outcomes_topic=VERIFIED, partitions=4)
     assert co_partitioned(c)[:3] == ["agent.steps", "agent.outcomes", VERIFIED] and VERIFIED in wanted(c)
-    stage = HealthStage(c, Metrics())
+    stage = HealthStage(c, HealthMetrics(EngineMetrics()))
     assert [(i.topic, i.role, i.tracked) for i in stage.inputs][2] == (VERIFIED, "verified_outcomes", True)
     assert stage.roles[VERIFIED] == "verified_outcomes" and stage.trust.by_channel == "channel:" + VERIFIED
     counts = {t: 4 for t in co_partitioned(c)} | {"agent.health": 4, "agent.deadletter": 4}

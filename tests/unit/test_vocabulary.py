@@ -16,7 +16,8 @@ from loopwarden.rules import DEFAULT_SETTINGS, apply, fire_next, next_deadline
 from loopwarden.rules.codec import WORDS
 from loopwarden.rules.machine import TIMER_REASONS
 from loopwarden.simulate import fleet as simulated_fleet
-from loopwarden.engine import metrics
+from loopwarden.engine.metrics import EngineMetrics
+from loopwarden.stages.health import metrics
 from tests import strategies
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,7 +99,7 @@ def test_metrics_pre_create_a_series_for_every_word() -> None:
     """The metrics' label sets are the vocabulary's (untracked_step included)."""
     assert metrics.DISAGREEMENTS == v.DISAGREEMENTS and metrics.IGNORED == v.IGNORED
     assert metrics.RECEIPT_OUTCOMES == v.RECEIPT_OUTCOMES and metrics.TIMER_KINDS == v.TIMER_KINDS
-    m = metrics.Metrics()
+    m = metrics.HealthMetrics(EngineMetrics())
     exposed = {s.labels.get("why") for fam in m.ignored.collect() for s in fam.samples}
     assert set(v.IGNORED) <= exposed
 

@@ -12,7 +12,7 @@ import logging
 import time
 
 from loopwarden.api.board.fleet import Fleet
-from loopwarden.engine.config import Config
+from loopwarden.config import Config
 
 log = logging.getLogger("loopwarden.board")
 EXPIRE_EVERY_S = 5.0

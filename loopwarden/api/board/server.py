@@ -34,7 +34,7 @@ from aiohttp import web
 from loopwarden.api.board.fleet import ACTIONS, ATTENTION
 from loopwarden.api.board.reader import Board, now_ms
 from loopwarden.codecs import STATES
-from loopwarden.engine.config import Config
+from loopwarden.config import Config
 from loopwarden.api.httplimits import GuardedSite, serve_guarded
 
 log = logging.getLogger("loopwarden.board")

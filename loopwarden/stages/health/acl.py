@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from loopwarden.engine.config import Config, env_name
+from loopwarden.engine.config import env_name
+from loopwarden.stages.health.config import HealthConfig
 from loopwarden.engine.exceptions import UntrustedChannelError
 from loopwarden.engine.security import client_options
 
@@ -50,7 +51,7 @@ class Authorizer:
         return f"{shown}{open_}"
 
 
-async def read_authorizer(config: Config, timeout_s: float = 30) -> Authorizer:
+async def read_authorizer(config: HealthConfig, timeout_s: float = 30) -> Authorizer:
     """Each broker's authorizer and allow.everyone.if.no.acl.found (never fails: ``error`` says why not)."""
     admin = AIOKafkaAdminClient(**client_options(config), request_timeout_ms=int(timeout_s * 1000))
     await admin.start()
@@ -77,7 +78,7 @@ async def read_authorizer(config: Config, timeout_s: float = 30) -> Authorizer:
     return Authorizer(brokers, everyone)
 
 
-def problem(config: Config, found: Authorizer) -> str | None:
+def problem(config: HealthConfig, found: Authorizer) -> str | None:
     """One line when the trusted topic cannot be trusted on this cluster (None when it can, as far as seen)."""
     topic = config.trusted_outcomes_topic
     override = env_name("trusted_outcomes_without_acl")
@@ -94,7 +95,7 @@ def problem(config: Config, found: Authorizer) -> str | None:
     return None
 
 
-async def require_authorizer(config: Config) -> None:
+async def require_authorizer(config: HealthConfig) -> None:
     """Refuse (UntrustedChannelError) a trusted topic on a cluster without an authorizer, unless overridden."""
     found = await read_authorizer(config)
     why = problem(config, found)

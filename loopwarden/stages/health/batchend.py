@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from loopwarden.codecs import encode
 from loopwarden.rules import RunState, encode_state
-from loopwarden.stages.health.batch import CLOCK_KEY, Batch, _encode_clock
+from loopwarden.stages.health.batch import CLOCK_KEY, HealthFolded, _encode_clock
 from loopwarden.engine.stage import Output
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class BatchEnd:
         key = run_id.encode()  # the store's key; the object the timer queue (so the store) holds, if any
         return self.timers.held(key) or key  # type: ignore[return-value]
 
-    def _finish(self, out: Batch) -> None:
+    def _finish(self, out: HealthFolded) -> None:
         """One changelog record per run touched (its last state); its timer looked at once per batch."""
         changed, moved = self.timers.changed, self._moved
         scheduled = self.clock_mode == "event"  # on the event clock each change was scheduled as it happened
@@ -69,7 +69,7 @@ class BatchEnd:
             new = tuple.__new__
             out.outputs += [new(Output, (topic, t.run_id.encode(), encode(t), (), None)) for t in out.transitions]
 
-    def committed(self, out: Batch) -> Counter:
+    def committed(self, out: HealthFolded) -> Counter:
         """The batch's transaction committed: count its states; returns health -> delta for the runs gauge."""
         delta: Counter = Counter()
         for run_id, before in self._before.items():

@@ -38,12 +38,12 @@ from aiokafka.errors import KafkaError
 
 from loopwarden.engine.assignment import partition_of
 from loopwarden.stages.health.batch import CLOCK_KEY
-from loopwarden.engine.config import Config
+from loopwarden.stages.health.config import HealthConfig
 from loopwarden.engine.exceptions import TopicLayoutError
 from loopwarden.engine.recovery import decode_offsets
 from loopwarden.engine.security import client_options
 from loopwarden.engine.store import OFFSETS_KEY
-from loopwarden.engine.topics import co_partitioned, existing_counts, inputs
+from loopwarden.stages.topics import co_partitioned, existing_counts, inputs
 from loopwarden.stages.health.topology import (
     LAYOUT_KEY,
     Expansion,
@@ -79,7 +79,7 @@ def moved(key: bytes | None, old: int, new: int, partition: int) -> int | None:
     return None if target == partition else target
 
 
-async def expand(config: Config, partitions: int, *, timeout_s: float = 60.0) -> Report:
+async def expand(config: HealthConfig, partitions: int, *, timeout_s: float = 60.0) -> Report:
     """Grow the co-partitioned topics of ``config`` to ``partitions`` and move runs; see the module doc."""
     c = config
     topics = co_partitioned(c)
@@ -142,7 +142,7 @@ async def _wait_for_layout(admin: AIOKafkaAdminClient, topics: list[str], partit
     raise TopicLayoutError(f"the topics did not reach {partitions} partitions within 30 s: {counts}")
 
 
-async def _move(c: Config, old: int, new: int, report: Report) -> None:
+async def _move(c: HealthConfig, old: int, new: int, report: Report) -> None:
     """Read old changelog partitions and waiting events; write moves, copies and layout records in one transaction."""
     reader = AIOKafkaConsumer(**client_options(c), group_id=None, enable_auto_commit=False,
                               isolation_level="read_committed", auto_offset_reset="earliest")

@@ -59,7 +59,7 @@ def decode_input(rec: Record, role: str, ts_limit: int, max_future_ms: int):
 
 def decode_records(records, roles, ts_limit: int, max_future_ms: int, per_topic: dict[str, list], out) -> list:
     """A batch's input records decoded into ``per_topic`` (topic -> [(record, decode_input's answer)]); the
-    ticks records returned as they are; a record of any other topic dead-lettered (in ``out``, a Batch)."""
+    ticks records returned as they are; a record of any other topic dead-lettered (in ``out``, a HealthFolded)."""
     ticks = []
     topic = None
     aligned = False

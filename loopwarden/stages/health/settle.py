@@ -158,7 +158,7 @@ class Settling:
     def divert(self, inputs: dict[str, list], now_ms: int, out, held: dict[str, list] | None = None) -> list:
         """Take the moved runs' records out of ``inputs`` (role -> decoded items, as ``StreamTime.ready`` gives
         them) and :meth:`release`: the records to apply now (kept before, or of this batch), in event-time
-        order, counted in ``out`` (a Batch) as the task counts the others; called once per fold.
+        order, counted in ``out`` (a HealthFolded) as the task counts the others; called once per fold.
 
         ``held``: what stream-time alignment holds back after this fold (``StreamTime.held``). A moved run
         with a record there keeps its others waiting: the horizon may count that record as in hand (it was

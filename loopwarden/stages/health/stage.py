@@ -16,12 +16,12 @@ from operator import attrgetter
 from typing import cast
 
 from loopwarden.rules import TIMER_REASONS, Settings
-from loopwarden.stages.health.batch import Batch, wall_clock_ms
-from loopwarden.engine.config import Config
-from loopwarden.engine.metrics import Metrics
+from loopwarden.stages.health.batch import HealthFolded, wall_clock_ms
+from loopwarden.stages.health.config import HealthConfig
+from loopwarden.stages.health.metrics import HealthMetrics
 from loopwarden.engine.stage import Input, StageBase
 from loopwarden.stages.health.task import PartitionTask
-from loopwarden.engine.topics import ensure_topics
+from loopwarden.stages.topics import ensure_topics
 from loopwarden.stages.health.topology import TopologyWatch
 
 
@@ -29,11 +29,11 @@ _moves = attrgetter("from_state", "to_state")
 _agents = attrgetter("agent", "to_state")
 
 
-class HealthStage(StageBase[PartitionTask, Batch]):
+class HealthStage(StageBase[PartitionTask, HealthFolded]):
     name = "health"
     store_name = "runs"
 
-    def __init__(self, config: Config, metrics: Metrics, verifiers=None) -> None:
+    def __init__(self, config: HealthConfig, metrics: HealthMetrics, verifiers=None) -> None:
         self.config = config
         self.metrics = metrics
         # loopwarden.trust.TrustedVerifiers or None; with the trusted topic, how the task decides trust (None: all count)
@@ -77,7 +77,7 @@ class HealthStage(StageBase[PartitionTask, Batch]):
     def dropped(self, partition: int, task: PartitionTask) -> None:
         self._count_runs(Counter({k: -v for k, v in task.state_counts.items()}))
 
-    def committed(self, partition: int, task: PartitionTask, result: Batch, summary: object) -> None:
+    def committed(self, partition: int, task: PartitionTask, result: HealthFolded, summary: object) -> None:
         self._count_runs(cast(Counter, summary))  # PartitionTask.committed's: health -> runs, the batch's delta
         if not result:
             return
@@ -95,7 +95,7 @@ class HealthStage(StageBase[PartitionTask, Batch]):
         for t in transitions:
             (timer_latency if t.reason in TIMER_REASONS else latency).observe(max(0.0, (now_ms - t.ts) / 1000))
 
-    def aborted(self, partition: int, task: PartitionTask, result: Batch) -> None:
+    def aborted(self, partition: int, task: PartitionTask, result: HealthFolded) -> None:
         m = self.metrics
         for key, n in result.counts.items():
             if key[0] == "event" and key[1] != "ticks":

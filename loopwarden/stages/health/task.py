@@ -2,7 +2,7 @@
 
 The engine (``loopwarden.engine.loop``, running the health stage of
 ``loopwarden.stages.health.stage``) hands every consumed batch of a partition to
-:meth:`PartitionTask.fold` and commits the returned :class:`Batch` in one Kafka
+:meth:`PartitionTask.fold` and commits the returned :class:`HealthFolded` in one Kafka
 transaction: its transitions, its dead letters, **one changelog record per run
 touched** (the run's last state in the batch) and the consumed offsets. Only once the
 transaction is committed does the loop call :meth:`PartitionTask.committed`, which
@@ -28,11 +28,11 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from operator import itemgetter
 
 from loopwarden.rules import RunState, Settings, decode_state
-from loopwarden.rules.machine import DEADLINE_KEEPING, Result, apply_into
+from loopwarden.rules.machine import Result
 from loopwarden.rules.table import RunTable
 from loopwarden.engine.alignment import ALIGNED, StreamTime
 from loopwarden.stages.health.batchend import BatchEnd
-from loopwarden.stages.health.batch import CLOCK_KEY, Batch, _decode_clock, is_meta, wall_clock_ms  # noqa: F401
+from loopwarden.stages.health.batch import CLOCK_KEY, HealthFolded, _decode_clock, is_meta, wall_clock_ms  # noqa: F401
 from loopwarden.stages.health.inputs import Record, Tick, decode_input, decode_records, decode_tick, encode_tick, header  # noqa: F401
 from loopwarden.stages.health.inputs import merge_by_ts
 from loopwarden.stages.health.hotstates import LIMIT as HOT_RUNS, HotStates
@@ -93,7 +93,7 @@ class PartitionTask(BatchEnd):
         self._live: dict[str, RunState | None] = {}
         self._before: dict[str, str | None] = {}  # their committed health
         self._moved: set[str] = set()  # runs whose health changed in the batch (a new timer: rescheduled)
-        self._res = Result(None)  # every event's transitions and notes (apply_into), emptied after each
+        self._res = Result(None)  # every event's transitions and notes (RunTable.step), emptied after each
         self.hot = HotStates(hot_runs)  # committed states kept decoded between batches
         self._clock_before = 0
         self.stream = StreamTime(roles, ALIGNED)  # stream times, records held for a lagging input
@@ -138,7 +138,7 @@ class PartitionTask(BatchEnd):
         state = self._live.get(run_id, _ABSENT)
         return self.hot.take(run_id, self.store) if state is _ABSENT else state  # type: ignore[return-value]
 
-    def _take(self, run_id: str, res, out: Batch) -> None:
+    def _take(self, run_id: str, res, out: HealthFolded) -> None:
         counts = out.counts
         for kind, label in res.notes:
             counts[kind, label] += 1
@@ -149,7 +149,7 @@ class PartitionTask(BatchEnd):
 
     # -- the batch --------------------------------------------------------------------
     def fold(self, records: Iterable[Record], *, punctuate: bool = False, caught_up: bool = True,
-             lagging: Collection[str] = ()) -> Batch:
+             lagging: Collection[str] = ()) -> HealthFolded:
         """Apply a batch of this partition's records (any input topic, offset order per topic).
 
         ``punctuate``: fire due timers after the inputs (the loop asks once per tick
@@ -165,7 +165,7 @@ class PartitionTask(BatchEnd):
         across batches, not only within one (stream-time alignment, as Kafka Streams does).
         A call with no ``lagging`` folds everything held.
         """
-        out = Batch()
+        out = HealthFolded()
         live, before, moved, hot, store = self._live, self._before, self._moved, self.hot, self.store
         live.clear()
         before.clear()
@@ -225,29 +225,22 @@ class PartitionTask(BatchEnd):
             try:
                 if trust is not None and role != "steps":  # trust is decided here, before the core
                     event = trust.classify(event, role == "verified_outcomes")
-                new = apply_into(res, state, event, now, clock)
+                # The per-event driver Replay.feed calls too (tests/unit/test_event_time.py: the shells agree)
+                new = timers.step(res, state, event, now, clock, noted, event_mode)  # on the wall clock: at the end
             except Exception as exc:  # a bug of ours must not stop the partition nor lose the message
-                del res.transitions[:], res.notes[:]  # what the failed event left: not the next one's
                 log.exception("internal error on %s[%d]@%d; dead-lettered", rec.topic, rec.partition, rec.offset)
                 out.deadletters.append(DeadLetter(rec, "internal_error", f"{type(exc).__name__}: {exc}"))
                 counts["invalid", role, "internal_error"] += 1
                 hot.taken.pop(run_id, None)  # apply may have changed it half-way: never kept decoded
                 continue
-            # _take, inline (the lists are this task's Result's: emptied for the next event)
-            notes, transitions = res.notes, res.transitions
-            if notes:
-                for note in notes:
-                    noted[note] = noted.get(note, 0) + 1
-                notes.clear()
             live[run_id] = new
+            transitions = res.transitions  # this task's Result's list: emptied for the next event
             if transitions:
                 out.transitions += transitions
                 moved.add(run_id)
-            if event_mode and (transitions or new is not state or event.__class__ not in DEADLINE_KEEPING):
-                timers.changed(new, bool(transitions))  # replay's scheduling, event by event (its first test inline)
-                if heap and heap[0] <= clock:  # a deadline already past (an approval's): it fires now
-                    self.fire_due(clock, out)
-            transitions.clear()
+                transitions.clear()
+            if event_mode and heap and heap[0] <= clock:  # a deadline already past (an approval's): it fires now
+                self.fire_due(clock, out)
         if noted:
             counts.update(noted)
         self.clock = clock
@@ -282,7 +275,7 @@ class PartitionTask(BatchEnd):
         """The input topics it holds records of."""
         return self.stream.held.keys()
 
-    def fire_due(self, now_ms: int, out: Batch) -> None:
+    def fire_due(self, now_ms: int, out: HealthFolded) -> None:
         """Fire every due timer of the partition in deadline order: O(due timers)."""
         timers, before = self.timers, self._before
         for state, health, res in timers.fire_due(now_ms):

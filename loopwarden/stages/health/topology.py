@@ -30,9 +30,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from loopwarden.engine.assignment import partition_of
-from loopwarden.engine.config import Config
+from loopwarden.stages.health.config import HealthConfig
 from loopwarden.engine.security import client_options
-from loopwarden.engine.topics import co_partitioned, existing_counts, outputs
+from loopwarden.stages.topics import co_partitioned, existing_counts, outputs
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class Placement:
                 f"not {self.partition}: does its producer use another partitioner?")
 
 
-def assess(config: Config, counts: Mapping[str, int], expected_outputs: Mapping[str, int]) -> Verdict:
+def assess(config: HealthConfig, counts: Mapping[str, int], expected_outputs: Mapping[str, int]) -> Verdict:
     """Judge a layout read from the cluster.
 
     ``counts``: topic -> partition count, for the topics that exist. ``expected_outputs``:
@@ -138,7 +138,7 @@ def assess(config: Config, counts: Mapping[str, int], expected_outputs: Mapping[
 class TopologyWatch:
     """Reads the layout through one admin client of its own and keeps the last verdict."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: HealthConfig) -> None:
         self.config = config
         self.expected_outputs: dict[str, int] = {}
         self.adopt_outputs = False  # once assigned: a reading fixes the outputs' counts if the group has none

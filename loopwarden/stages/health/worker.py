@@ -11,13 +11,14 @@ from collections.abc import Callable
 
 from loopwarden.api import pages
 from loopwarden.engine.assignment import partition_of
-from loopwarden.engine.config import Config
+from loopwarden.config import Config
 from loopwarden.engine.loop import Engine
 from loopwarden.stages.health.stage import HealthStage
-from loopwarden.engine.metrics import Metrics
+from loopwarden.engine.metrics import EngineMetrics
+from loopwarden.stages.health.metrics import HealthMetrics
 from loopwarden.engine.runner import run_engines, run_process
 from loopwarden.stages.health.task import PartitionTask
-from loopwarden.engine.topics import ensure_topics
+from loopwarden.stages.topics import ensure_topics
 
 log = logging.getLogger("loopwarden.worker")
 
@@ -25,11 +26,11 @@ log = logging.getLogger("loopwarden.worker")
 class Worker(Engine):
     """The engine running the health stage, and the read model ``loopwarden.api.http`` serves."""
 
-    def __init__(self, config: Config, metrics: Metrics | None = None,
+    def __init__(self, config: Config, metrics: EngineMetrics | None = None,
                  on_recovered: Callable[[], None] | None = None, verifiers=None) -> None:
         # verifiers: loopwarden.trust.TrustedVerifiers (LOOPWARDEN_TRUSTED_VERIFIERS), or None: every receipt counts
-        metrics = metrics or Metrics()
-        super().__init__(config, HealthStage(config, metrics, verifiers), metrics, on_recovered)
+        metrics = metrics or EngineMetrics()
+        super().__init__(config, HealthStage(config, HealthMetrics(metrics), verifiers), metrics, on_recovered)
 
     @property
     def tasks(self) -> dict[int, PartitionTask]:
@@ -65,14 +66,14 @@ class Worker(Engine):
 
 
 def run_worker(config: Config, on_recovered: Callable[[], None] | None = None, verifiers=None,
-               beside: Callable[[Metrics], list[Engine]] | None = None) -> int:
+               beside: Callable[[EngineMetrics], list[Engine]] | None = None) -> int:
     """Run one worker until SIGTERM/SIGINT; exit by ``shutdown_timeout_s`` after the signal whatever happens.
 
     ``verifiers``: loopwarden.trust.TrustedVerifiers, or None (every receipt counts). ``beside``: other stages'
     engines run in the same process (``worker --otel``: the OpenTelemetry bridge; its own group, metrics shared)."""
 
     async def main() -> None:
-        metrics = Metrics()
+        metrics = EngineMetrics()
         worker = Worker(config, metrics, on_recovered=on_recovered, verifiers=verifiers)
         others = beside(metrics) if beside is not None else []
         from loopwarden.api.http import serve

@@ -9,9 +9,9 @@ runtime's spans cannot tell, recorded by the application as ``loopwarden.*`` att
 from loopwarden.stages.otel.fold import Limits, TraceState, fold_trace, run_id_of
 from loopwarden.stages.otel.mapping import RUNTIMES, Runtime
 from loopwarden.stages.otel.spans import BadTraces, Span, decode_traces
-from loopwarden.stages.otel.task import BridgeBatch, BridgeTask, Output
+from loopwarden.stages.otel.task import BridgeTask, Folded, Output
 
 __all__ = [
-    "RUNTIMES", "BadTraces", "BridgeBatch", "BridgeTask", "Limits", "Output", "Runtime", "Span", "TraceState",
+    "RUNTIMES", "BadTraces", "BridgeTask", "Folded", "Limits", "Output", "Runtime", "Span", "TraceState",
     "decode_traces", "fold_trace", "run_id_of",
 ]

@@ -119,7 +119,9 @@ class Limits:
 
 
 @dataclass
-class Folded:
+class TraceEvents:
+    """What folding a trace's spans gives: the run events now due, and the counts of what became of the spans."""
+
     events: list = field(default_factory=list)  # RunStarted | StepFinished | RunEnded, in publish order
     counts: dict[str, int] = field(default_factory=dict)  # label -> n ("spans", "span_after_end", ...)
 
@@ -133,11 +135,11 @@ def _ms(ns: int) -> int:
 
 
 def fold_trace(state: TraceState | None, trace_id: str, spans: list[Span], now_ms: int,
-               limits: Limits = Limits()) -> tuple[TraceState, Folded]:
+               limits: Limits = Limits()) -> tuple[TraceState, TraceEvents]:
     """Add ``spans`` (all of trace ``trace_id``) to ``state``; the events now due.
 
     ``state`` is changed in place when given (a fresh one is made otherwise)."""
-    out = Folded()
+    out = TraceEvents()
     counts = out.counts
     if state is None:
         state = TraceState(spans={}, runs={}, waiting={})
@@ -303,9 +305,9 @@ def _mark(progress: RunProgress, span: Span) -> None:
                 progress.policy = hook.policy
 
 
-def close_due(state: TraceState, trace_id: str, now_ms: int, limits: Limits = Limits()) -> Folded:
+def close_due(state: TraceState, trace_id: str, now_ms: int, limits: Limits = Limits()) -> TraceEvents:
     """Publish what the runs whose start or end grace has passed now owe (run_started; last step, run_ended)."""
-    out = Folded()
+    out = TraceEvents()
     due = [run for run, p in state.runs.items()
            if (p.close_ms and not p.ended and p.close_ms <= now_ms) or (p.open_ms and not p.started and p.open_ms <= now_ms)]
     for run in sorted(due, key=lambda r: _first_start(state, r)):
@@ -358,7 +360,7 @@ def _first_start(state: TraceState, run: str) -> int:
     return min(starts, default=0)
 
 
-def _advance(state: TraceState, trace_id: str, run: str, out: Folded, now_ms: int, limits: Limits) -> None:
+def _advance(state: TraceState, trace_id: str, run: str, out: TraceEvents, now_ms: int, limits: Limits) -> None:
     known = state.spans
     run_span = known.get(run)
     progress = state.runs.get(run)

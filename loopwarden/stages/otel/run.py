@@ -12,17 +12,18 @@ from collections.abc import Callable
 from aiohttp import web
 
 from loopwarden.stages.otel.stage import BridgeStage, bridge_config
-from loopwarden.engine.config import Config
+from loopwarden.config import Config
 from loopwarden.engine.loop import Engine
 from loopwarden.api.http import bearer_ok, metrics_handler
 from loopwarden.api.httplimits import serve_guarded
-from loopwarden.engine.metrics import Metrics
+from loopwarden.engine.metrics import EngineMetrics
+from loopwarden.stages.otel.metrics import OtelMetrics
 from loopwarden.engine.runner import run_engines, run_process
 
 log = logging.getLogger("loopwarden.bridge")
 
 
-def make_app(engine: Engine, metrics: Metrics, token: str | None) -> web.Application:
+def make_app(engine: Engine, metrics: EngineMetrics, token: str | None) -> web.Application:
     expected = f"Bearer {token}".encode() if token else None
 
     @web.middleware
@@ -51,9 +52,9 @@ def run_bridge(config: Config, on_recovered: Callable[[], None] | None = None) -
     """Run the bridge until SIGTERM/SIGINT; exit by ``shutdown_timeout_s`` after the signal whatever happens."""
 
     async def main() -> None:
-        metrics = Metrics()
+        metrics = EngineMetrics()
         bridge = bridge_config(config)
-        engine = Engine(bridge, BridgeStage(bridge, metrics), metrics, on_recovered)
+        engine = Engine(bridge, BridgeStage(bridge, OtelMetrics(metrics), config), metrics, on_recovered)
         app = make_app(engine, metrics, config.token)
         await run_engines([engine], config.shutdown_timeout_s,
                           lambda: serve_guarded(app, config.web_host, config.web_port, config), logger=log)

@@ -10,45 +10,49 @@ commits its outputs, changelog and offsets in one transaction per batch (exactly
 like the health stage), under its own consumer group and transactional ids
 (``<app id>-otel``), so the bridge scales apart from the workers.
 
-The bridge's :class:`Config` is the process's with ``app_id`` = ``<app id>-otel`` and
-``partitions`` = ``otel_partitions`` (:func:`bridge_config`).
+The bridge's :class:`~loopwarden.stages.otel.config.OtelConfig` is the process's with ``app_id`` =
+``<app id>-otel`` and ``partitions`` = ``otel_partitions`` (:func:`bridge_config`); where its run events go
+(:class:`~loopwarden.stages.otel.config.RunEvents`) is the health stage's setting, handed to it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import TypeVar
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
 from loopwarden.stages.otel.fold import Limits
-from loopwarden.stages.otel.task import PUNCTUATE_S, BridgeBatch, BridgeTask
-from loopwarden.engine.config import Config
+from loopwarden.stages.otel.task import PUNCTUATE_S, BridgeTask, Folded
 from loopwarden.engine.exceptions import TopicLayoutError
-from loopwarden.engine.metrics import Metrics
+from loopwarden.stages.otel.metrics import OtelMetrics
 from loopwarden.engine.security import client_options
 from loopwarden.engine.stage import Input, StageBase
-from loopwarden.engine.topics import COMPACTED, otel_problem
+from loopwarden.engine.recovery import COMPACTED
+from loopwarden.stages.otel.config import OtelConfig, RunEvents, otel_problem
+
+OtelT = TypeVar("OtelT", bound=OtelConfig)
 
 
-def bridge_config(config: Config) -> Config:
+def bridge_config(config: OtelT) -> OtelT:
     """The engine's configuration for the bridge: its own group and transactional ids, its own partition count."""
     return dataclasses.replace(config, app_id=f"{config.app_id}-otel", partitions=config.otel_partitions)
 
 
-class BridgeStage(StageBase[BridgeTask, BridgeBatch]):
+class BridgeStage(StageBase[BridgeTask, Folded]):
     name = "otel"
     store_name = "traces"
 
-    def __init__(self, config: Config, metrics: Metrics) -> None:
-        """``config``: the bridge's own (:func:`bridge_config`)."""
-        self.config = config
+    def __init__(self, config: OtelConfig, metrics: OtelMetrics, events: RunEvents) -> None:
+        """``config``: the bridge's own (:func:`bridge_config`); ``events``: where its run events go."""
+        self.config, self.events = config, events
         self.metrics = metrics
         self.inputs = (Input(config.otel_topic, "spans"),)
-        self.outputs = (config.steps_topic,)
+        self.outputs = (events.steps_topic,)
         self.changelog_topic = f"{config.app_id}-traces-changelog"
-        self.deadletter_topic = config.deadletter_topic
+        self.deadletter_topic = events.deadletter_topic
         # Often, so that a run held for its end grace goes out soon after it is due: a punctuation with
         # nothing due costs the task one comparison and commits nothing.
         self.punctuate_every_s = min(config.tick_interval_s, PUNCTUATE_S)
@@ -67,8 +71,9 @@ class BridgeStage(StageBase[BridgeTask, BridgeBatch]):
             present = set(await admin.list_topics())  # describe only what exists: no auto-creation
             existing = await admin.describe_topics([t for t in wanted if t in present]) if present & set(wanted) else []
             counts = {t["topic"]: len(t["partitions"]) for t in existing if t.get("error_code", 0) == 0}
-            if c.steps_topic not in present:
-                raise TopicLayoutError(f"{c.steps_topic} is missing: start a worker once (it creates the topics), "
+            steps = self.events.steps_topic
+            if steps not in present:
+                raise TopicLayoutError(f"{steps} is missing: start a worker once (it creates the topics), "
                                        "or run `loopwarden topics repair`")
             self._check(counts)
             missing = [t for t in wanted if t not in counts]
@@ -92,15 +97,15 @@ class BridgeStage(StageBase[BridgeTask, BridgeBatch]):
 
     def task(self, partition: int, store: Mapping[bytes, bytes]) -> BridgeTask:
         c = self.config
-        return BridgeTask(partition, store, steps_topic=c.steps_topic, limits=self.limits,
-                          max_message_bytes=c.max_message_bytes, max_future_ms=int(c.max_future_skew_s * 1000),
+        return BridgeTask(partition, store, steps_topic=self.events.steps_topic, limits=self.limits,
+                          max_message_bytes=c.max_message_bytes, max_future_ms=int(self.events.max_future_skew_s * 1000),
                           expire_every_ms=int(c.tick_interval_s * 1000))
 
     def summary(self, tasks: list[BridgeTask]) -> str:
         return f" ({sum(task.traces for task in tasks)} traces held)"
 
     # -- metrics, from what happened ---------------------------------------------------
-    def committed(self, partition: int, task: BridgeTask, result: BridgeBatch, summary: object) -> None:
+    def committed(self, partition: int, task: BridgeTask, result: Folded, summary: object) -> None:
         m = self.metrics
         m.otel_traces.labels(str(partition)).set(task.traces)
         for key, n in result.counts.items():

@@ -3,7 +3,7 @@
 Shaped like :class:`loopwarden.stages.health.task.PartitionTask`, so the engine runs it as a
 stage: :meth:`BridgeTask.rebuild` from the committed store (trace id -> encoded
 :class:`~loopwarden.stages.otel.fold.TraceState`), :meth:`BridgeTask.fold` a batch into a
-:class:`BridgeBatch` — the events to publish on ``agent.steps`` (keyed by run id, default
+:class:`Folded` — the events to publish on ``agent.steps`` (keyed by run id, default
 partitioner), dead letters, one changelog record per trace touched, the consumed offsets,
 counts for metrics — that the engine commits in one transaction, then
 :meth:`BridgeTask.committed` (or :meth:`BridgeTask.discard` when the transaction failed).
@@ -11,7 +11,7 @@ counts for metrics — that the engine commits in one transaction, then
 Per-trace state is bounded (``Limits.max_spans_per_trace``) and dropped once a trace has
 had no new span for ``Limits.trace_retention_s`` (at a punctuation, when caught up).
 
-What the engine's adapter does with a :class:`BridgeBatch`, in one transaction: produce
+What the engine's adapter does with a :class:`Folded`, in one transaction: produce
 ``outputs`` (``partition`` None: the default murmur2 partitioner over ``agent.steps``, so a
 run's events land where the worker expects them), produce ``deadletters`` to the dead-letter
 topic with the worker's headers (reason, error, source topic, partition, offset): each stands for its
@@ -32,9 +32,8 @@ lacks ``partition_traces_by_id``), ``hook_attribute_bad``, ``runs_hook_refused``
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgspec
 
@@ -52,8 +51,7 @@ from loopwarden.stages.otel.fold import (
 )
 from loopwarden.stages.otel.deadletter import describe
 from loopwarden.stages.otel.spans import BadTraces, Refused, Span, decode_traces
-from loopwarden.stages.health.batch import wall_clock_ms
-from loopwarden.engine.stage import DeadLetter, Output, Record, TaskBase, header
+from loopwarden.engine.stage import DeadLetter, Folded, Output, Record, TaskBase, header, wall_clock_ms
 
 log = logging.getLogger("loopwarden.otel")
 
@@ -80,21 +78,6 @@ class _Placed:
     key: None = None
     value: bytes = b""
     headers: tuple = ()
-
-
-@dataclass
-class BridgeBatch:
-    """A partition's outputs for one batch, to be committed in one transaction."""
-
-    outputs: list[Output] = field(default_factory=list)
-    deadletters: list[DeadLetter] = field(default_factory=list)
-    changes: dict[bytes, bytes | None] = field(default_factory=dict)  # trace id (hex) -> state, None: dropped
-    offsets: dict[str, int] = field(default_factory=dict)  # input topic -> next offset to consume
-    counts: Counter = field(default_factory=Counter)  # (kind, label) -> n, bounded labels
-    consumed: int = 0
-
-    def __bool__(self) -> bool:
-        return bool(self.outputs or self.deadletters or self.changes or self.offsets)
 
 
 class BridgeTask(TaskBase):  # one input: nothing held back for another (TaskBase: no stream-time alignment)
@@ -143,7 +126,7 @@ class BridgeTask(TaskBase):  # one input: nothing held back for another (TaskBas
 
     # -- the batch ------------------------------------------------------------------------
     def fold(self, records: Iterable[Record], *, punctuate: bool = False, caught_up: bool = True,
-             lagging: Collection[str] = ()) -> BridgeBatch:
+             lagging: Collection[str] = ()) -> Folded:
         """Turn a batch of ``otlp_spans`` records (offset order) into events, state changes and offsets.
 
         When ``caught_up`` (the input consumed to its end), runs whose start or end grace has passed
@@ -151,7 +134,7 @@ class BridgeTask(TaskBase):  # one input: nothing held back for another (TaskBas
         backlog drains they wait, since their late spans may be in it. ``punctuate`` (and caught up)
         also drops the traces past retention. ``lagging`` is accepted for the engine's sake and
         unused: the bridge has one input."""
-        out = BridgeBatch()
+        out = Folded()
         self._live.clear()
         now = self.wall_ms()
         # Decoded a block at a time, then folded: each loop keeps its own code and data warm (measured:
@@ -182,7 +165,7 @@ class BridgeTask(TaskBase):  # one input: nothing held back for another (TaskBas
             out.changes[key] = None if state is None else encode_trace(state)
         return out
 
-    def _decode(self, rec: Record, now: int, out: BridgeBatch) -> list[Span] | None:
+    def _decode(self, rec: Record, now: int, out: Folded) -> list[Span] | None:
         """A record's spans; None when none is left to fold. A message that is not TracesData is dead-lettered;
         a span that cannot be trusted (a bad id, time or mapped attribute; an end further ahead of this clock
         than ``max_future_ms``) costs itself: its placeholder tells its run of the loss (``Span.lost``), and the
@@ -232,7 +215,7 @@ class BridgeTask(TaskBase):  # one input: nothing held back for another (TaskBas
             kept.append(s)
         return kept
 
-    def _dead(self, rec: Record, reason: str, error: str, refused: list[Refused], out: BridgeBatch) -> None:
+    def _dead(self, rec: Record, reason: str, error: str, refused: list[Refused], out: Folded) -> None:
         """Dead-letter ``rec`` as its content-free description (its bytes hold the runtime's content)."""
         try:
             stand_in = describe(rec, reason, error, refused)
@@ -243,7 +226,7 @@ class BridgeTask(TaskBase):  # one input: nothing held back for another (TaskBas
         out.counts["invalid", "otlp_spans", reason] += 1
         log.warning("dead-lettered %s[%d]@%d (%s): %s", rec.topic, rec.partition, rec.offset, reason, error)
 
-    def _fold_decoded(self, decoded: list[tuple[Record, list[Span]]], now: int, out: BridgeBatch) -> None:
+    def _fold_decoded(self, decoded: list[tuple[Record, list[Span]]], now: int, out: Folded) -> None:
         """Fold decoded messages, in offset order, into their traces' states."""
         for rec, spans in decoded:
             first = spans[0].trace_id
@@ -268,7 +251,7 @@ class BridgeTask(TaskBase):  # one input: nothing held back for another (TaskBas
                 self._live[key] = state
                 self._emit(folded, out)
 
-    def _emit(self, folded, out: BridgeBatch) -> None:
+    def _emit(self, folded, out: Folded) -> None:
         counts = out.counts
         for label, n in folded.counts.items():
             counts["otel", label] += n
@@ -281,7 +264,7 @@ class BridgeTask(TaskBase):  # one input: nothing held back for another (TaskBas
             append(_new_output(Output, (topic, event.run_id.encode(), encode(event), JSON_HEADERS, None)))
             counts[labels[type(event)]] += 1
 
-    def _expire(self, now: int, out: BridgeBatch) -> None:
+    def _expire(self, now: int, out: Folded) -> None:
         """Drop the traces with no new span for the retention period (runs still open go STUCK in the worker)."""
         limit_ms = self.limits.trace_retention_s * 1000
         for key, last in list(self.last_ms.items()):
@@ -296,7 +279,7 @@ class BridgeTask(TaskBase):  # one input: nothing held back for another (TaskBas
                 self._live[key] = None
 
     # -- after the transaction ----------------------------------------------------------
-    def committed(self, out: BridgeBatch) -> None:
+    def committed(self, out: Folded) -> None:
         """The batch's transaction committed: its traces' activity becomes the retention index."""
         for key, state in self._live.items():
             due = None if state is None else next_close(state)

@@ -1,4 +1,4 @@
-"""Topic layout: check it before creating anything, create what is missing, mend what does not fit.
+"""The topic layout of the stages a process runs: check it before creating anything, create what is missing, mend what does not fit.
 
 The inputs (steps, outcomes, and the verifiers' outcomes topic when set), the ticks topic and the changelog must have one partition count, the
 configured one: partition i of each belongs to the worker that owns partition i. The layout is
@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 
-from loopwarden.engine.config import Config
+from loopwarden.config import Config
 from loopwarden.engine.exceptions import TopicLayoutError
+from loopwarden.engine.recovery import COMPACTED
 from loopwarden.engine.security import client_options
-
-# The changelog keeps each run's last state: compaction drops older ones, tombstones go after a day.
-COMPACTED = {"cleanup.policy": "compact", "delete.retention.ms": "86400000"}
+from loopwarden.stages.otel.config import otel_problem, otel_topics
 
 
 def inputs(config: Config) -> list[str]:
@@ -45,20 +44,6 @@ def outputs(config: Config) -> list[str]:
 
 def wanted(config: Config) -> list[str]:
     return [*inputs(config), config.ticks_topic, config.health_topic, config.deadletter_topic, config.changelog_topic]
-
-
-def otel_topics(config: Config) -> list[str]:
-    """The Collector's topic and the bridge's changelog (its stage's app id is ``<app id>-otel``)."""
-    return [config.otel_topic, f"{config.app_id}-otel-traces-changelog"]
-
-
-def otel_problem(partitions: int, counts: dict[str, int]) -> str:
-    """One line: the bridge's topics have ``counts``, not ``partitions`` each; what to run."""
-    ns = set(counts.values())
-    keep = f"set LOOPWARDEN_OTEL_PARTITIONS={min(ns)} to use them as they are, or " if len(ns) == 1 else ""
-    return (f"the bridge's topics must have otel_partitions={partitions} partitions each, got "
-            + ", ".join(f"{t}={n}" for t, n in counts.items())
-            + f": {keep}run `loopwarden topics repair --otel` (it recreates those holding no records)")
 
 
 def expected(config: Config, topic: str) -> int:
