@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from loopwarden.codecs import (
@@ -18,11 +18,14 @@ from loopwarden.codecs import (
     InputEvent,
     InvalidEvent,
     OutcomeReceipt,
+    RunStarted,
     decode_input,
     decode_outcome_event,
 )
 from loopwarden.rules import DEFAULT_SETTINGS, RunState, Settings
+from loopwarden.codecs.events import OperatorAction, RecoveryAction, RecoveryPolicy
 from loopwarden.rules.machine import DEADLINE_KEEPING, Result, apply_into
+from loopwarden.rules.recovery import unknown_run, with_default
 from loopwarden.rules.table import RunTable
 
 
@@ -49,8 +52,16 @@ class Replay:
     """
 
     def __init__(self, settings: Settings = DEFAULT_SETTINGS, keep_final: bool = False, verifiers=None,
-                 channel: str | None = None) -> None:
+                 channel: str | None = None, recovery_defaults: Mapping[str, RecoveryPolicy] | None = None,
+                 on_action: Callable[[RecoveryAction], None] | None = None) -> None:
         self.settings = settings
+        # docs/recovery.md: the agents' default recovery policies (filled into run_started as the worker does),
+        # the keys a person's operator action must be signed by (the human receipts' own), and where the
+        # recovery actions go (None: decided and dropped).
+        self.recovery_defaults = recovery_defaults or None
+        self.verifiers = verifiers
+        self.on_action = on_action
+        self.unknown_run_actions = 0  # operator actions for a run not held: the worker dead-letters them
         # docs/contract.md section 10, docs/receipts.md: with loopwarden.trust.TrustedVerifiers and/or the trusted
         # receipts topic (``channel``), receipts are classified before apply as in the worker; else all count.
         self.trust = None
@@ -77,9 +88,17 @@ class Replay:
         for note in notes:
             counted[note] = counted.get(note, 0) + 1
 
+    def _actions(self, res: Result) -> None:
+        actions, res.actions = res.actions, []
+        if self.on_action is not None:
+            for action in actions:
+                self.on_action(action)
+
     def _take(self, res: Result, run_id: str, before: RunState) -> list[HealthTransition]:
         if res.notes:
             self._count(res.notes)
+        if res.actions:
+            self._actions(res)
         state = res.state
         if state is not before:  # retention dropped the run (to its tomb or for good), or forgot its tomb
             if before.tomb:
@@ -128,8 +147,20 @@ class Replay:
 
     def feed(self, event: InputEvent, on_channel: bool = False) -> list[HealthTransition]:
         """Apply one event; ``on_channel``: a receipt read from the trusted receipts topic."""
-        if self.trust is not None and event.__class__ is OutcomeReceipt:
-            event = self.trust.classify(event, on_channel)  # type: ignore[assignment]
+        cls = event.__class__
+        if cls is OutcomeReceipt:
+            if self.trust is not None:
+                event = self.trust.classify(event, on_channel)  # type: ignore[assignment]
+        elif cls is RunStarted:
+            if self.recovery_defaults is not None:
+                event = with_default(event, self.recovery_defaults)  # type: ignore[arg-type]
+        elif cls is OperatorAction:
+            if unknown_run(self.states.get(event.run_id)):
+                self.unknown_run_actions += 1
+                self._count([("operator_action", "unknown_run")])
+                return []
+            if self.verifiers is not None:
+                event = self.verifiers.classify_action(event)  # type: ignore[assignment]
         ts = event.ts
         clock = self.clock
         if clock is None or ts > clock:
@@ -143,9 +174,11 @@ class Replay:
         try:
             new = apply_into(res, state, event, clock, clock)
         except BaseException:
-            res.transitions, res.notes = [], []  # nothing of a failed event is left for the next one
+            res.transitions, res.notes, res.actions = [], [], []  # nothing of a failed event is left for the next one
             raise
         # _take, inline: one event, one run
+        if res.actions:
+            self._actions(res)
         notes = res.notes
         if notes:
             counted = self.notes

@@ -149,6 +149,12 @@ class RecoveryPolicy(Struct, frozen=True, gc=False, forbid_unknown_fields=True):
     idempotent_tools: Annotated[tuple[Name, ...], Meta(max_length=1000)] = ()
     escalate_to: Name | None = None
 
+    def __hash__(self) -> int:
+        # A policy is a key of the rules' memo of compiled policies (loopwarden.rules.conditions): hashable
+        # although ``on`` is a dict, so runs with a recovery policy take the memo's fast path too.
+        return hash((self.max_attempts, tuple(sorted(self.on.items())), self.backoff_s, self.next_policy,
+                     self.idempotent_tools, self.escalate_to))
+
     def __post_init__(self) -> None:
         for state, action in self.on.items():
             if state not in ACTION_STATES[action]:
@@ -332,19 +338,39 @@ class OutcomeExpected(_Event, tag="outcome_expected"):
     checks: Annotated[dict[Annotated[str, Meta(max_length=100)], CheckValue], Meta(max_length=64)] = {}
 
 
+OperatorActionName = Literal["retry", "reverify", "escalate", "abandon", "acknowledge"]
+
+
+class OperatorAction(_Event, tag="operator_action"):
+    """A person's decision on a run, on ``agent.steps``, signed like a human receipt (section 12).
+
+    Unsigned, or signed by a key that is not trusted, it changes nothing and is counted.
+    """
+
+    request_id: Ident  # a repeated request id is ignored (a double click, a re-sent command)
+    action: OperatorActionName
+    reason: Annotated[str, Meta(min_length=1, max_length=200)]
+    override_bound: bool = False  # retry beyond the policy's max_attempts (recorded in the action)
+    actor: Name | UnsetType = UNSET  # who, as the signer vouches (the board names its signed-in user)
+    # As on a receipt: the run occurrence the person looked at, signed, so an old action cannot be re-sent
+    # to a later run that reuses the id; UNSET: the action's own ts stands in.
+    run_started_ts: TsMs | UnsetType = UNSET
+    signature: Signature | UnsetType = UNSET
+
+
 StepEvent = Union[
     RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved, SegmentStarted, RunActive, EventsDropped,
-    OutcomeExpected,
+    OutcomeExpected, OperatorAction,
 ]
 OutcomeEvent = OutcomeReceipt
 InputEvent = Union[
     RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved, SegmentStarted, RunActive, EventsDropped,
-    OutcomeExpected, OutcomeReceipt,
+    OutcomeExpected, OperatorAction, OutcomeReceipt,
 ]
 
 STEP_EVENT_TYPES: tuple[type, ...] = (
     RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved, SegmentStarted, RunActive, EventsDropped,
-    OutcomeExpected,
+    OutcomeExpected, OperatorAction,
 )
 INPUT_EVENT_TYPES: tuple[type, ...] = STEP_EVENT_TYPES + (OutcomeReceipt,)
 
@@ -413,23 +439,3 @@ class RecoveryAction(Struct, frozen=True, gc=False, tag_field="type", tag="recov
     escalate_to: str | None
     decided_by: str  # `policy:<policy version>` or `person:<key id>` (`person:<key id>/<actor>` from the board)
     override_bound: bool = False  # a person restarted beyond max_attempts
-
-
-OperatorActionName = Literal["retry", "reverify", "escalate", "abandon", "acknowledge"]
-
-
-class OperatorAction(_Event, tag="operator_action"):
-    """A person's decision on a run, on ``agent.steps``, signed like a human receipt (section 12).
-
-    Unsigned, or signed by a key that is not trusted, it changes nothing and is counted.
-    """
-
-    request_id: Ident  # a repeated request id is ignored (a double click, a re-sent command)
-    action: OperatorActionName
-    reason: Annotated[str, Meta(min_length=1, max_length=200)]
-    override_bound: bool = False  # retry beyond the policy's max_attempts (recorded in the action)
-    actor: Name | UnsetType = UNSET  # who, as the signer vouches (the board names its signed-in user)
-    # As on a receipt: the run occurrence the person looked at, signed, so an old action cannot be re-sent
-    # to a later run that reuses the id; UNSET: the action's own ts stands in.
-    run_started_ts: TsMs | UnsetType = UNSET
-    signature: Signature | UnsetType = UNSET
