@@ -49,3 +49,16 @@ def read_actions(config, count: int, timeout_s: float = 180) -> list[tuple[bytes
     """agent.actions (read_committed) once it holds ``count`` records: (key, action) each."""
     records = run(read_topic(config, config.actions_topic, lambda rs: len(rs) >= count, timeout_s))
     return [(r.key, json.loads(r.value)) for r in records]
+
+
+def differences(got: list[dict], expected: dict[str, dict]) -> dict:
+    """action_id -> {field: (got, expected)} for actions that differ from replay's; missing and extra ones too."""
+    by_id = {a["action_id"]: a for a in got}
+    out: dict = {}
+    for aid in by_id.keys() | expected.keys():
+        a, e = by_id.get(aid), expected.get(aid)
+        if a is None or e is None:
+            out[aid] = "missing" if a is None else "not in replay"
+        elif a != e:
+            out[aid] = {k: (a.get(k), e.get(k)) for k in a.keys() | e.keys() if a.get(k) != e.get(k)}
+    return out

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from msgspec import UNSET
 from msgspec.structs import replace
 
-from loopwarden.codecs.events import RecoveryAction, RecoveryPolicy, RunStarted
+from loopwarden.codecs.events import Policy, RecoveryAction, RecoveryPolicy, RunStarted
 
 if TYPE_CHECKING:  # machine imports this module
     from loopwarden.rules.machine import RunState
@@ -110,7 +110,18 @@ def with_default(event: RunStarted, defaults: Mapping[str, RecoveryPolicy]) -> R
     default = defaults.get(event.agent) or defaults.get(ANY_AGENT)
     if default is None:
         return event
-    return replace(event, policy=replace(policy, recovery=default))
+    # One defaulted policy object per (policy, default): the core interns it by value, and an object seen
+    # before hashes faster than a new one (RecoveryPolicy.__hash__).
+    key = (policy, id(default))
+    defaulted = _DEFAULTED.get(key)
+    if defaulted is None or defaulted.recovery is not default:
+        if len(_DEFAULTED) >= 4096:
+            _DEFAULTED.clear()
+        defaulted = _DEFAULTED[key] = replace(policy, recovery=default)
+    return replace(event, policy=defaulted)
+
+
+_DEFAULTED: dict[tuple[Policy, int], Policy] = {}
 
 
 def unknown_run(state: RunState | None) -> bool:

@@ -45,6 +45,8 @@ from loopwarden.stages.health.topology import LAYOUT_KEY, Placement, decode_expa
 
 log = logging.getLogger("loopwarden.task")
 
+_PREPARED = frozenset((RunStarted, OperatorAction))
+_ACTIONS_ONLY = frozenset((OperatorAction,))
 _ABSENT = object()  # not touched by the batch being folded (None in ``_live`` means dropped by retention)
 _event_of = itemgetter(1)
 
@@ -205,6 +207,7 @@ class PartitionTask(BatchEnd):
             merged = next(iter(inputs.values()), ())
         trust = self.trust
         defaults, action_keys = self.recovery_defaults, self.action_keys
+        prepared = _PREPARED if defaults is not None else _ACTIONS_ONLY
         placement = self.placement
         # One event clock in both modes (docs/contract.md section 5, "Event time and late events"). On event
         # time timers are queued and fired around each event as in replay; on the wall clock, at punctuation.
@@ -234,19 +237,17 @@ class PartitionTask(BatchEnd):
                     state = live.get(run_id, state)  # fired: its new state; else the one taken above, unchanged
             else:
                 now = self.wall_ms()
-            cls = event.__class__
-            if cls is RunStarted:
-                if defaults is not None:  # the agent's default recovery policy, unless the run declares its own
-                    event = with_default(event, defaults)
-            elif cls is OperatorAction:  # a person's action (docs/recovery.md): on a run held, trusted by key only
-                if unknown_run(state):
+            if type(event) in prepared:  # one test per event (docs/recovery.md): a run_started, an operator action
+                if type(event) is RunStarted:  # the agent's default recovery policy, unless the run declares its own
+                    event = with_default(event, defaults)  # type: ignore[arg-type]
+                elif unknown_run(state):  # a person's action on a run not held: never made a run
                     out.deadletters.append(DeadLetter(rec, "unknown_run", f"operator_action for run {run_id!r}, "
                                                       "which loopwarden does not hold (never started, or dropped)"))
                     counts["invalid", role, "unknown_run"] += 1
                     counts["operator_action", "unknown_run"] += 1
                     continue
-                if action_keys is not None:
-                    event = action_keys.classify_action(event)
+                elif action_keys is not None:  # trusted by a person's key only
+                    event = action_keys.classify_action(event)  # type: ignore[arg-type]
             try:
                 if trust is not None and role != "steps":  # trust is decided here, before the core
                     event = trust.classify(event, role == "verified_outcomes")
@@ -265,12 +266,15 @@ class PartitionTask(BatchEnd):
                     noted[note] = noted.get(note, 0) + 1
                 notes.clear()
             live[run_id] = new
-            if res.actions:
-                out.actions += res.actions
-                res.actions.clear()
             if transitions:
+                if res.actions:  # a recovery action comes with a transition, or from a person (below)
+                    out.actions += res.actions
+                    res.actions.clear()
                 out.transitions += transitions
                 moved.add(run_id)
+            elif res.actions:  # a person's action: a record, no transition
+                out.actions += res.actions
+                res.actions.clear()
             if event_mode and (transitions or new is not state or event.__class__ not in DEADLINE_KEEPING):
                 timers.changed(new, bool(transitions))  # replay's scheduling, event by event (its first test inline)
                 if heap and heap[0] <= clock:  # a deadline already past (an approval's): it fires now
