@@ -254,7 +254,8 @@ def _move(state: RunState, res: Result, to: str, reason: str, ts: int, now_ms: i
     seq = state.seq = state.seq + 1
     policy = state.policy
     rec = state.recovery
-    if rec is not None and policy is not None and policy.recovery is not UNSET:
+    # decide's first rule, inline: most transitions (RUNNING, VERIFYING) are in no state a policy names
+    if rec is not None and policy is not None and (recovery := policy.recovery) is not UNSET and to in recovery.on:
         action = _decide(state, rec, policy, seq, ts, to, reason)
         if action is not None:
             res.actions.append(action)
@@ -286,8 +287,6 @@ def _move(state: RunState, res: Result, to: str, reason: str, ts: int, now_ms: i
 
 def _decide(state: RunState, rec: Recovery, policy: Policy, seq: int, ts: int, to: str, reason: str) -> RecoveryAction | None:
     """The automatic action of the run's transition ``seq`` to ``to``, if its recovery policy calls for one."""
-    if to not in policy.recovery.on:  # type: ignore[union-attr]  # decide's first rule, inline: most transitions
-        return None  # (RUNNING, VERIFYING) call for nothing, and a call with a dozen keywords costs ~1 µs
     if rec.acted or rec.closed_by is not None:  # one automatic action per attempt; none after a person's abandon
         return None
     tools: list[str] = rec.failed_tools
