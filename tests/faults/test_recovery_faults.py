@@ -16,11 +16,12 @@ from tests.recovery_fleet import recovery_fleet
 from tests.recovery_kafka import ADVANCE_MS, differences, messages, policies_file, read_actions, replay_actions
 
 pytestmark = pytest.mark.timeout(400)
+TIMES = {"ts", "not_before_ts"}
 
 
 def test_sigkill_while_runs_with_a_policy_flow_publishes_each_action_once(kafka, tmp_path: Path) -> None:
     """A worker SIGKILLed every 1.5-3 s (>= 5 kills) while 400 runs with a recovery policy are published:
-    agent.actions holds every action_id exactly once, and the actions equal replay's."""
+    agent.actions holds every action_id exactly once, and the actions equal replay's but for their times."""
     events = recovery_fleet(400, seed=9)
     expected = replay_actions(events)
     config = unique_config(kafka.bootstrap, recovery_policies=policies_file(tmp_path))
@@ -45,4 +46,9 @@ def test_sigkill_while_runs_with_a_policy_flow_publishes_each_action_once(kafka,
     print(f"\nRECOVERY-FAULT-FIGURES kills={kills} runs=400 actions={len(got)} expected={len(expected)} "
           f"repeated={len(repeated)}")
     assert not repeated, f"{len(repeated)} action ids repeated, e.g. {repeated[:3]}"
-    assert not differences(got, expected)
+    # A restarted worker may apply an event later than replay places it (it counts from the event clock it
+    # restored: docs/contract.md section 5), so a timer's deadline, and the ts of the action it causes, can move;
+    # which actions, for which attempts, decided how, may not.
+    moved = {k: v for k, v in differences(got, expected).items() if not isinstance(v, dict) or v.keys() - TIMES}
+    assert not moved, moved
+
