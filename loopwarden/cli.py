@@ -41,7 +41,7 @@ def _numbered(paths: list[str]) -> Iterator[tuple[str, int, bytes]]:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from loopwarden.codecs import encode
-    from loopwarden.commands.cliutil import trusted_verifiers
+    from loopwarden.commands.cliutil import recovery_policies, trusted_verifiers
     from loopwarden.replay import (
         Replay,
         replay_lines,
@@ -70,7 +70,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             pending[action.action_id] = action
 
     replay = Replay(Settings(retention_s=args.retention_s), verifiers=trusted_verifiers(args.trusted_verifiers),
-                    channel=channel, recovery_defaults=_recovery_policies(args.recovery_policies),
+                    channel=channel, recovery_defaults=recovery_policies(args.recovery_policies, "replay"),
                     on_action=on_action if args.actions else None)
 
     def emit(t):
@@ -98,19 +98,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"loopwarden replay: {invalid} invalid line(s) skipped", file=sys.stderr)
         return 1
     return 0
-
-
-def _recovery_policies(path: str | None) -> dict:
-    """The agents' default recovery policies of ``--recovery-policies``, else of LOOPWARDEN_RECOVERY_POLICIES."""
-    from loopwarden.stages.health.recoverypolicies import ENV, RecoveryPoliciesError, load_policies
-
-    path = path or os.environ.get(ENV, "").strip()
-    if not path:
-        return {}
-    try:
-        return load_policies(path)
-    except RecoveryPoliciesError as exc:
-        raise SystemExit(f"loopwarden replay: {exc}") from None
 
 
 def cmd_keys_new(args: argparse.Namespace) -> int:

@@ -189,3 +189,15 @@ def trusted_verifiers(text: str | None):
         return TrustedVerifiers.from_env(os.environ)
     except TrustConfigError as exc:
         raise SystemExit(f"loopwarden: {exc}") from None
+
+
+def recovery_policies(path: str | None, command: str) -> dict:
+    """The agents' default recovery policies of the file ``path`` names, else LOOPWARDEN_RECOVERY_POLICIES's (empty
+    when neither): a bad file stops ``command`` in one line naming the file, the agent and the field."""
+    from loopwarden.stages.health.recoverypolicies import ENV, RecoveryPoliciesError, load_policies
+
+    path = path or os.environ.get(ENV, "").strip()
+    try:
+        return load_policies(path) if path else {}
+    except RecoveryPoliciesError as exc:
+        raise SystemExit(f"loopwarden {command}: {exc}") from None

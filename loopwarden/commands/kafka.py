@@ -15,6 +15,7 @@ from loopwarden.commands.cliutil import (
     cannot_connect,
     port_in_use,
     port_taken,
+    recovery_policies,
     trusted_verifiers,
 )
 from loopwarden.engine.config import CLOCKS, STORES
@@ -226,6 +227,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     config = _config(args)
     verifiers = trusted_verifiers(args.trusted_verifiers)  # docs/contract.md section 10; a bad value stops here, named
+    recovery_policies(config.recovery_policies, "worker")  # docs/recovery.md: a bad file stops here, named
     if config.store == "rocksdb":
         from loopwarden.engine.store import prepare_data_dir
 

@@ -228,13 +228,6 @@ class Config:
             raise ConfigError(f"log_level: {self.log_level!r} must be one of {', '.join(LOG_LEVELS)}")
         if self.token is not None and len(self.token) < 16:
             raise ConfigError("token: must be at least 16 characters (got a shorter one)")
-        if self.recovery_policies:  # read once here too, so a bad file stops the start in one line
-            from loopwarden.stages.health.recoverypolicies import RecoveryPoliciesError, load_policies
-
-            try:
-                load_policies(self.recovery_policies)
-            except RecoveryPoliciesError as exc:
-                raise ConfigError(f"recovery_policies: {exc}") from None
         from loopwarden.engine import security
 
         security.check(self)

@@ -10,7 +10,9 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
 from loopwarden.codecs import CAUSES, STATES
-from loopwarden.codecs.vocabulary import DISAGREEMENTS, IGNORED, INVALID_REASONS, RECEIPT_OUTCOMES, TIMER_KINDS
+from loopwarden.codecs.vocabulary import (
+    DISAGREEMENTS, IGNORED, INVALID_REASONS, OPERATOR_OUTCOMES, RECEIPT_OUTCOMES, TIMER_KINDS,
+)
 
 # Label sets: the vocabulary's (imported above, defined once), plus the topic roles and event types.
 TOPIC_ROLES = ("steps", "outcomes", "ticks")
@@ -196,9 +198,16 @@ class Metrics:
                                    registry=r)
         self.otel_traces = Gauge("loopwarden_otel_traces", "Traces the OpenTelemetry bridge holds, per owned partition.",
                                  ["partition"], registry=r)
-        from loopwarden.stages.health.recoverymetrics import RecoveryMetrics
-
-        self.recovery = RecoveryMetrics(r)  # docs/recovery.md: actions published, operator actions refused
+        # Bounded recovery (docs/recovery.md; counted by loopwarden.stages.health.recoverymetrics).
+        self.recovery_actions = Counter(
+            "loopwarden_recovery_actions_total", "Recovery actions committed on agent.actions, by action and who "
+            "decided (policy or person).", ["action", "decided_by"], registry=r)
+        self.attempts_exhausted = Counter("loopwarden_recovery_attempts_exhausted_total",
+                                          "Jobs that reached their policy's max_attempts and escalated.", registry=r)
+        self.operator_refused = Counter("loopwarden_operator_actions_refused_total",
+                                        "Operator actions that changed nothing, by reason.", ["reason"], registry=r)
+        for reason in OPERATOR_OUTCOMES[1:]:  # all but "applied"
+            self.operator_refused.labels(reason)
         for result in ("committed", "aborted", "fenced"):
             self.transactions.labels(result)
         for t in TOPIC_ROLES:
@@ -279,5 +288,5 @@ class Metrics:
             c(self.repartitioned, label).inc(n)
         elif kind == "timer":
             c(self.timers, label).inc(n)
-        elif kind == "operator_action":
-            self.recovery.operator_action(label, n)
+        elif kind == "operator_action" and label != "applied":  # an applied one is counted as an action
+            c(self.operator_refused, label).inc(n)

@@ -44,8 +44,7 @@ def outputs(config: Config) -> list[str]:
 
 
 def wanted(config: Config) -> list[str]:
-    return [*inputs(config), config.ticks_topic, config.health_topic, config.deadletter_topic, config.actions_topic,
-            config.changelog_topic]
+    return [*inputs(config), config.ticks_topic, *outputs(config), config.changelog_topic]
 
 
 def otel_topics(config: Config) -> list[str]:

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from prometheus_client import generate_latest
 
 from loopwarden.codecs.events import RecoveryAction
-from loopwarden.engine.config import Config, from_env
+from loopwarden.engine.config import Config
 from loopwarden.engine.exceptions import ConfigError
 from loopwarden.engine.metrics import Metrics
 from loopwarden.engine.topics import outputs, wanted
+from loopwarden.stages.health.recoverymetrics import count_actions
+
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def action(action_id: str, action: str, decided_by: str, reason: str = "STUCK:no_progress") -> RecoveryAction:
@@ -17,17 +26,18 @@ def action(action_id: str, action: str, decided_by: str, reason: str = "STUCK:no
                           reason=reason, ts=1, not_before_ts=1, next_policy=None, escalate_to=None, decided_by=decided_by)
 
 
-def test_a_bad_recovery_policies_file_stops_the_start_in_one_line(tmp_path) -> None:
-    """LOOPWARDEN_RECOVERY_POLICIES naming a bad policy is refused at start, naming the setting, agent and field."""
+def test_a_bad_recovery_policies_file_stops_the_worker_in_one_line(tmp_path) -> None:
+    """`loopwarden worker` with LOOPWARDEN_RECOVERY_POLICIES naming a bad policy stops before connecting, in one
+    line naming the file, the agent and the field."""
     path = tmp_path / "recovery.json"
     path.write_text('{"invoice": {"max_attempts": 0}}')
-    with pytest.raises(ConfigError) as info:
-        from_env(environ={"LOOPWARDEN_RECOVERY_POLICIES": str(path)})
-    message = str(info.value)
-    assert message.startswith(f"recovery_policies: {path}: agent 'invoice': ") and "$.max_attempts" in message
-    assert "\n" not in message
-    with pytest.raises(ConfigError, match="cannot read"):
-        from_env(environ={"LOOPWARDEN_RECOVERY_POLICIES": str(tmp_path / "missing.json")})
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("LOOPWARDEN_")}, "PYTHONPATH": str(REPO),
+           "LOOPWARDEN_RECOVERY_POLICIES": str(path), "LOOPWARDEN_BROKER": "127.0.0.1:1"}
+    proc = subprocess.run([sys.executable, "-m", "loopwarden.cli", "worker"], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"loopwarden worker: {path}: agent 'invoice': Expected `int` >= 1 - at `$.max_attempts`")
 
 
 def test_the_actions_topic_is_created_and_checked_with_the_other_outputs() -> None:
@@ -43,7 +53,7 @@ def test_the_actions_topic_is_created_and_checked_with_the_other_outputs() -> No
 def test_recovery_metrics_count_actions_by_who_decided_with_bounded_labels() -> None:
     """Actions count by action and policy|person (never a key id or version); exhausted jobs and refusals too."""
     m = Metrics()
-    m.recovery.published([action("a:1", "resume", "policy:v3"), action("a:2", "escalate", "policy:v3", "attempts_exhausted"),
+    count_actions(m, [action("a:1", "resume", "policy:v3"), action("a:2", "escalate", "policy:v3", "attempts_exhausted"),
                           action("a:op:q", "restart", "person:ops-1/ana")])
     m.count_batch({("operator_action", "unsigned"): 2, ("operator_action", "applied"): 1})
     text = generate_latest(m.registry).decode()

@@ -17,6 +17,8 @@ from loopwarden.stages.health.batch import CLOCK_KEY, Batch, _encode_clock
 from loopwarden.engine.stage import Output
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from loopwarden.rules.table import RunTable
     from loopwarden.engine.alignment import StreamTime
     from loopwarden.stages.health.hotstates import HotStates
@@ -43,6 +45,20 @@ class BatchEnd:
     hot: HotStates
     settling: Settling | None
     stream: StreamTime
+
+    @property
+    def holding(self) -> int:
+        """Records held back by the last fold, waiting for the other input."""
+        return self.stream.holding
+
+    @property
+    def held_bytes(self) -> int:
+        return self.stream.held_bytes
+
+    @property
+    def held_topics(self) -> "Collection[str]":
+        """The input topics it holds records of."""
+        return self.stream.held.keys()
 
     def _key(self, run_id: str) -> bytes:
         key = run_id.encode()  # the store's key; the object the timer queue (so the store) holds, if any

@@ -20,6 +20,7 @@ from loopwarden.stages.health.batch import Batch, wall_clock_ms
 from loopwarden.engine.config import Config
 from loopwarden.engine.metrics import Metrics
 from loopwarden.engine.stage import Input, StageBase
+from loopwarden.stages.health.recoverymetrics import count_actions
 from loopwarden.stages.health.recoverypolicies import load_policies
 from loopwarden.stages.health.task import PartitionTask
 from loopwarden.engine.topics import ensure_topics
@@ -87,7 +88,7 @@ class HealthStage(StageBase[PartitionTask, Batch]):
         m = self.metrics
         m.count_batch(result.counts)
         if result.actions:
-            m.recovery.published(result.actions)
+            count_actions(m, result.actions)
         transitions = result.transitions
         # The two counters per distinct (from, to) and (agent, to) of the batch, not per transition: a
         # metric update costs ~0.5 µs, and this loop was ~1 µs of the worker's CPU per event (bench/README.md).
