@@ -41,7 +41,7 @@ def _numbered(paths: list[str]) -> Iterator[tuple[str, int, bytes]]:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from loopwarden.codecs import encode
-    from loopwarden.commands.cliutil import trusted_verifiers
+    from loopwarden.commands.cliutil import recovery_policies, trusted_verifiers
     from loopwarden.replay import (
         Replay,
         replay_lines,
@@ -59,11 +59,26 @@ def cmd_replay(args: argparse.Namespace) -> int:
     elif args.trusted_outcomes_topic:
         raise SystemExit("loopwarden replay: --trusted-outcomes-topic names the topic the --trusted-receipts files "
                          "were read from; give those files too")
+    # docs/recovery.md: a run's recovery actions are printed after the transition that caused each; a person's
+    # (no transition) as it is applied.
+    pending: dict[str, object] = {}
+
+    def on_action(action):
+        if ":op:" in action.action_id:
+            out.write(encode(action) + b"\n")
+        else:
+            pending[action.action_id] = action
+
     replay = Replay(Settings(retention_s=args.retention_s), verifiers=trusted_verifiers(args.trusted_verifiers),
-                    channel=channel)
+                    channel=channel, recovery_defaults=recovery_policies(args.recovery_policies, "replay"),
+                    on_action=on_action if args.actions else None)
 
     def emit(t):
         out.write(encode(t) + b"\n")
+        if pending:
+            action = pending.pop(f"{t.run_id}:{t.seq}", None)
+            if action is not None:
+                out.write(encode(action) + b"\n")
 
     def bad(b):
         print(str(b), file=sys.stderr)
@@ -183,6 +198,11 @@ def build_parser(processor: bool | None = None) -> argparse.ArgumentParser:
     p.add_argument("--trusted-outcomes-topic", metavar="TOPIC", default=None,
                    help=f"the topic those files were read from, named in evidence.receipt_trust "
                         f"(default: LOOPWARDEN_TRUSTED_OUTCOMES_TOPIC, else {DEFAULT_CHANNEL})")
+    p.add_argument("--actions", action="store_true",
+                   help="also print each recovery action (type recovery_action) after the transition that caused it "
+                        "(docs/recovery.md)")
+    p.add_argument("--recovery-policies", metavar="FILE", default=None,
+                   help="JSON or TOML: agent (or *) -> default recovery policy (default: LOOPWARDEN_RECOVERY_POLICIES)")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("keys", help="signing keys of verifiers and people (signed receipts)")

@@ -35,7 +35,8 @@ Config = joined_config()
 # and the topics first, then partitions and the store, HTTP, the board, the bridge, the loop's tuning, security.
 LISTED = (
     "broker", "app_id", "steps_topic", "outcomes_topic", "trusted_outcomes_topic", "trusted_outcomes_without_acl",
-    "health_topic", "deadletter_topic", "ticks_topic", "partitions", "replication", "store", "data_dir",
+    "health_topic", "deadletter_topic", "actions_topic", "recovery_policies", "ticks_topic", "partitions",
+    "replication", "store", "data_dir",
     "web_host", "web_port", "canonical_url", "token", "http_header_timeout_s", "http_max_header_bytes",
     "http_max_connections", "board_port", "board_lookback_s", "board_settled_s", "board_max_runs",
     "states_doc_url", "board_in_worker", "otel_topic", "otel_partitions", "otel_end_grace_s", "clock",

@@ -131,7 +131,7 @@ def _common(p: argparse.ArgumentParser, *, topics: tuple[str, ...] = ("steps", "
     command would ignore is refused)."""
     p.add_argument("--broker", help="Kafka bootstrap host:port[,host:port] (env LOOPWARDEN_BROKER; default 127.0.0.1:9092)")
     defaults = {"steps": "agent.steps", "outcomes": "agent.outcomes", "health": "agent.health",
-                "deadletter": "agent.deadletter", "ticks": "loopwarden.ticks"}
+                "deadletter": "agent.deadletter", "ticks": "loopwarden.ticks", "actions": "agent.actions"}
     for t in topics:
         p.add_argument(f"--{t}-topic", dest=f"{t}_topic", help=f"default {defaults[t]} (LOOPWARDEN_{t.upper()}_TOPIC)")
     if partitions:
@@ -189,3 +189,15 @@ def trusted_verifiers(text: str | None):
         return TrustedVerifiers.from_env(os.environ)
     except TrustConfigError as exc:
         raise SystemExit(f"loopwarden: {exc}") from None
+
+
+def recovery_policies(path: str | None, command: str) -> dict:
+    """The agents' default recovery policies of the file ``path`` names, else LOOPWARDEN_RECOVERY_POLICIES's (empty
+    when neither): a bad file stops ``command`` in one line naming the file, the agent and the field."""
+    from loopwarden.stages.health.recoverypolicies import ENV, RecoveryPoliciesError, load_policies
+
+    path = path or os.environ.get(ENV, "").strip()
+    try:
+        return load_policies(path) if path else {}
+    except RecoveryPoliciesError as exc:
+        raise SystemExit(f"loopwarden {command}: {exc}") from None

@@ -15,6 +15,7 @@ from loopwarden.commands.cliutil import (
     cannot_connect,
     port_in_use,
     port_taken,
+    recovery_policies,
     trusted_verifiers,
 )
 from loopwarden.config import CLOCKS
@@ -25,7 +26,10 @@ from loopwarden.engine.exceptions import ConfigError
 def add_commands(sub) -> None:
     p = worker = sub.add_parser("worker", help="run a stream-processor worker against Kafka (exactly-once)",
                        epilog=_env_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    _common(p)
+    _common(p, topics=("steps", "outcomes", "health", "deadletter", "ticks", "actions"))
+    p.add_argument("--recovery-policies", dest="recovery_policies", metavar="FILE",
+                   help="JSON or TOML: agent (or *) -> default recovery policy (LOOPWARDEN_RECOVERY_POLICIES; "
+                        "docs/recovery.md)")
     p.add_argument("--app-id", dest="app_id", help="consumer group / table prefix (LOOPWARDEN_APP_ID; default loopwarden)")
     p.add_argument("--store", choices=STORES, help="table store (LOOPWARDEN_STORE; default memory)")
     p.add_argument("--data-dir", dest="data_dir", help="RocksDB data directory (LOOPWARDEN_DATA_DIR)")
@@ -137,7 +141,7 @@ def add_commands(sub) -> None:
                                       "ones of the wrong partition count), or expand it (add partitions to every "
                                       "co-partitioned topic together; runs in flight move with it)")
     p.add_argument("action", choices=("check", "repair", "expand"))
-    _common(p)
+    _common(p, topics=("steps", "outcomes", "health", "deadletter", "ticks", "actions"))
     p.add_argument("--app-id", dest="app_id", help="whose changelog topic (LOOPWARDEN_APP_ID; default loopwarden)")
     p.add_argument("--otel", action="store_true",
                    help="also the OpenTelemetry bridge's topics (the otel topic and its changelog, otel_partitions "
@@ -224,6 +228,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     config = _config(args)
     verifiers = trusted_verifiers(args.trusted_verifiers)  # docs/contract.md section 10; a bad value stops here, named
+    recovery_policies(config.recovery_policies, "worker")  # docs/recovery.md: a bad file stops here, named
     if config.store == "rocksdb":
         from loopwarden.engine.store import prepare_data_dir
 

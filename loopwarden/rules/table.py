@@ -76,7 +76,7 @@ class RunTable:
         try:
             new = apply_into(res, state, event, now, clock)
         except BaseException:
-            del res.transitions[:], res.notes[:]
+            del res.transitions[:], res.notes[:], res.actions[:]
             raise
         notes = res.notes
         if notes:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from loopwarden.codecs import HealthTransition
+from loopwarden.codecs.events import RecoveryAction
 from loopwarden.engine.stage import Folded, wall_clock_ms  # noqa: F401 - the health stage's modules take it here
 
 # Keys of a partition's store that are not run ids: 0xff never occurs in UTF-8, so no
@@ -26,11 +27,12 @@ _decode_clock = msgspec.msgpack.Decoder(int).decode
 @dataclass
 class HealthFolded(Folded):
     """The health stage's fold result: a :class:`~loopwarden.engine.stage.Folded` whose outputs are the batch's
-    transitions encoded for the health topic, and the transitions themselves (for the stage's metrics and the
-    task's ``/runs`` index). ``changes``: run id -> the run's last state in the batch, None deletes (retention);
+    transitions encoded for the health topic and its recovery actions for the actions topic, and both decoded
+    (for the stage's metrics and the task's ``/runs`` index). ``changes``: run id -> the run's last state in the batch, None deletes (retention);
     ``consumed`` counts steps, outcomes and ticks."""
 
     transitions: list[HealthTransition] = field(default_factory=list)
+    actions: list[RecoveryAction] = field(default_factory=list)  # for agent.actions (docs/recovery.md)
 
     def __bool__(self) -> bool:
         return bool(self.transitions or self.deadletters or self.changes or self.offsets)

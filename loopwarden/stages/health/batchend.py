@@ -17,6 +17,8 @@ from loopwarden.stages.health.batch import CLOCK_KEY, HealthFolded, _encode_cloc
 from loopwarden.engine.stage import Output
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from loopwarden.rules.table import RunTable
     from loopwarden.engine.alignment import StreamTime
     from loopwarden.stages.health.hotstates import HotStates
@@ -37,11 +39,26 @@ class BatchEnd:
     _moved: set[str]
     _forwarded: list[Output]
     health_topic: str
+    actions_topic: str
     state_counts: Counter
     index: RunsIndex
     hot: HotStates
     settling: Settling | None
     stream: StreamTime
+
+    @property
+    def holding(self) -> int:
+        """Records held back by the last fold, waiting for the other input."""
+        return self.stream.holding
+
+    @property
+    def held_bytes(self) -> int:
+        return self.stream.held_bytes
+
+    @property
+    def held_topics(self) -> "Collection[str]":
+        """The input topics it holds records of."""
+        return self.stream.held.keys()
 
     def _key(self, run_id: str) -> bytes:
         key = run_id.encode()  # the store's key; the object the timer queue (so the store) holds, if any
@@ -68,6 +85,9 @@ class BatchEnd:
             # Output(topic, key, value) without NamedTuple's Python-level __new__: 0.12 µs instead of 0.28 µs
             new = tuple.__new__
             out.outputs += [new(Output, (topic, t.run_id.encode(), encode(t), (), None)) for t in out.transitions]
+        if out.actions:  # keyed by job id: a job's actions stay in order for the fleet's consumer
+            topic = self.actions_topic
+            out.outputs += [tuple.__new__(Output, (topic, a.job_id.encode(), encode(a), (), None)) for a in out.actions]
 
     def committed(self, out: HealthFolded) -> Counter:
         """The batch's transaction committed: count its states; returns health -> delta for the runs gauge."""

@@ -39,6 +39,12 @@ class HealthConfig(EngineConfig):
     # Output: bad input, byte for byte (spans: a content-free description), with the error in headers
     # (`loopwarden deadletters` reads it).
     deadletter_topic: str = "agent.deadletter"
+    # Output: recovery actions (docs/recovery.md), keyed by job id, committed with the transition that caused each
+    # (read it with isolation.level=read_committed; the fleet carries them out).
+    actions_topic: str = "agent.actions"
+    # A JSON or TOML file mapping agent name (or `*`) to its default recovery policy (docs/recovery.md); a run's
+    # own `policy.recovery` comes first. A bad file stops the worker at start, naming the agent and the field.
+    recovery_policies: str | None = None
     # Internal: one tick per owned partition drives timers in stream order.
     ticks_topic: str = "loopwarden.ticks"
     # The runs board (`loopwarden board`, loopwarden.api.board): the port it listens on.
@@ -72,7 +78,7 @@ class HealthConfig(EngineConfig):
         verified = self.trusted_outcomes_topic
         return {"steps_topic": self.steps_topic, "outcomes_topic": self.outcomes_topic,
                 "health_topic": self.health_topic, "deadletter_topic": self.deadletter_topic,
-                "ticks_topic": self.ticks_topic, **super().topics(),
+                "actions_topic": self.actions_topic, "ticks_topic": self.ticks_topic, **super().topics(),
                 **({"trusted_outcomes_topic": verified} if verified is not None else {})}
 
     def __post_init__(self) -> None:

@@ -6,11 +6,18 @@ come only from the vocabulary's bounded sets, never run ids.
 
 from __future__ import annotations
 
+from collections import Counter as Tally
+from collections.abc import Iterable
+
 from prometheus_client import Counter, Gauge
 
 from loopwarden.codecs import CAUSES, STATES
-from loopwarden.codecs.vocabulary import DISAGREEMENTS, IGNORED, INVALID_REASONS, RECEIPT_OUTCOMES, TIMER_KINDS
+from loopwarden.codecs.events import RecoveryAction
+from loopwarden.codecs.vocabulary import (
+    DISAGREEMENTS, IGNORED, INVALID_REASONS, OPERATOR_OUTCOMES, RECEIPT_OUTCOMES, TIMER_KINDS,
+)
 from loopwarden.engine.metrics import EngineMetrics, HotHistogram
+from loopwarden.rules.recovery import ATTEMPTS_EXHAUSTED
 
 # Label sets: the vocabulary's (imported above, defined once), plus the topic roles and event types.
 TOPIC_ROLES = ("steps", "outcomes", "ticks")
@@ -19,6 +26,7 @@ EVENT_TYPES = (
     # docs/contract.md section 11: what producers must also tell
     "segment_started", "run_active", "events_dropped",
     "outcome_expected",
+    "operator_action",  # section 12: a person's action
 )
 # Agent names become label values as they are first seen, up to this many per worker; later
 # names count as "other" (and a run without a name as "none"), so a producer cannot grow the
@@ -81,6 +89,17 @@ class HealthMetrics:
             ["how"], registry=r)
         for how in ("copied", "forwarded"):
             self.repartitioned.labels(how)
+        # Bounded recovery (docs/recovery.md): labels from bounded sets only, the action and `policy` or
+        # `person` for who decided (never the policy version nor the key id).
+        self.recovery_actions = Counter(
+            "loopwarden_recovery_actions_total", "Recovery actions committed on agent.actions, by action and who "
+            "decided (policy or person).", ["action", "decided_by"], registry=r)
+        self.attempts_exhausted = Counter("loopwarden_recovery_attempts_exhausted_total",
+                                          "Jobs that reached their policy's max_attempts and escalated.", registry=r)
+        self.operator_refused = Counter("loopwarden_operator_actions_refused_total",
+                                        "Operator actions that changed nothing, by reason.", ["reason"], registry=r)
+        for reason in OPERATOR_OUTCOMES[1:]:  # all but "applied"
+            self.operator_refused.labels(reason)
         for t in TOPIC_ROLES:
             if t != "ticks":
                 self.redelivered.labels(t)
@@ -151,3 +170,16 @@ class HealthMetrics:
             c(self.repartitioned, label).inc(n)
         elif kind == "timer":
             c(self.timers, label).inc(n)
+        elif kind == "operator_action" and label != "applied":  # an applied one is counted as an action
+            c(self.operator_refused, label).inc(n)
+
+    def count_actions(self, actions: Iterable[RecoveryAction]) -> None:
+        """Count a committed batch's actions: per (action, policy|person), and the jobs at their bound."""
+        by: Tally = Tally()
+        for a in actions:
+            person = a.decided_by.startswith("person:")
+            by[a.action, "person" if person else "policy"] += 1
+            if a.reason == ATTEMPTS_EXHAUSTED and not person:
+                self.attempts_exhausted.inc()
+        for (action, who), n in by.items():
+            self.child(self.recovery_actions, action, who).inc(n)

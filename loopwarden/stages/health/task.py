@@ -30,6 +30,7 @@ from operator import itemgetter
 from loopwarden.rules import RunState, Settings, decode_state
 from loopwarden.rules.machine import Result
 from loopwarden.rules.table import RunTable
+from loopwarden.stages.health.recoveryinputs import ACTIONS_ONLY, PREPARED, prepare
 from loopwarden.engine.alignment import ALIGNED, StreamTime
 from loopwarden.stages.health.batchend import BatchEnd
 from loopwarden.stages.health.batch import CLOCK_KEY, HealthFolded, _decode_clock, is_meta, wall_clock_ms  # noqa: F401
@@ -61,6 +62,7 @@ class PartitionTask(BatchEnd):
         wall_ms: Callable[[], int] = wall_clock_ms,
         max_future_ms: int = 300_000,
         health_topic: str = "agent.health",
+        actions_topic: str = "agent.actions", recovery_defaults: Mapping | None = None,
         trust=None,
         partitions: int | None = None,
         hot_runs: int = HOT_RUNS,
@@ -68,6 +70,9 @@ class PartitionTask(BatchEnd):
     ) -> None:
         self.partition = partition
         self.health_topic = health_topic
+        # docs/recovery.md: actions' topic, agents' default policies (or None), the keys operator actions need (or None)
+        self.actions_topic, self.recovery_defaults = actions_topic, recovery_defaults or None
+        self.action_keys = None if trust is None else trust.verifiers
         # Whether a record of a run this partition does not hold belongs here (None: not checked).
         self.placement = None if partitions is None else Placement(partition, partitions)
         self._forwarded: list[Output] = []  # records forwarded to their partition (loopwarden topics expand)
@@ -145,6 +150,8 @@ class PartitionTask(BatchEnd):
         if res.transitions:
             out.transitions += res.transitions
             self._moved.add(run_id)
+        if res.actions:
+            out.actions += res.actions
         self._live[run_id] = res.state
 
     # -- the batch --------------------------------------------------------------------
@@ -193,6 +200,8 @@ class PartitionTask(BatchEnd):
         else:
             merged = next(iter(inputs.values()), ())
         trust = self.trust
+        recovery = self.recovery_defaults, self.action_keys
+        prepared = ACTIONS_ONLY if recovery[0] is None else PREPARED
         placement = self.placement
         # One event clock in both modes (docs/contract.md section 5, "Event time and late events"). On event
         # time timers are queued and fired around each event as in replay; on the wall clock, at punctuation.
@@ -222,6 +231,8 @@ class PartitionTask(BatchEnd):
                     state = live.get(run_id, state)  # fired: its new state; else the one taken above, unchanged
             else:
                 now = self.wall_ms()
+            if type(event) in prepared and (event := prepare(event, state, rec, role, out, *recovery)) is None:
+                continue  # one test per event; a run_started or an operator action is prepared (docs/recovery.md)
             try:
                 if trust is not None and role != "steps":  # trust is decided here, before the core
                     event = trust.classify(event, role == "verified_outcomes")
@@ -239,6 +250,9 @@ class PartitionTask(BatchEnd):
                 out.transitions += transitions
                 moved.add(run_id)
                 transitions.clear()
+            if res.actions:  # with a transition, or a person's (a record, no transition): docs/recovery.md
+                out.actions += res.actions
+                res.actions.clear()
             if event_mode and heap and heap[0] <= clock:  # a deadline already past (an approval's): it fires now
                 self.fire_due(clock, out)
         if noted:
@@ -260,20 +274,6 @@ class PartitionTask(BatchEnd):
         hot.put_back(live)  # taken and left as committed (a stale timer's run): kept decoded
         self._finish(out)
         return out
-
-    @property
-    def holding(self) -> int:
-        """Records held back by the last fold, waiting for the other input."""
-        return self.stream.holding
-
-    @property
-    def held_bytes(self) -> int:
-        return self.stream.held_bytes
-
-    @property
-    def held_topics(self) -> Collection[str]:
-        """The input topics it holds records of."""
-        return self.stream.held.keys()
 
     def fire_due(self, now_ms: int, out: HealthFolded) -> None:
         """Fire every due timer of the partition in deadline order: O(due timers)."""
