@@ -28,7 +28,9 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from loopwarden.codecs import NotCanonical, OutcomeReceipt, Signature, receipt_signing_bytes
+from loopwarden.codecs import NotCanonical, OutcomeReceipt, Signature
+from loopwarden.codecs.canonical import signing_bytes
+from loopwarden.codecs.events import OperatorAction
 from loopwarden.rules.trust import TrustedReceipt, UntrustedReceipt
 
 ENV = "LOOPWARDEN_TRUSTED_VERIFIERS"
@@ -96,8 +98,9 @@ class TrustedVerifiers:
         text = (os.environ if environ is None else environ).get(ENV, "")
         return cls.parse(text) if text.strip() else None
 
-    def why_untrusted(self, receipt: OutcomeReceipt) -> str | None:
-        """None when a trusted key signed exactly this receipt; else why not (a bounded code)."""
+    def why_untrusted(self, receipt: OutcomeReceipt | OperatorAction) -> str | None:
+        """None when a trusted key signed exactly this receipt (or operator action: the same scheme over its
+        own fields, docs/contract.md section 12); else why not (a bounded code)."""
         sig = receipt.signature
         if sig is msgspec.UNSET:
             return "unsigned"
@@ -106,7 +109,7 @@ class TrustedVerifiers:
             return "unknown_key"
         try:
             raw = unb64url(sig.sig)
-            payload = receipt_signing_bytes(receipt)
+            payload = signing_bytes(receipt)
         except NotCanonical:
             return "not_canonical"
         except ValueError:
@@ -155,7 +158,7 @@ class ReceiptTrust:
 
 
 class SigningKey:
-    """A verifier's private key and its id: signs receipts."""
+    """A verifier's or a person's private key and its id: signs receipts and operator actions."""
 
     def __init__(self, key_id: str, private_key: Ed25519PrivateKey) -> None:
         if not _KEY_ID.match(key_id):
@@ -207,7 +210,7 @@ class SigningKey:
         """This key's entry in LOOPWARDEN_TRUSTED_VERIFIERS."""
         return f"{self.key_id}={self.public_text}"
 
-    def sign(self, receipt: OutcomeReceipt) -> OutcomeReceipt:
-        """The receipt with ``signature`` set (any previous signature replaced)."""
-        sig = self.private_key.sign(receipt_signing_bytes(receipt))
+    def sign(self, receipt: OutcomeReceipt | OperatorAction) -> OutcomeReceipt | OperatorAction:
+        """The receipt (or operator action) with ``signature`` set (any previous signature replaced)."""
+        sig = self.private_key.sign(signing_bytes(receipt))
         return msgspec.structs.replace(receipt, signature=Signature(key_id=self.key_id, sig=b64url(sig)))

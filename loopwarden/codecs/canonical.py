@@ -1,7 +1,8 @@
-"""The canonical bytes a receipt's signature covers (docs/contract.md section 10), defined once here.
+"""The canonical bytes a receipt's or an operator action's signature covers (docs/contract.md sections 10
+and 12), defined once here.
 
-The form is RFC 8785 (JSON Canonicalization Scheme) over the JSON value of the receipt without
-its ``signature``: object keys sorted by their UTF-16 code units, no whitespace, strings escaped
+The form is RFC 8785 (JSON Canonicalization Scheme) over the JSON value of the receipt (or the
+operator action) without its ``signature``: object keys sorted by their UTF-16 code units, no whitespace, strings escaped
 as ECMAScript's ``JSON.stringify`` escapes them, numbers as ECMAScript's ``Number.prototype.toString``
 writes them. TypeScript gets the same bytes with ``JSON.stringify`` of key-sorted objects
 (``emitters/ai-sdk/src/receipts.ts``); golden vectors in ``tests/vectors/receipts-golden.json``
@@ -22,13 +23,17 @@ import msgspec
 from typing import Any
 from msgspec import UNSET
 
-from loopwarden.codecs.events import OutcomeReceipt
+from loopwarden.codecs.events import OperatorAction, OutcomeReceipt
 
 MAX_SAFE_INT = 2**53 - 1
 # The fields of a receipt the signature covers: every wire field but `signature`, defaults included
 # (an absent `evidence` is signed as {}), unknown fields never (a decoder drops them); `run_started_ts`
 # when it is present (absent, the bytes are those of a receipt without it).
 SIGNED_FIELDS = ("type", "run_id", "ts", "receipt_id", "kind", "verifier", "verified", "evidence", "run_started_ts")
+# The same for an operator action: `override_bound` always (false when absent), `actor` and `run_started_ts`
+# when present, so who acted and on which occurrence cannot be changed without breaking the signature.
+ACTION_SIGNED_FIELDS = ("type", "run_id", "ts", "request_id", "action", "reason", "override_bound", "actor",
+                        "run_started_ts")
 
 _SHORT = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -174,3 +179,35 @@ def receipt_signing_bytes(receipt: OutcomeReceipt) -> bytes:
             pass
     return canonical_json(doc)
 
+
+
+def operator_action_signing_bytes(action: OperatorAction) -> bytes:
+    """The bytes an operator action's ``signature.sig`` is an Ed25519 signature over (the receipt's scheme).
+
+    Every field is a string, an integer within ±(2**53 - 1) (the Struct's bounds) or a bool, so the sorted
+    JSON msgspec writes is RFC 8785; a lone surrogate in the reason takes the reference path.
+    """
+    doc: dict[str, Any] = {
+        "type": "operator_action",
+        "run_id": action.run_id,
+        "ts": action.ts,
+        "request_id": action.request_id,
+        "action": action.action,
+        "reason": action.reason,
+        "override_bound": action.override_bound,
+    }
+    if action.actor is not UNSET:
+        doc["actor"] = action.actor
+    if action.run_started_ts is not UNSET:
+        doc["run_started_ts"] = action.run_started_ts
+    try:
+        return _sorted_json(doc)
+    except UnicodeEncodeError:
+        return canonical_json(doc)
+
+
+def signing_bytes(event: OutcomeReceipt | OperatorAction) -> bytes:
+    """The signed bytes of either signed event type."""
+    if isinstance(event, OperatorAction):
+        return operator_action_signing_bytes(event)
+    return receipt_signing_bytes(event)
