@@ -51,6 +51,9 @@ class Config:
     trusted_outcomes_without_acl: bool = False
     # Output: health transitions (read it with isolation.level=read_committed).
     health_topic: str = "agent.health"
+    # Output: recovery actions (docs/contract.md section 12), keyed by job id; the board reads them to list who
+    # acted on a run and why, and to leave abandoned and acknowledged runs off its "needs a person" list.
+    actions_topic: str = "agent.actions"
     # Output: bad input, byte for byte (spans: a content-free description), with the error in headers
     # (`loopwarden deadletters` reads it).
     deadletter_topic: str = "agent.deadletter"
@@ -92,6 +95,12 @@ class Config:
     states_doc_url: str = "docs/states.md"
     # The worker also serves the board at /board/ (its own reader of agent.health, every partition).
     board_in_worker: bool = False
+    # The board's people, `NAME=TOKEN[,NAME=TOKEN...]` (each token 16+ characters; environment only): a user
+    # signed in with their token may act on runs, and the board names them as the action's actor.
+    board_users: str | None = field(default=None, repr=False)
+    # The key file (`loopwarden keys new`) the board signs its users' operator actions with; its key must be
+    # in the workers' LOOPWARDEN_TRUSTED_VERIFIERS. Unset: the board only shows.
+    board_signing_key: str | None = None
     # The OpenTelemetry bridge (`loopwarden bridge`, `worker --otel`): the topic the Collector's Kafka
     # exporter writes (otlp_proto or otlp_json, one trace per message, keyed by trace id).
     otel_topic: str = "otlp_spans"
@@ -172,15 +181,16 @@ class Config:
     ssl_check_hostname: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("steps_topic", "outcomes_topic", "health_topic", "deadletter_topic", "ticks_topic", "otel_topic"):
+        for name in ("steps_topic", "outcomes_topic", "health_topic", "actions_topic", "deadletter_topic", "ticks_topic",
+                     "otel_topic"):
             value = getattr(self, name)
             if not _TOPIC.match(value):
                 raise ConfigError(f"{name}: {value!r} is not a valid Kafka topic name ([A-Za-z0-9._-], 1-249 chars)")
         if self.trusted_outcomes_topic is not None and not _TOPIC.match(self.trusted_outcomes_topic):
             raise ConfigError(f"trusted_outcomes_topic: {self.trusted_outcomes_topic!r} is not a valid Kafka topic "
                               "name ([A-Za-z0-9._-], 1-249 chars)")
-        names = [self.steps_topic, self.outcomes_topic, self.health_topic, self.deadletter_topic, self.ticks_topic,
-                 self.otel_topic, *([self.trusted_outcomes_topic] if self.trusted_outcomes_topic else [])]
+        names = [self.steps_topic, self.outcomes_topic, self.health_topic, self.actions_topic, self.deadletter_topic,
+                 self.ticks_topic, self.otel_topic, *([self.trusted_outcomes_topic] if self.trusted_outcomes_topic else [])]
         if len(set(names)) != len(names):
             raise ConfigError(f"topic names must differ, got {names}")
         for part in self.broker.split(","):
