@@ -92,7 +92,7 @@ def make_app(board: Board, prefix: str = "") -> web.Application:
     acting = Acting()
     page = (files("loopwarden.api.board") / "static" / "index.html").read_text()
     page = page.replace("{{DOCS}}", html.escape(config.states_doc_url)).replace(
-        "{{AUTH}}", "token" if expected else "open")
+        "{{AUTH}}", "token" if guarded else "open")
     static = {name: (files("loopwarden.api.board") / "static" / name).read_bytes() for name in STATIC}
 
     def user_of(sent: bytes) -> str | None:
