@@ -188,3 +188,12 @@ def test_board_users_are_parsed_and_a_bad_entry_is_named_without_its_token() -> 
         with pytest.raises(ConfigError) as exc:
             parse_users(text, token="shared-token-0123456")
         assert message in str(exc.value) and "token-of" not in str(exc.value).replace("token of", "")
+
+
+def test_a_run_that_declared_no_job_is_its_jobs_only_attempt() -> None:
+    """Without job_id in its evidence nor an action naming a job, the run's page lists it alone as attempt 1."""
+    board = Fleet()
+    board.add(transition("solo", 1, START, "STUCK"), NOW)
+    doc = board.run_document("solo", NOW)
+    assert doc["job_id"] is None and doc["attempts"] == [
+        {"attempt": 1, "run_id": "solo", "state": "STUCK", "since_ts": START}]

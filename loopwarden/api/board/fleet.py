@@ -352,7 +352,9 @@ class Fleet:
             t = msgspec.json.decode(raw)
             transitions.append({k: t.get(k) for k in ("seq", "ts", "emitted_ts", "from_state", "to_state", "reason",
                                                        "policy_version", "evidence")})
-        attempts = []
+        # A run that declared no job is its job's first and only attempt (docs/contract.md section 12).
+        attempts = [] if run.job_id is not None else [
+            {"attempt": 1, "run_id": run.run_id, "state": run.state, "since_ts": run.since_ts}]
         if run.job_id is not None:
             for attempt, attempt_run in sorted(self.jobs.get(run.job_id, {}).items()):
                 other = self.runs.get(attempt_run)

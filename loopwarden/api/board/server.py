@@ -71,7 +71,7 @@ class Acting:
 
 
 OPERATOR_ACTIONS = ("retry", "reverify", "escalate", "abandon", "acknowledge")
-_act_body = msgspec.json.Decoder(dict)
+_act_body = msgspec.json.Decoder(dict).decode
 
 
 def _json(data, status: int = 200) -> web.Response:
