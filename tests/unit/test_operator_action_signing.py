@@ -13,7 +13,7 @@ import pytest
 from loopwarden.codecs import encode
 from loopwarden.codecs.canonical import canonical_json, operator_action_signing_bytes
 from loopwarden.codecs.events import OperatorAction
-from loopwarden.commands.act import ActionError, build_action
+from loopwarden.operator_action import ActionError, build_action
 from loopwarden.trust import SigningKey, TrustedVerifiers
 
 LW = [sys.executable, "-m", "loopwarden.cli"]

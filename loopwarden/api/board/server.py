@@ -41,6 +41,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 
 from loopwarden.api.board.fleet import ACTIONS, ATTENTION, PAGE_MAX
 from loopwarden.api.board.reader import Board, now_ms
+from loopwarden.operator_action import ACTIONS as OPERATOR_ACTIONS, ActionError, build_action
 from loopwarden.codecs import STATES
 from loopwarden.engine.config import Config
 from loopwarden.api.httplimits import GuardedSite, serve_guarded
@@ -70,7 +71,6 @@ class Acting:
             self.actions.labels(action)
 
 
-OPERATOR_ACTIONS = ("retry", "reverify", "escalate", "abandon", "acknowledge")
 _act_body = msgspec.json.Decoder(dict).decode
 
 
@@ -245,8 +245,6 @@ def make_app(board: Board, prefix: str = "") -> web.Application:
         return body, request["user"]
 
     def operator_action(run, body: dict, user: str, now: int, request_id: str | None = None):
-        from loopwarden.commands.act import build_action
-
         return board.signing_key.sign(build_action(
             run.run_id, body["action"], body["reason"], ts=now, request_id=request_id,
             override_bound=bool(body.get("override_bound")), actor=user, run_started_ts=run.started_ts))
@@ -273,7 +271,10 @@ def make_app(board: Board, prefix: str = "") -> web.Application:
             return refuse("unknown_run", 404, "run not on the board (never seen, or aged out)")
         if run.state not in ATTENTION:
             return refuse("not_needing_person", 409, f"run {run.run_id!r} is {run.state}: nothing for a person to do")
-        action = operator_action(run, body, user, now_ms(), body.get("request_id"))
+        try:
+            action = operator_action(run, body, user, now_ms(), body.get("request_id"))
+        except ActionError as exc:
+            return refuse("invalid", 400, str(exc))
         log.info("%s: %s on run %s (%s)", user, action.action, run.run_id, action.request_id)
         return await send([action], f"{action.action} on {run.run_id}")
 
@@ -295,7 +296,10 @@ def make_app(board: Board, prefix: str = "") -> web.Application:
         if not ids:
             return refuse("not_needing_person", 409, "no run that needs a person matches")
         now = now_ms()
-        actions = [operator_action(board.fleet.runs[r], body, user, now) for r in ids]  # a request id each
+        try:
+            actions = [operator_action(board.fleet.runs[r], body, user, now) for r in ids]  # a request id each
+        except ActionError as exc:
+            return refuse("invalid", 400, str(exc))
         log.info("%s: %s on %d runs matching %s", user, body["action"], len(actions), match)
         return await send(actions, f"{body['action']} on {len(actions)} runs")
 
