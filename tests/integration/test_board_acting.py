@@ -25,7 +25,7 @@ from loopwarden.codecs.events import OperatorAction, RecoveryAction
 from loopwarden.engine.topics import ensure_topics
 from loopwarden.trust import SigningKey, TrustedVerifiers
 from tests.integration.harness import env_for, read_all, run, stop_process, unique_config
-from tests.integration.test_board_browser import ARTIFACTS, CHROMEDRIVER, CHROMIUM, browser, get, wait
+from tests.integration.test_board_browser import ARTIFACTS, CHROMEDRIVER, CHROMIUM, CONTRAST, browser, get, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 READ_TOKEN = "board-read-token-0123456789abcdef"
@@ -130,6 +130,17 @@ def board(kafka, tmp_path: Path):
     assert proc.returncode == 0, (tmp_path / "board.log").read_text()[-3000:]
 
 
+def accessible(driver) -> None:
+    """Every control shown is labelled and every text has a contrast of at least 4.5:1 (WCAG AA)."""
+    unlabelled = driver.execute_script(
+        "return Array.from(document.querySelectorAll('input, select, button, textarea')).filter(e => e.offsetParent)"
+        ".filter(e => !(e.labels && e.labels.length) && !e.getAttribute('aria-label') && !e.textContent.trim())"
+        ".map(e => e.id || e.outerHTML.slice(0, 60))")
+    assert unlabelled == []
+    worst = min(driver.execute_script(CONTRAST))
+    assert worst[0] >= 4.5, worst
+
+
 def test_a_person_acts_from_the_board_in_a_browser(board, tmp_path: Path) -> None:
     """Signed in with their own token, a person sees the runs grouped with counts, pages past 200, keeps the filters
     in the URL, finds a run by id, retries it with a reason (a signed operator_action naming them lands on
@@ -178,6 +189,7 @@ def test_a_person_acts_from_the_board_in_a_browser(board, tmp_path: Path) -> Non
         driver.find_element(By.ID, "act-reason").send_keys("the ERP is back up")
         driver.find_element(By.ID, "act-retry").click()
         wait(lambda: "Published retry as dana" in driver.find_element(By.ID, "act-result").text, 20, "the retry sent")
+        accessible(driver)
         driver.save_screenshot(str(ARTIFACTS / "board-act.png"))
         sent = operator_actions(config)
         assert len(sent) == 1
@@ -190,6 +202,7 @@ def test_a_person_acts_from_the_board_in_a_browser(board, tmp_path: Path) -> Non
         driver.get(url + "#/?agent=deploy-agent")
         wait(lambda: driver.find_element(By.ID, "group-act").is_displayed(), what="the group action form")
         assert "(20 runs)" in driver.find_element(By.ID, "group-act-count").text
+        accessible(driver)
         Select(driver.find_element(By.ID, "group-action")).select_by_value("escalate")
         driver.find_element(By.ID, "group-reason").send_keys("deploy tool down: platform team")
         driver.find_element(By.ID, "group-act-submit").click()
