@@ -254,3 +254,22 @@ def test_without_a_persons_credentials_nothing_is_published_and_it_is_counted(bo
     sent = operator_actions(config)
     assert [(k, a.run_id, a.actor) for k, a in sent] == [(b"inv-001", "inv-001", "dana")]
     assert act_requests(url)["published"] == 1
+
+
+def test_the_boards_api_pages_finds_and_refuses_a_bad_filter_naming_it(board) -> None:
+    """Over HTTP: a page past 200 with its total, groups with counts, a run found by id or its start, and a bad
+    view, offset or limit answered 400 naming the value."""
+    config, url, key = board
+    status, body = get(url + "api/snapshot?state=STUCK&offset=200", READ_TOKEN)
+    snap = json.loads(body)
+    assert status == 200 and snap["matched"] == STUCK_RUNS and len(snap["attention"]) == STUCK_RUNS - 200
+    assert snap["groups"] == [{"agent": "invoice-agent", "state": "STUCK", "reason": "inactivity_timeout",
+                               "runs": STUCK_RUNS}]
+    assert json.loads(get(url + "api/find?q=dep-007", READ_TOKEN)[1])["runs"] == ["dep-007"]
+    assert json.loads(get(url + "api/find?q=dep-01", READ_TOKEN)[1])["runs"] == [f"dep-{i:03d}" for i in range(10, 20)]
+    for query, named in (("view=everything", "view='everything'"), ("offset=-5", "offset='-5'"),
+                         ("limit=5000", "limit='5000'"), ("state=BORED", "state='BORED'")):
+        status, body = get(url + "api/snapshot?" + query, READ_TOKEN)
+        assert status == 400 and named in json.loads(body)["error"], (query, body)
+    status, answer = post(url + "api/act", {"action": "retry", "reason": "x", "match": {"agent": "nobody"}}, DANA_TOKEN)
+    assert status == 409 and operator_actions(config) == []
