@@ -148,8 +148,9 @@ class Board:
             await consumer.stop()
             await self.close()
 
-    async def _partitions(self, topic: str) -> set[int]:
-        """The topic's partitions now (an admin request: never auto-creates the topic)."""
+    async def _partitions(self, topics) -> dict[str, set[int]]:
+        """Each topic's partitions now, none for a topic that does not exist (one admin connection; never
+        auto-creates a topic)."""
         from aiokafka.admin import AIOKafkaAdminClient
 
         from loopwarden.engine.security import client_options
@@ -157,10 +158,13 @@ class Board:
         admin = AIOKafkaAdminClient(**client_options(self.config), request_timeout_ms=30_000)
         await admin.start()
         try:
-            if topic not in set(await admin.list_topics()):
-                return set()
-            described = await admin.describe_topics([topic])
-            return {p["partition"] for t in described if t.get("error_code", 0) == 0 for p in t["partitions"]}
+            existing = set(await admin.list_topics())
+            present = [t for t in topics if t in existing]
+            found: dict[str, set[int]] = {t: set() for t in topics}
+            for t in await admin.describe_topics(present) if present else []:
+                if t.get("error_code", 0) == 0 and t.get("topic") in found:
+                    found[t["topic"]] = {p["partition"] for p in t["partitions"]}
+            return found
         finally:
             await admin.close()
 
@@ -168,9 +172,10 @@ class Board:
         """Read every partition of agent.health and agent.actions: at start, and partitions added later (from
         their start). The actions topic may not exist yet (no worker published an action): it is read once it does."""
         fresh = []
+        partitions = await self._partitions(list(assigned))
         for topic, have in assigned.items():
-            found = await self._partitions(topic)
-            new = sorted(set(found) - have)
+            found = partitions[topic]
+            new = sorted(found - have)
             if not new:
                 if not found and topic == self.config.health_topic:
                     log.warning("topic %s has no partitions yet (not created?): waiting", topic)
