@@ -292,7 +292,9 @@ def make_app(board: Board, prefix: str = "") -> web.Application:
         if match.get("state") is not None and match["state"] not in ATTENTION:
             return refuse("invalid", 400, f"match.state {str(match['state'])[:60]!r}: give one of {', '.join(ATTENTION)}")
         ids = board.fleet.matching(state=match.get("state"), agent=match.get("agent"), reason=match.get("reason"),
-                                   limit=GROUP_ACT_MAX)
+                                   limit=GROUP_ACT_MAX + 1)
+        if len(ids) > GROUP_ACT_MAX:  # all or nothing: a person must know which runs were acted on
+            return refuse("invalid", 413, f"more than {GROUP_ACT_MAX} runs match: narrow the filter")
         if not ids:
             return refuse("not_needing_person", 409, "no run that needs a person matches")
         now = now_ms()
