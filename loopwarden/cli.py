@@ -146,6 +146,7 @@ KAFKA_COMMANDS = {
     "deadletters": "print agent.deadletter: reason, source, offset, a preview",
     "verify": "check declared outcomes at their destinations; publish signed receipts",
     "receipt": "publish a person's signed decision on a run's outcome (verifier: human)",
+    "act": "publish a person's signed action on a run: retry, reverify, escalate, abandon, acknowledge",
     "bridge": "run the OpenTelemetry bridge: spans from the Collector's Kafka exporter -> run events",
     "board": "serve the runs board: the whole fleet's runs from agent.health, live in a browser",
     "actions": "deliver each recovery action on agent.actions to the fleet's controller (HTTPS webhook, HMAC-signed)",
@@ -230,6 +231,9 @@ def build_parser(processor: bool | None = None) -> argparse.ArgumentParser:
         from loopwarden.commands.actions import add_command as add_actions
 
         add_actions(sub)
+        from loopwarden.commands.act import add_command as add_act
+
+        add_act(sub)
     else:  # listed anyway, so that asking for one says what to install instead of "invalid choice"
         for name, text in KAFKA_COMMANDS.items():
             p = sub.add_parser(name, help=f"{text} [needs loopwarden[processor]]", add_help=False)

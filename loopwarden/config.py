@@ -39,6 +39,7 @@ LISTED = (
     "replication", "store", "data_dir",
     "web_host", "web_port", "canonical_url", "token", "http_header_timeout_s", "http_max_header_bytes",
     "http_max_connections", "board_port", "board_lookback_s", "board_settled_s", "board_max_runs",
+    "board_users", "board_signing_key",
     "states_doc_url", "board_in_worker", "otel_topic", "otel_partitions", "otel_end_grace_s", "clock",
     "tick_interval_s", "shutdown_timeout_s", "batch_max_records", "batch_wait_ms", "input_buffer_max_bytes",
     "commit_gap_ms", "commit_offsets_ms", "align_max_ms", "topology_check_s", "expand_window_s",

@@ -29,8 +29,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from loopwarden.codecs import NotCanonical, OutcomeReceipt, Signature, receipt_signing_bytes
+from loopwarden.codecs.canonical import action_signing_bytes, signing_bytes
 from loopwarden.codecs.events import OperatorAction
-from loopwarden.codecs.canonical import action_signing_bytes
 from loopwarden.rules.trust import TrustedAction, TrustedReceipt, UntrustedAction, UntrustedReceipt
 
 ENV = "LOOPWARDEN_TRUSTED_VERIFIERS"
@@ -98,8 +98,9 @@ class TrustedVerifiers:
         text = (os.environ if environ is None else environ).get(ENV, "")
         return cls.parse(text) if text.strip() else None
 
-    def why_untrusted(self, receipt: OutcomeReceipt) -> str | None:
-        """None when a trusted key signed exactly this receipt; else why not (a bounded code)."""
+    def why_untrusted(self, receipt: OutcomeReceipt | OperatorAction) -> str | None:
+        """None when a trusted key signed exactly this receipt (or operator action: the same scheme over its
+        own fields, docs/contract.md section 12); else why not (a bounded code)."""
         sig = receipt.signature
         if sig is msgspec.UNSET:
             return "unsigned"
@@ -108,7 +109,7 @@ class TrustedVerifiers:
             return "unknown_key"
         try:
             raw = unb64url(sig.sig)
-            payload = receipt_signing_bytes(receipt)
+            payload = signing_bytes(receipt)
         except NotCanonical:
             return "not_canonical"
         except ValueError:
@@ -123,26 +124,10 @@ class TrustedVerifiers:
 
     def classify_action(self, action: OperatorAction) -> TrustedAction | UntrustedAction:
         """A person's operator action, trusted when one of these keys signed exactly it (docs/recovery.md)."""
-        sig = action.signature
-        if sig is msgspec.UNSET:
-            return UntrustedAction(action, "unsigned")
-        key = self.keys.get(sig.key_id)
-        if key is None:
-            return UntrustedAction(action, "unknown_key")
-        try:
-            raw = unb64url(sig.sig)
-            payload = action_signing_bytes(action)
-        except NotCanonical:
-            return UntrustedAction(action, "not_canonical")
-        except ValueError:
-            return UntrustedAction(action, "bad_signature")
-        try:
-            if len(raw) != 64:
-                raise InvalidSignature
-            key.verify(raw, payload)
-        except InvalidSignature:
-            return UntrustedAction(action, "bad_signature")
-        by = "person:" + sig.key_id
+        why = self.why_untrusted(action)
+        if why is not None:
+            return UntrustedAction(action, why)  # type: ignore[arg-type]
+        by = "person:" + action.signature.key_id  # type: ignore[union-attr]
         return TrustedAction(action, by if action.actor is msgspec.UNSET else f"{by}/{action.actor}")
 
     def classify(self, receipt: OutcomeReceipt) -> TrustedReceipt | UntrustedReceipt:
@@ -181,7 +166,7 @@ class ReceiptTrust:
 
 
 class SigningKey:
-    """A verifier's private key and its id: signs receipts."""
+    """A verifier's or a person's private key and its id: signs receipts and operator actions."""
 
     def __init__(self, key_id: str, private_key: Ed25519PrivateKey) -> None:
         if not _KEY_ID.match(key_id):

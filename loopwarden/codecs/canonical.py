@@ -1,7 +1,8 @@
-"""The canonical bytes a receipt's signature covers (docs/contract.md section 10), defined once here.
+"""The canonical bytes a receipt's or an operator action's signature covers (docs/contract.md sections 10
+and 12), defined once here.
 
-The form is RFC 8785 (JSON Canonicalization Scheme) over the JSON value of the receipt without
-its ``signature``: object keys sorted by their UTF-16 code units, no whitespace, strings escaped
+The form is RFC 8785 (JSON Canonicalization Scheme) over the JSON value of the receipt (or the
+operator action) without its ``signature``: object keys sorted by their UTF-16 code units, no whitespace, strings escaped
 as ECMAScript's ``JSON.stringify`` escapes them, numbers as ECMAScript's ``Number.prototype.toString``
 writes them. TypeScript gets the same bytes with ``JSON.stringify`` of key-sorted objects
 (``emitters/ai-sdk/src/receipts.ts``); golden vectors in ``tests/vectors/receipts-golden.json``
@@ -17,9 +18,9 @@ from __future__ import annotations
 import json
 import re
 from decimal import Decimal
+from typing import Any
 
 import msgspec
-from typing import Any
 from msgspec import UNSET
 
 from loopwarden.codecs.events import OperatorAction, OutcomeReceipt
@@ -29,6 +30,10 @@ MAX_SAFE_INT = 2**53 - 1
 # (an absent `evidence` is signed as {}), unknown fields never (a decoder drops them); `run_started_ts`
 # when it is present (absent, the bytes are those of a receipt without it).
 SIGNED_FIELDS = ("type", "run_id", "ts", "receipt_id", "kind", "verifier", "verified", "evidence", "run_started_ts")
+# The same for an operator action: `override_bound` always (false when absent), `actor` and `run_started_ts`
+# when present, so who acted and on which occurrence cannot be changed without breaking the signature.
+ACTION_SIGNED_FIELDS = ("type", "run_id", "ts", "request_id", "action", "reason", "override_bound", "actor",
+                        "run_started_ts")
 
 _SHORT = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -182,3 +187,10 @@ def action_signing_bytes(action: OperatorAction) -> bytes:
     doc = msgspec.to_builtins(action)
     doc.pop("signature", None)
     return canonical_json(doc)
+
+
+def signing_bytes(event: OutcomeReceipt | OperatorAction) -> bytes:
+    """The signed bytes of either signed event type."""
+    if event.__class__ is OperatorAction:
+        return action_signing_bytes(event)  # type: ignore[arg-type]
+    return receipt_signing_bytes(event)  # type: ignore[arg-type]

@@ -280,7 +280,7 @@ def test_the_board_in_a_browser(kafka, tmp_path: Path) -> None:
         body = driver.find_element(By.TAG_NAME, "body")
         body.click()
         reached = []
-        for _ in range(40):
+        for _ in range(120):
             driver.switch_to.active_element.send_keys(Keys.TAB)
             active = driver.switch_to.active_element
             reached.append(active.get_attribute("id") or active.get_attribute("class"))

@@ -55,7 +55,7 @@ def test_the_board_counts_what_the_transitions_say_and_lists_the_runs_that_need_
         for agent in (None, "deploy-agent", "(none)", "nobody"):
             want = [r for _ts, r in need if (state is None or final[r]["to_state"] == state)
                     and (agent is None or (final[r]["agent"] or "(none)") == agent)]
-            assert [r.run_id for r in board.attention(state=state, agent=agent, limit=1000)] == want
+            assert [r.run_id for r in board.attention(state=state, agent=agent, limit=1000)[0]] == want
     run_id = need[0][1]
     doc = board.run_document(run_id, now)
     assert [t["seq"] for t in doc["transitions"]] == list(range(1, final[run_id]["seq"] + 1))

@@ -10,6 +10,14 @@ the longest-settled run goes first, else the run quiet the longest. Each run kee
 last ``HISTORY`` transitions as the bytes read (evidence included; no run content:
 transitions carry none). Counts by state and agent are kept for the runs held; the
 last hour's transitions are counted in per-minute buckets (at most 60 of them).
+
+:meth:`Fleet.add_action` takes one ``recovery_action`` from ``agent.actions``: each run keeps the last
+``HISTORY`` actions decided on it (who, why), and a job's attempts are linked from the transitions'
+evidence (``job_id``, ``attempt``) and the actions. A person's ``abandon`` takes the run off the "needs
+a person" list for good (the job is closed); an ``acknowledge`` does while the run stays in the state
+it was acknowledged in (a later transition is something new to look at). Both are listed under
+``closed``. The list is indexed by every combination of state, agent and reason, so any filter is one
+ordered list: a page is a slice, never a walk over the fleet.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import msgspec
 from sortedcontainers import SortedList
 
 from loopwarden.codecs import STATES, HealthTransition, InvalidEvent, decode_transition
+from loopwarden.codecs.events import RecoveryAction
 from loopwarden.codecs.states import NEEDS_PERSON, SETTLED, STATE_TABLE
 
 ATTENTION = NEEDS_PERSON  # the runs listed first: nothing happens until a person acts (SETTLED: nothing to do)
@@ -28,6 +37,11 @@ HOUR_MS = 3_600_000
 MINUTE_MS = 60_000
 AGENTS_MAX = 1000  # agent names counted one by one; later ones as "other"
 NO_AGENT = "(none)"
+PAGE_MAX = 1000  # rows a page holds at most
+GROUPS_MAX = 200  # groups (agent, state, reason) listed at most, the largest first
+CLOSING = ("abandon", "acknowledge")  # a person's actions that take a run off the list
+VIEWS = ("open", "closed")  # the list of runs that need a person, and of those a person closed
+_decode_action = msgspec.json.Decoder(RecoveryAction).decode
 
 # What an operator does about each state: one line, beside the link to docs/states.md#<state>.
 ACTIONS = {s.name: f"{s.do[0].upper()}{s.do[1:]}: {s.meaning}." for s in STATE_TABLE}
@@ -44,11 +58,29 @@ class Run(msgspec.Struct, gc=False):
     seq: int
     updated_ms: int  # now_ms of the last add (for aging)
     raw: list[bytes]  # the last HISTORY transitions, oldest first
+    job_id: str | None = None  # from the evidence, when the run declared a job
+    attempt: int | None = None
+    started_ts: int | None = None  # its first transition's ts (the run_started's), when kept
+    closed: dict | None = None  # the person's abandon or acknowledge that takes it off the list now
+
+
+def action_summary(a: RecoveryAction) -> dict:
+    return {"action_id": a.action_id, "action": a.action, "reason": a.reason, "decided_by": a.decided_by,
+            "ts": a.ts, "not_before_ts": a.not_before_ts, "job_id": a.job_id, "attempt": a.attempt,
+            "next_attempt": a.next_attempt, "override_bound": a.override_bound, "escalate_to": a.escalate_to}
 
 
 def summary(run: Run, now_ms: int) -> dict:
+    closed = run.closed
     return {"run_id": run.run_id, "state": run.state, "agent": run.agent, "seq": run.seq, "reason": run.reason,
-            "since_ts": run.since_ts, "in_state_s": max(0, now_ms - run.since_ts) // 1000}
+            "since_ts": run.since_ts, "in_state_s": max(0, now_ms - run.since_ts) // 1000,
+            "job_id": run.job_id, "attempt": run.attempt,
+            "closed": None if closed is None else {k: closed[k] for k in ("action", "decided_by", "reason", "ts")}}
+
+
+def _index_keys(view: str, state: str, agent: str, reason: str) -> list[tuple]:
+    """Every list a run is in: each combination of its state, agent and reason (None: any)."""
+    return [(view, s, a, r) for s in (None, state) for a in (None, agent) for r in (None, reason)]
 
 
 class Fleet:
@@ -60,8 +92,12 @@ class Fleet:
         self.runs: dict[str, Run] = {}
         self._settled: OrderedDict[str, int] = OrderedDict()  # run id -> when it settled (now_ms), oldest first
         self._active: OrderedDict[str, None] = OrderedDict()  # the others, least recently updated first
-        self._attention = SortedList()  # (since_ts, run_id) of runs in an ATTENTION state: oldest first
-        self._attention_by: dict[tuple[str, str], SortedList] = {}  # ("state"|"agent", name) -> the same, filtered
+        # (view, state|None, agent|None, reason|None) -> (since_ts, run_id) of the runs in an ATTENTION state
+        # that match, oldest first; view: "open" (needs a person) or "closed" (a person abandoned or acknowledged it).
+        self._lists: dict[tuple, SortedList] = {}
+        self.groups: Counter = Counter()  # (agent, state, reason) -> open runs that need a person
+        self.actions: OrderedDict[str, list[dict]] = OrderedDict()  # run id -> its last HISTORY actions, oldest first
+        self.jobs: dict[str, dict[int, str]] = {}  # job id -> attempt -> run id
         self.by_state: Counter = Counter()
         self.by_agent: dict[str, Counter] = {}  # agent -> state -> runs held
         self._minutes: dict[int, Counter] = {}  # minute (ts // 60 s) -> Counter((agent, to_state)), last hour
@@ -90,6 +126,13 @@ class Fleet:
             run.raw.append(raw)
             if len(run.raw) > HISTORY:
                 del run.raw[:-HISTORY]
+        if t.from_state is None:
+            run.started_ts = t.ts
+        job_id, attempt = t.evidence.job_id, t.evidence.attempt
+        if job_id is not msgspec.UNSET and attempt is not msgspec.UNSET:
+            run.job_id, run.attempt = job_id, attempt
+            self.jobs.setdefault(job_id, {})[attempt] = run.run_id
+        run.closed = self._closing(run)
         self._count(run, now_ms)
         minute = t.ts // MINUTE_MS
         if minute > now_ms // MINUTE_MS - 60:  # in the last hour
@@ -97,6 +140,47 @@ class Fleet:
         self.expire(now_ms)
         self.version += 1
         return run
+
+    def add_action(self, raw: bytes, now_ms: int) -> dict | None:
+        """Fold one recovery_action (JSON bytes from agent.actions); its summary, or None if ignored."""
+        try:
+            a = _decode_action(raw)
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+            self.ignored["undecodable_action"] += 1
+            return None
+        kept = self.actions.get(a.run_id)
+        if kept is None:
+            kept = self.actions[a.run_id] = []
+            if len(self.actions) > self.max_runs:  # bounded like the runs: the run first acted on goes
+                self.actions.popitem(last=False)
+        elif any(k["action_id"] == a.action_id for k in kept):
+            self.ignored["repeat_action"] += 1
+            return None
+        entry = action_summary(a)
+        kept.append(entry)
+        kept.sort(key=lambda k: k["ts"])
+        if len(kept) > HISTORY:
+            del kept[:-HISTORY]
+        self.jobs.setdefault(a.job_id, {}).setdefault(a.attempt, a.run_id)
+        run = self.runs.get(a.run_id)
+        if run is not None:
+            if run.job_id is None:
+                run.job_id, run.attempt = a.job_id, a.attempt
+            closed = self._closing(run)
+            if closed is not run.closed:
+                self._uncount(run)
+                run.closed = closed
+                self._count(run, now_ms)
+        self.version += 1
+        return entry
+
+    def _closing(self, run: Run) -> dict | None:
+        """The person's action that keeps the run off the list now: an abandon ever, an acknowledge made in
+        its present state; the latest such."""
+        for a in reversed(self.actions.get(run.run_id, ())):
+            if a["action"] == "abandon" or (a["action"] == "acknowledge" and a["ts"] >= run.since_ts):
+                return a
+        return None
 
     def _agent_key(self, agent: str | None) -> str:
         if agent is None:
@@ -116,9 +200,15 @@ class Fleet:
             self._active.move_to_end(run.run_id)
         if run.state in ATTENTION:
             key = (run.since_ts, run.run_id)
-            self._attention.add(key)
-            for by in (("state", run.state), ("agent", run.agent or NO_AGENT)):
-                self._attention_by.setdefault(by, SortedList()).add(key)
+            agent = run.agent or NO_AGENT
+            view = "open" if run.closed is None else "closed"
+            for k in _index_keys(view, run.state, agent, run.reason):
+                listed = self._lists.get(k)
+                if listed is None:
+                    listed = self._lists[k] = SortedList()
+                listed.add(key)
+            if view == "open":
+                self.groups[agent, run.state, run.reason] += 1
 
     def _uncount(self, run: Run) -> None:
         self.by_state[run.state] -= 1
@@ -127,19 +217,32 @@ class Fleet:
             counts[run.state] -= 1
         if run.state in ATTENTION:
             key = (run.since_ts, run.run_id)
-            self._attention.discard(key)
-            for by in (("state", run.state), ("agent", run.agent or NO_AGENT)):
-                listed = self._attention_by.get(by)
+            agent = run.agent or NO_AGENT
+            view = "open" if run.closed is None else "closed"
+            for k in _index_keys(view, run.state, agent, run.reason):
+                listed = self._lists.get(k)
                 if listed is not None:
                     listed.discard(key)
                     if not listed:
-                        del self._attention_by[by]
+                        del self._lists[k]
+            if view == "open":
+                group = (agent, run.state, run.reason)
+                self.groups[group] -= 1
+                if self.groups[group] <= 0:
+                    del self.groups[group]
 
     def _drop(self, run_id: str) -> None:
         run = self.runs.pop(run_id)
         self._uncount(run)
         self._settled.pop(run_id, None)
         self._active.pop(run_id, None)
+        self.actions.pop(run_id, None)
+        if run.job_id is not None:
+            attempts = self.jobs.get(run.job_id)
+            if attempts is not None and attempts.get(run.attempt) == run_id:
+                del attempts[run.attempt]
+                if not attempts:
+                    del self.jobs[run.job_id]
 
     def expire(self, now_ms: int) -> int:
         """Drop settled runs older than settled_ms, then the oldest beyond max_runs; the number dropped."""
@@ -171,25 +274,52 @@ class Fleet:
                 by_agent.setdefault(agent, Counter())[state] += n
         return by_state, by_agent
 
-    def attention(self, *, state: str | None = None, agent: str | None = None, limit: int = 200) -> list[Run]:
-        """Runs that need a person (ATTENTION states), oldest in their state first, filtered: walks the
-        smaller of the state's and the agent's lists, never every run."""
-        lists = [self._attention_by.get(by, ()) for by in (("state", state), ("agent", agent)) if by[1] is not None]
-        walk = min(lists, key=len) if lists else self._attention
+    def attention(self, *, state: str | None = None, agent: str | None = None, reason: str | None = None,
+                  closed: bool = False, offset: int = 0, limit: int = 200) -> tuple[list[Run], int]:
+        """Runs that need a person (ATTENTION states; ``closed``: those a person abandoned or acknowledged),
+        oldest in their state first, filtered, from ``offset``: the page and how many match in all."""
+        listed = self._lists.get(("closed" if closed else "open", state, agent, reason))
+        if listed is None:
+            return [], 0
+        runs = self.runs
+        return [runs[run_id] for _since, run_id in listed.islice(offset, offset + limit)], len(listed)
+
+    def matching(self, *, state: str | None = None, agent: str | None = None, reason: str | None = None,
+                 limit: int = 10_000) -> list[str]:
+        """The ids of the open runs a filter matches, at most ``limit`` (acting on a group)."""
+        listed = self._lists.get(("open", state, agent, reason), ())
+        return [run_id for _since, run_id in listed[:limit]]
+
+    def group_counts(self, *, state: str | None = None, agent: str | None = None, reason: str | None = None,
+                     limit: int = GROUPS_MAX) -> tuple[list[dict], int]:
+        """The open runs that need a person, counted by agent, state and reason (within the filter), the
+        largest group first: at most ``limit`` groups, and how many groups there are."""
+        rows = [(n, a, s, r) for (a, s, r), n in self.groups.items()
+                if (state is None or s == state) and (agent is None or a == agent) and (reason is None or r == reason)]
+        rows.sort(key=lambda g: (-g[0], g[1], g[2], g[3]))
+        return [{"agent": a, "state": s, "reason": r, "runs": n} for n, a, s, r in rows[:limit]], len(rows)
+
+    def find(self, text: str, limit: int = 20) -> list[str]:
+        """Run ids on the board: the exact id first, else those that start with ``text`` (at most ``limit``)."""
+        if text in self.runs:
+            return [text]
         out = []
-        for _since, run_id in walk:
-            run = self.runs[run_id]
-            if (state is None or run.state == state) and (agent is None or (run.agent or NO_AGENT) == agent):
-                out.append(run)
+        for run_id in self.runs:
+            if run_id.startswith(text):
+                out.append(run_id)
                 if len(out) >= limit:
                     break
-        return out
+        return sorted(out)
 
     def snapshot(self, now_ms: int, *, state: str | None = None, agent: str | None = None,
-                 limit: int = 200) -> dict:
-        """What the board shows: counts now and over the last hour, and the runs that need a person."""
+                 reason: str | None = None, closed: bool = False, offset: int = 0, limit: int = 200) -> dict:
+        """What the board shows: counts now and over the last hour, the runs that need a person (a page of
+        them, filtered) and their groups."""
         hour_state, hour_agent = self.hour(now_ms)
         agents = sorted(set(self.by_agent) | set(hour_agent))
+        rows, matched = self.attention(state=state, agent=agent, reason=reason, closed=closed, offset=offset,
+                                       limit=limit)
+        groups, groups_total = self.group_counts(state=state, agent=agent, reason=reason)
         return {
             "now_ts": now_ms,
             "version": self.version,
@@ -201,8 +331,15 @@ class Fleet:
             "by_agent": [{"agent": a, "now": {s: n for s, n in self.by_agent.get(a, {}).items() if n},
                           "hour": dict(hour_agent.get(a, {}))} for a in agents
                          if any(self.by_agent.get(a, {}).values()) or a in hour_agent],
-            "attention": [summary(r, now_ms) for r in self.attention(state=state, agent=agent, limit=limit)],
-            "attention_total": len(self._attention),
+            "attention": [summary(r, now_ms) for r in rows],
+            "attention_total": len(self._lists.get(("open", None, None, None), ())),
+            "closed_total": len(self._lists.get(("closed", None, None, None), ())),
+            "matched": matched,
+            "offset": offset,
+            "limit": limit,
+            "filter": {"state": state, "agent": agent, "reason": reason, "closed": closed},
+            "groups": groups,
+            "groups_total": groups_total,
         }
 
     def run_document(self, run_id: str, now_ms: int) -> dict | None:
@@ -215,4 +352,15 @@ class Fleet:
             t = msgspec.json.decode(raw)
             transitions.append({k: t.get(k) for k in ("seq", "ts", "emitted_ts", "from_state", "to_state", "reason",
                                                        "policy_version", "evidence")})
-        return {**summary(run, now_ms), "action": ACTIONS.get(run.state, ""), "transitions": transitions}
+        # A run that declared no job is its job's first and only attempt (docs/contract.md section 12).
+        attempts = [] if run.job_id is not None else [
+            {"attempt": 1, "run_id": run.run_id, "state": run.state, "since_ts": run.since_ts}]
+        if run.job_id is not None:
+            for attempt, attempt_run in sorted(self.jobs.get(run.job_id, {}).items()):
+                other = self.runs.get(attempt_run)
+                attempts.append({"attempt": attempt, "run_id": attempt_run,
+                                 "state": None if other is None else other.state,
+                                 "since_ts": None if other is None else other.since_ts})
+        return {**summary(run, now_ms), "action": ACTIONS.get(run.state, ""), "transitions": transitions,
+                "needs_person": run.state in ATTENTION and run.closed is None, "run_started_ts": run.started_ts,
+                "attempts": attempts, "actions": list(reversed(self.actions.get(run_id, [])))}

@@ -6,7 +6,7 @@ variable ``LOOPWARDEN_<NAME>`` and most a flag of ``loopwarden worker`` (docs/co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from loopwarden.engine.config import TOPIC, EngineConfig, check_ranges
 from loopwarden.engine.exceptions import ConfigError
@@ -55,6 +55,12 @@ class HealthConfig(EngineConfig):
     board_settled_s: float = 3600.0
     # Runs the board holds at most (the longest-settled go first, then the quiet longest).
     board_max_runs: int = 100_000
+    # The board's people, `NAME=TOKEN[,NAME=TOKEN...]` (each token 16+ characters; environment only): a user
+    # signed in with their token may act on runs, and the board names them as the action's actor.
+    board_users: str | None = field(default=None, repr=False)
+    # The key file (`loopwarden keys new`) the board signs its users' operator actions with; its key must be
+    # in the workers' LOOPWARDEN_TRUSTED_VERIFIERS. Unset: the board only shows.
+    board_signing_key: str | None = None
     # Where each state's doc lives (the board and /runs link `<this>#<state>`).
     states_doc_url: str = "docs/states.md"
     # The worker also serves the board at /board/ (its own reader of agent.health, every partition).
