@@ -62,7 +62,7 @@ from loopwarden.engine.store import OFFSETS_KEY
 BENCH = "e ingest"
 PARTITIONS = 8
 REPO = Path(__file__).resolve().parent.parent
-APPS = ("bare", "decode", "quix", "quix1s", "kstreams", "engine", "worker")  # the default set
+APPS = ("bare", "decode", "quix", "quix1s", "kstreams", "engine", "worker", "worker-recovery")  # the default set
 EXTRA_APPS = ("faust", "worker-alt")  # --apps only: Faust (a slow no-op baseline), the worker with --alt-env
 LABELS = {
     "bare": "bare aiokafka consumer (getmany, no decode)",
@@ -74,7 +74,15 @@ LABELS = {
     "engine": "loopwarden's engine: count per run + output (bench/peers/engine_app.py), the worker's defaults",
     "worker": "loopwarden worker",
     "worker-alt": "loopwarden worker, --alt-env",
+    "worker-recovery": "loopwarden worker, a recovery policy on every run (RECOVERY_POLICY)",
 }
+# worker-recovery's default policy for every agent (docs/recovery.md): every state the fleet ends in answered, so
+# the runs that end there also decide and publish an action in their transition's transaction.
+RECOVERY_POLICY = {"*": {"max_attempts": 3, "backoff_s": 30, "idempotent_tools": ["lookup", "search"],
+                         "escalate_to": "oncall",
+                         "on": {"STUCK": "resume", "BOUNDED_STOP": "restart", "FAILED": "restart",
+                                "FALSE_COMPLETE": "reverify", "UNCERTAIN": "escalate",
+                                "WAITING_UNROUTED": "escalate"}}}
 ALT_ENV: dict[str, str] = {}  # worker-alt's extra environment (bench.run --alt-env KEY=VALUE)
 # --alt-env LOOPWARDEN_BENCH_ALT_TREE=DIR: worker-alt runs DIR's loopwarden (before/after in the same rounds)
 ALT_TREE = "LOOPWARDEN_BENCH_ALT_TREE"
@@ -539,11 +547,15 @@ async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s
             "LOOPWARDEN_BROKER": backlog.bootstrap, "LOOPWARDEN_APP_ID": group,
             "LOOPWARDEN_STEPS_TOPIC": backlog.steps, "LOOPWARDEN_OUTCOMES_TOPIC": backlog.outcomes,
             "LOOPWARDEN_HEALTH_TOPIC": f"health-{tag}", "LOOPWARDEN_DEADLETTER_TOPIC": f"dead-{tag}",
-            "LOOPWARDEN_TICKS_TOPIC": f"ticks-{tag}", "LOOPWARDEN_PARTITIONS": str(PARTITIONS),
+            "LOOPWARDEN_TICKS_TOPIC": f"ticks-{tag}", "LOOPWARDEN_ACTIONS_TOPIC": f"actions-{tag}",
+            "LOOPWARDEN_PARTITIONS": str(PARTITIONS),
             "LOOPWARDEN_CLOCK": "event", "LOOPWARDEN_WEB_PORT": str(port), "LOOPWARDEN_DATA_DIR": str(adir / "data"),
         })
         if app == "worker-alt":
             env.update(alt_env())
+        if app == "worker-recovery":
+            (adir / "recovery.json").write_text(json.dumps(RECOVERY_POLICY))
+            env["LOOPWARDEN_RECOVERY_POLICIES"] = str(adir / "recovery.json")
         env.update(env_extra or {})
         argv = [sys.executable, "-m", "loopwarden.cli", "worker"]
     else:
@@ -888,6 +900,14 @@ def _report(report: Report, backlog: Backlog, results: dict[str, list[Result]], 
             report.add(BENCH, f"ratio {a} : {b} (steady state both)", x(ratio(a, b, "steady_eps")),
                        (f"{by[0]:.2f}-{by[-1]:.2f}x by round; " if len(by) > 1 else "")
                        + f"CPU per event {x(ratio(a, b, 'steady_cpu_us'))} {b}'s")
+    if results["worker"] and results["worker-recovery"]:
+        by = sorted(v for v in (div(r.steady_eps, w.steady_eps) for r, w in zip(results["worker-recovery"],
+                                                                                results["worker"])) if v == v)
+        rate = ratio("worker-recovery", "worker", "steady_eps")
+        report.add(BENCH, "ratio worker with a recovery policy on every run : without (steady ev/s)", x(rate),
+                   f"target >= 0.95: {'met' if rate >= 0.95 else 'not met'}; "
+                   + (f"{by[0]:.2f}-{by[-1]:.2f}x by round; " if len(by) > 1 else "")
+                   + f"CPU per event {x(ratio('worker-recovery', 'worker', 'steady_cpu_us'))} the worker's")
     for app in ("quix", "kstreams", "faust", "worker-alt"):
         if results[app] and results["bare"]:
             report.add(BENCH, f"ratio {app} : bare consumer (steady ev/s)", x(ratio(app, "bare", "steady_eps")),

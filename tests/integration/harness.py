@@ -27,11 +27,10 @@ from loopwarden.config import Config
 def unique_config(bootstrap: str, partitions: int = 4, **kw) -> Config:
     """Topic, group and table names of their own for one test."""
     tag = uuid.uuid4().hex[:8]
-    return Config(
-        broker=bootstrap, app_id=f"lw-{tag}", steps_topic=f"steps-{tag}", outcomes_topic=f"outcomes-{tag}",
-        health_topic=f"health-{tag}", deadletter_topic=f"dead-{tag}", ticks_topic=f"ticks-{tag}",
-        actions_topic=f"actions-{tag}", partitions=partitions, **kw,
-    )
+    names = dict(app_id=f"lw-{tag}", steps_topic=f"steps-{tag}", outcomes_topic=f"outcomes-{tag}",
+                 health_topic=f"health-{tag}", deadletter_topic=f"dead-{tag}", ticks_topic=f"ticks-{tag}",
+                 actions_topic=f"actions-{tag}")
+    return Config(broker=bootstrap, partitions=partitions, **{**names, **kw})
 
 
 def env_for(config: Config) -> dict[str, str]:
