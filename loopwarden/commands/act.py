@@ -53,11 +53,9 @@ def cmd_act(args: argparse.Namespace) -> int:
     action = key.sign_action(action)
     line = encode(action)
     if args.out:
-        if args.out == "-":
-            sys.stdout.buffer.write(line + b"\n")
-        else:
-            with open(args.out, "ab") as f:
-                f.write(line + b"\n")
+        from loopwarden.commands.cliutil import write_out
+
+        write_out(line, args.out)
         return 0
     from aiokafka.errors import KafkaConnectionError
 

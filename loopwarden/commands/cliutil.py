@@ -9,6 +9,7 @@ import errno
 import importlib.util
 import logging
 import os
+import sys
 from dataclasses import fields
 
 from loopwarden.config import Config, env_name, from_env, listed_fields
@@ -74,6 +75,16 @@ def cannot_connect(command: str, config: Config, exc: BaseException) -> str:
     else:
         hint = "is the broker up? (--broker / LOOPWARDEN_BROKER)"
     return f"loopwarden {command}: cannot connect to Kafka at {config.broker}: {reason}; {hint}"
+
+
+def write_out(line: bytes, out: str) -> None:
+    """A signed event (``loopwarden receipt``, ``loopwarden act``) as one JSON line: to stdout for ``-``, else
+    appended to the file ``out``, to be published later or by other means."""
+    if out == "-":
+        sys.stdout.buffer.write(line + b"\n")
+    else:
+        with open(out, "ab") as f:
+            f.write(line + b"\n")
 
 
 def plural(n: int, word: str) -> str:

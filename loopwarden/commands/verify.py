@@ -129,11 +129,9 @@ def cmd_receipt(args: argparse.Namespace) -> int:
         raise SystemExit(f"loopwarden receipt: {exc}") from None
     line = encode(receipt)
     if args.out:
-        if args.out == "-":
-            sys.stdout.buffer.write(line + b"\n")
-        else:
-            with open(args.out, "ab") as f:
-                f.write(line + b"\n")
+        from loopwarden.commands.cliutil import write_out
+
+        write_out(line, args.out)
         return 0
     from loopwarden.publisher import Publisher
 
