@@ -165,10 +165,10 @@ bench: setup $(VENV)/.bench-installed kstreams-peer
 	$(PY) -m bench.run
 
 # The fault suite's long variants (the quick ones run in `make test`): brokers down 60 s, a million
-# hostile messages, then a 30-minute soak under steady load with bursts (tests/faults/soak.py), then
+# hostile messages, 1,000 runs with a recovery policy under SIGKILL (400 in make test), then a 30-minute soak under steady load with bursts (tests/faults/soak.py), then
 # the event-time property (worker = replay) on 10,000 fleets instead of make test's 300.
 soak: setup
-	LOOPWARDEN_FAULT_DOWN_S=60 LOOPWARDEN_FUZZ_MESSAGES=1000000 $(PY) -m pytest -s tests/faults
+	LOOPWARDEN_FAULT_DOWN_S=60 LOOPWARDEN_FUZZ_MESSAGES=1000000 LOOPWARDEN_FAULT_RECOVERY_RUNS=1000 $(PY) -m pytest -s tests/faults
 	$(PY) -m tests.faults.soak --minutes 30
 	LOOPWARDEN_EVENT_TIME_FLEETS=10000 $(PY) -m pytest -q tests/unit/test_event_time.py
 

@@ -4,6 +4,7 @@ policy flow publishes every action once on agent.actions (read_committed), the a
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from collections import Counter
@@ -17,12 +18,14 @@ from tests.recovery_kafka import ADVANCE_MS, differences, messages, policies_fil
 
 pytestmark = pytest.mark.timeout(400)
 TIMES = {"ts", "not_before_ts"}
+# make test: 400 runs; make soak: 1,000 (LOOPWARDEN_FAULT_RECOVERY_RUNS).
+RUNS = int(os.environ.get("LOOPWARDEN_FAULT_RECOVERY_RUNS", "400"))
 
 
 def test_sigkill_while_runs_with_a_policy_flow_publishes_each_action_once(kafka, tmp_path: Path) -> None:
-    """A worker SIGKILLed every 1.5-3 s (>= 5 kills) while 400 runs with a recovery policy are published:
+    """A worker SIGKILLed every 1.5-3 s (>= 5 kills) while RUNS runs with a recovery policy are published:
     agent.actions holds every action_id exactly once, and the actions equal replay's but for their times."""
-    events = recovery_fleet(400, seed=9)
+    events = recovery_fleet(RUNS, seed=9)
     expected = replay_actions(events)
     config = unique_config(kafka.bootstrap, recovery_policies=policies_file(tmp_path))
     publisher = PublishInBackground(config, messages(events), chunk=150, pause_s=0.4)
@@ -43,7 +46,7 @@ def test_sigkill_while_runs_with_a_policy_flow_publishes_each_action_once(kafka,
     finally:
         worker.stop()
     repeated = [k for k, n in Counter(a["action_id"] for a in got).items() if n > 1]
-    print(f"\nRECOVERY-FAULT-FIGURES kills={kills} runs=400 actions={len(got)} expected={len(expected)} "
+    print(f"\nRECOVERY-FAULT-FIGURES kills={kills} runs={RUNS} actions={len(got)} expected={len(expected)} "
           f"repeated={len(repeated)}")
     assert not repeated, f"{len(repeated)} action ids repeated, e.g. {repeated[:3]}"
     # A restarted worker may apply an event later than replay places it (it counts from the event clock it
