@@ -59,11 +59,26 @@ def cmd_replay(args: argparse.Namespace) -> int:
     elif args.trusted_outcomes_topic:
         raise SystemExit("loopwarden replay: --trusted-outcomes-topic names the topic the --trusted-receipts files "
                          "were read from; give those files too")
+    # docs/recovery.md: a run's recovery actions are printed after the transition that caused each; a person's
+    # (no transition) as it is applied.
+    pending: dict[str, object] = {}
+
+    def on_action(action):
+        if ":op:" in action.action_id:
+            out.write(encode(action) + b"\n")
+        else:
+            pending[action.action_id] = action
+
     replay = Replay(Settings(retention_s=args.retention_s), verifiers=trusted_verifiers(args.trusted_verifiers),
-                    channel=channel)
+                    channel=channel, recovery_defaults=_recovery_policies(args.recovery_policies),
+                    on_action=on_action if args.actions else None)
 
     def emit(t):
         out.write(encode(t) + b"\n")
+        if pending:
+            action = pending.pop(f"{t.run_id}:{t.seq}", None)
+            if action is not None:
+                out.write(encode(action) + b"\n")
 
     def bad(b):
         print(str(b), file=sys.stderr)
@@ -83,6 +98,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"loopwarden replay: {invalid} invalid line(s) skipped", file=sys.stderr)
         return 1
     return 0
+
+
+def _recovery_policies(path: str | None) -> dict:
+    """The agents' default recovery policies of ``--recovery-policies``, else of LOOPWARDEN_RECOVERY_POLICIES."""
+    from loopwarden.stages.health.recoverypolicies import ENV, RecoveryPoliciesError, load_policies
+
+    path = path or os.environ.get(ENV, "").strip()
+    if not path:
+        return {}
+    try:
+        return load_policies(path)
+    except RecoveryPoliciesError as exc:
+        raise SystemExit(f"loopwarden replay: {exc}") from None
 
 
 def cmd_keys_new(args: argparse.Namespace) -> int:
@@ -183,6 +211,11 @@ def build_parser(processor: bool | None = None) -> argparse.ArgumentParser:
     p.add_argument("--trusted-outcomes-topic", metavar="TOPIC", default=None,
                    help=f"the topic those files were read from, named in evidence.receipt_trust "
                         f"(default: LOOPWARDEN_TRUSTED_OUTCOMES_TOPIC, else {DEFAULT_CHANNEL})")
+    p.add_argument("--actions", action="store_true",
+                   help="also print each recovery action (type recovery_action) after the transition that caused it "
+                        "(docs/recovery.md)")
+    p.add_argument("--recovery-policies", metavar="FILE", default=None,
+                   help="JSON or TOML: agent (or *) -> default recovery policy (default: LOOPWARDEN_RECOVERY_POLICIES)")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("keys", help="signing keys of verifiers and people (signed receipts)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from loopwarden.codecs import (
@@ -18,11 +18,14 @@ from loopwarden.codecs import (
     InputEvent,
     InvalidEvent,
     OutcomeReceipt,
+    RunStarted,
     decode_input,
     decode_outcome_event,
 )
 from loopwarden.rules import DEFAULT_SETTINGS, RunState, Settings
+from loopwarden.codecs.events import OperatorAction, RecoveryAction, RecoveryPolicy
 from loopwarden.rules.machine import DEADLINE_KEEPING, Result, apply_into
+from loopwarden.rules.recovery import unknown_run, with_default
 from loopwarden.rules.table import RunTable
 
 
@@ -49,8 +52,19 @@ class Replay:
     """
 
     def __init__(self, settings: Settings = DEFAULT_SETTINGS, keep_final: bool = False, verifiers=None,
-                 channel: str | None = None) -> None:
+                 channel: str | None = None, recovery_defaults: Mapping[str, RecoveryPolicy] | None = None,
+                 on_action: Callable[[RecoveryAction], None] | None = None) -> None:
         self.settings = settings
+        # docs/recovery.md: the agents' default recovery policies (filled into run_started as the worker does),
+        # the keys a person's operator action must be signed by (the human receipts' own), and where the
+        # recovery actions go (None: decided and dropped).
+        self.recovery_defaults = recovery_defaults or None
+        self.verifiers = verifiers
+        self.on_action = on_action
+        self.unknown_run_actions = 0  # operator actions for a run not held: the worker dead-letters them
+        # The event types _prepare looks at before the core: operator actions always, receipts and run_started
+        # only when a setting needs it.
+        self._prepared = frozenset((OperatorAction, *((RunStarted,) if self.recovery_defaults else ())))
         # docs/contract.md section 10, docs/receipts.md: with loopwarden.trust.TrustedVerifiers and/or the trusted
         # receipts topic (``channel``), receipts are classified before apply as in the worker; else all count.
         self.trust = None
@@ -58,6 +72,7 @@ class Replay:
             from loopwarden.trust import ReceiptTrust
 
             self.trust = ReceiptTrust(verifiers, channel)
+            self._prepared |= {OutcomeReceipt}
         self.states: dict[str, RunState] = {}
         self.final: dict[str, HealthTransition] = {}  # filled only with keep_final
         self.keep_final = keep_final
@@ -77,9 +92,31 @@ class Replay:
         for note in notes:
             counted[note] = counted.get(note, 0) + 1
 
+    def _prepare(self, event: InputEvent, on_channel: bool):
+        """What the core is handed for a receipt (classified by trust), a run_started (its agent's default recovery
+        policy filled in) or an operator action (classified by key; None: a run not held, counted)."""
+        cls = type(event)
+        if cls is OutcomeReceipt:
+            return self.trust.classify(event, on_channel)  # type: ignore[union-attr]
+        if cls is RunStarted:
+            return with_default(event, self.recovery_defaults)  # type: ignore[arg-type]
+        if unknown_run(self.states.get(event.run_id)):  # an operator action
+            self.unknown_run_actions += 1
+            self._count([("operator_action", "unknown_run")])
+            return None
+        return event if self.verifiers is None else self.verifiers.classify_action(event)  # type: ignore[arg-type]
+
+    def _actions(self, res: Result) -> None:
+        actions, res.actions = res.actions, []
+        if self.on_action is not None:
+            for action in actions:
+                self.on_action(action)
+
     def _take(self, res: Result, run_id: str, before: RunState) -> list[HealthTransition]:
         if res.notes:
             self._count(res.notes)
+        if res.actions:
+            self._actions(res)
         state = res.state
         if state is not before:  # retention dropped the run (to its tomb or for good), or forgot its tomb
             if before.tomb:
@@ -128,8 +165,10 @@ class Replay:
 
     def feed(self, event: InputEvent, on_channel: bool = False) -> list[HealthTransition]:
         """Apply one event; ``on_channel``: a receipt read from the trusted receipts topic."""
-        if self.trust is not None and event.__class__ is OutcomeReceipt:
-            event = self.trust.classify(event, on_channel)  # type: ignore[assignment]
+        if type(event) in self._prepared:  # one test per event: a chain of class tests cost ~1.5 % of feed
+            event = self._prepare(event, on_channel)  # type: ignore[assignment]
+            if event is None:
+                return []
         ts = event.ts
         clock = self.clock
         if clock is None or ts > clock:
@@ -143,7 +182,7 @@ class Replay:
         try:
             new = apply_into(res, state, event, clock, clock)
         except BaseException:
-            res.transitions, res.notes = [], []  # nothing of a failed event is left for the next one
+            res.transitions, res.notes, res.actions = [], [], []  # nothing of a failed event is left for the next one
             raise
         # _take, inline: one event, one run
         notes = res.notes
@@ -159,6 +198,8 @@ class Replay:
             state = states[run_id] = new
         transitions = res.transitions
         if transitions:  # its health changed: another timer, queued as it is now
+            if res.actions:  # a recovery action comes with a transition, or from a person (below)
+                self._actions(res)
             res.transitions = []  # the list is handed on: the next event gets a new one
             # From here on the run id is the state's own string, the very object the dicts below hold
             # as their key: a lookup compares identities, not the characters of a string decoded anew.
@@ -173,6 +214,8 @@ class Replay:
                 return out
         # RunTable.changed's first test, inline: a call saved per step event (3.4 % of Replay.feed's time)
         elif not kept or event.__class__ not in DEADLINE_KEEPING:  # the same timer, maybe moved earlier
+            if res.actions:  # a person's action (operator actions keep no deadline)
+                self._actions(res)
             self._timers.changed(state, False)  # type: ignore[arg-type]
             if heap and heap[0] <= clock:
                 return (out or []) + transitions + self.advance_to(clock)

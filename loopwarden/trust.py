@@ -29,7 +29,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from loopwarden.codecs import NotCanonical, OutcomeReceipt, Signature, receipt_signing_bytes
-from loopwarden.rules.trust import TrustedReceipt, UntrustedReceipt
+from loopwarden.codecs.events import OperatorAction
+from loopwarden.codecs.canonical import action_signing_bytes
+from loopwarden.rules.trust import TrustedAction, TrustedReceipt, UntrustedAction, UntrustedReceipt
 
 ENV = "LOOPWARDEN_TRUSTED_VERIFIERS"
 _KEY_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,200}$")
@@ -119,6 +121,30 @@ class TrustedVerifiers:
             return "bad_signature"
         return None
 
+    def classify_action(self, action: OperatorAction) -> TrustedAction | UntrustedAction:
+        """A person's operator action, trusted when one of these keys signed exactly it (docs/recovery.md)."""
+        sig = action.signature
+        if sig is msgspec.UNSET:
+            return UntrustedAction(action, "unsigned")
+        key = self.keys.get(sig.key_id)
+        if key is None:
+            return UntrustedAction(action, "unknown_key")
+        try:
+            raw = unb64url(sig.sig)
+            payload = action_signing_bytes(action)
+        except NotCanonical:
+            return UntrustedAction(action, "not_canonical")
+        except ValueError:
+            return UntrustedAction(action, "bad_signature")
+        try:
+            if len(raw) != 64:
+                raise InvalidSignature
+            key.verify(raw, payload)
+        except InvalidSignature:
+            return UntrustedAction(action, "bad_signature")
+        by = "person:" + sig.key_id
+        return TrustedAction(action, by if action.actor is msgspec.UNSET else f"{by}/{action.actor}")
+
     def classify(self, receipt: OutcomeReceipt) -> TrustedReceipt | UntrustedReceipt:
         why = self.why_untrusted(receipt)
         if why is None:
@@ -206,6 +232,11 @@ class SigningKey:
     def setting(self) -> str:
         """This key's entry in LOOPWARDEN_TRUSTED_VERIFIERS."""
         return f"{self.key_id}={self.public_text}"
+
+    def sign_action(self, action: OperatorAction) -> OperatorAction:
+        """The operator action with ``signature`` set (any previous signature replaced)."""
+        sig = self.private_key.sign(action_signing_bytes(action))
+        return msgspec.structs.replace(action, signature=Signature(key_id=self.key_id, sig=b64url(sig)))
 
     def sign(self, receipt: OutcomeReceipt) -> OutcomeReceipt:
         """The receipt with ``signature`` set (any previous signature replaced)."""

@@ -22,7 +22,7 @@ import msgspec
 from typing import Any
 from msgspec import UNSET
 
-from loopwarden.codecs.events import OutcomeReceipt
+from loopwarden.codecs.events import OperatorAction, OutcomeReceipt
 
 MAX_SAFE_INT = 2**53 - 1
 # The fields of a receipt the signature covers: every wire field but `signature`, defaults included
@@ -174,3 +174,11 @@ def receipt_signing_bytes(receipt: OutcomeReceipt) -> bytes:
             pass
     return canonical_json(doc)
 
+
+
+def action_signing_bytes(action: OperatorAction) -> bytes:
+    """The bytes an operator action's ``signature.sig`` is an Ed25519 signature over (docs/contract.md
+    section 12): the action's canonical JSON (RFC 8785) without ``signature``; absent fields stay absent."""
+    doc = msgspec.to_builtins(action)
+    doc.pop("signature", None)
+    return canonical_json(doc)

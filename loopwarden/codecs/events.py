@@ -136,6 +136,9 @@ ACTION_STATES: dict[str, frozenset[str]] = {
 Attempt = Annotated[int, Meta(ge=1, le=10_000)]
 
 
+_HASHES: dict[int, tuple[RecoveryPolicy, int]] = {}
+
+
 class RecoveryPolicy(Struct, frozen=True, gc=False, forbid_unknown_fields=True):
     """What a job may do on its own when an attempt ends in a state (declared, never inferred).
 
@@ -148,6 +151,20 @@ class RecoveryPolicy(Struct, frozen=True, gc=False, forbid_unknown_fields=True):
     next_policy: Policy | None = None  # the next attempt's stop policy; None: the same
     idempotent_tools: Annotated[tuple[Name, ...], Meta(max_length=1000)] = ()
     escalate_to: Name | None = None
+
+    def __hash__(self) -> int:
+        # A policy is a key of the rules' memo of compiled policies (loopwarden.rules.conditions) and of the state
+        # codec's: hashable although ``on`` is a dict, and worked out once per object (an agent's default policy is
+        # one object in every run's policy, hashed at each run's start and each store write).
+        hit = _HASHES.get(id(self))
+        if hit is not None and hit[0] is self:
+            return hit[1]
+        h = hash((self.max_attempts, tuple(sorted(self.on.items())), self.backoff_s, self.next_policy,
+                  self.idempotent_tools, self.escalate_to))
+        if len(_HASHES) >= 4096:
+            _HASHES.clear()
+        _HASHES[id(self)] = (self, h)  # the object is held: its id is not reused while it is a key
+        return h
 
     def __post_init__(self) -> None:
         for state, action in self.on.items():
@@ -332,19 +349,39 @@ class OutcomeExpected(_Event, tag="outcome_expected"):
     checks: Annotated[dict[Annotated[str, Meta(max_length=100)], CheckValue], Meta(max_length=64)] = {}
 
 
+OperatorActionName = Literal["retry", "reverify", "escalate", "abandon", "acknowledge"]
+
+
+class OperatorAction(_Event, tag="operator_action"):
+    """A person's decision on a run, on ``agent.steps``, signed like a human receipt (section 12).
+
+    Unsigned, or signed by a key that is not trusted, it changes nothing and is counted.
+    """
+
+    request_id: Ident  # a repeated request id is ignored (a double click, a re-sent command)
+    action: OperatorActionName
+    reason: Annotated[str, Meta(min_length=1, max_length=200)]
+    override_bound: bool = False  # retry beyond the policy's max_attempts (recorded in the action)
+    actor: Name | UnsetType = UNSET  # who, as the signer vouches (the board names its signed-in user)
+    # As on a receipt: the run occurrence the person looked at, signed, so an old action cannot be re-sent
+    # to a later run that reuses the id; UNSET: the action's own ts stands in.
+    run_started_ts: TsMs | UnsetType = UNSET
+    signature: Signature | UnsetType = UNSET
+
+
 StepEvent = Union[
     RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved, SegmentStarted, RunActive, EventsDropped,
-    OutcomeExpected,
+    OutcomeExpected, OperatorAction,
 ]
 OutcomeEvent = OutcomeReceipt
 InputEvent = Union[
     RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved, SegmentStarted, RunActive, EventsDropped,
-    OutcomeExpected, OutcomeReceipt,
+    OutcomeExpected, OperatorAction, OutcomeReceipt,
 ]
 
 STEP_EVENT_TYPES: tuple[type, ...] = (
     RunStarted, StepFinished, RunEnded, ApprovalRouted, ApprovalResolved, SegmentStarted, RunActive, EventsDropped,
-    OutcomeExpected,
+    OutcomeExpected, OperatorAction,
 )
 INPUT_EVENT_TYPES: tuple[type, ...] = STEP_EVENT_TYPES + (OutcomeReceipt,)
 
@@ -413,23 +450,3 @@ class RecoveryAction(Struct, frozen=True, gc=False, tag_field="type", tag="recov
     escalate_to: str | None
     decided_by: str  # `policy:<policy version>` or `person:<key id>` (`person:<key id>/<actor>` from the board)
     override_bound: bool = False  # a person restarted beyond max_attempts
-
-
-OperatorActionName = Literal["retry", "reverify", "escalate", "abandon", "acknowledge"]
-
-
-class OperatorAction(_Event, tag="operator_action"):
-    """A person's decision on a run, on ``agent.steps``, signed like a human receipt (section 12).
-
-    Unsigned, or signed by a key that is not trusted, it changes nothing and is counted.
-    """
-
-    request_id: Ident  # a repeated request id is ignored (a double click, a re-sent command)
-    action: OperatorActionName
-    reason: Annotated[str, Meta(min_length=1, max_length=200)]
-    override_bound: bool = False  # retry beyond the policy's max_attempts (recorded in the action)
-    actor: Name | UnsetType = UNSET  # who, as the signer vouches (the board names its signed-in user)
-    # As on a receipt: the run occurrence the person looked at, signed, so an old action cannot be re-sent
-    # to a later run that reuses the id; UNSET: the action's own ts stands in.
-    run_started_ts: TsMs | UnsetType = UNSET
-    signature: Signature | UnsetType = UNSET

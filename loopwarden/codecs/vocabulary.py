@@ -28,6 +28,7 @@ Ignored = Literal[
     "duplicate_expectation",  # section 10: an outcome_expected whose expectation_id the run already has
     "late_segment_started",  # section 11: a segment_started after its segment's first step or end
     "stale_receipt",  # section 10: a receipt of an earlier occurrence of the run id (kept as untrusted_stale)
+    "refused_operator_action",  # section 12: a person's action that changed nothing (its reason: OperatorOutcome)
 ]
 # How a receipt arrived.
 ReceiptOutcome = Literal[
@@ -46,9 +47,14 @@ EventReason = Literal[
     "late_receipt", "unclassified",
 ]
 # The kinds of (kind, label) notes the rules core returns for metrics.
-NoteKind = Literal["ignored", "disagreement", "cause", "reported_cause", "receipt", "timer", "evicted"]
+NoteKind = Literal["ignored", "disagreement", "cause", "reported_cause", "receipt", "timer", "evicted", "operator_action"]
+# What became of a person's operator action (section 12): applied, or why it changed nothing.
+OperatorOutcome = Literal[
+    "applied", "unsigned", "unknown_key", "bad_signature", "not_canonical", "stale", "repeated", "closed",
+    "attempts_exhausted", "unknown_run",
+]
 # Why a message went to the dead-letter topic: a decode error's, or the shell's own.
-ShellInvalid = Literal["key_mismatch", "ts_in_future", "wrong_topic", "internal_error", "wrong_partition"]
+ShellInvalid = Literal["key_mismatch", "ts_in_future", "wrong_topic", "internal_error", "wrong_partition", "unknown_run"]
 
 DISAGREEMENTS: tuple[str, ...] = Disagreement.__args__  # type: ignore[attr-defined]
 IGNORED: tuple[str, ...] = Ignored.__args__  # type: ignore[attr-defined]
@@ -57,6 +63,7 @@ TRANSITION_TIMERS: tuple[str, ...] = TransitionTimer.__args__  # type: ignore[at
 TIMER_KINDS: tuple[str, ...] = TimerKind.__args__  # type: ignore[attr-defined]
 EVENT_REASONS: tuple[str, ...] = EventReason.__args__  # type: ignore[attr-defined]
 NOTE_KINDS: tuple[str, ...] = NoteKind.__args__  # type: ignore[attr-defined]
+OPERATOR_OUTCOMES: tuple[str, ...] = OperatorOutcome.__args__  # type: ignore[attr-defined]
 INVALID_REASONS: tuple[str, ...] = InvalidEvent.REASONS + ShellInvalid.__args__  # type: ignore[attr-defined]
 # Every reason a health transition can carry: a verdict's is the reported cause (never "unknown": that is
 # the disagreement cause_not_recorded) or its first disagreement.

@@ -131,7 +131,7 @@ def _common(p: argparse.ArgumentParser, *, topics: tuple[str, ...] = ("steps", "
     command would ignore is refused)."""
     p.add_argument("--broker", help="Kafka bootstrap host:port[,host:port] (env LOOPWARDEN_BROKER; default 127.0.0.1:9092)")
     defaults = {"steps": "agent.steps", "outcomes": "agent.outcomes", "health": "agent.health",
-                "deadletter": "agent.deadletter", "ticks": "loopwarden.ticks"}
+                "deadletter": "agent.deadletter", "ticks": "loopwarden.ticks", "actions": "agent.actions"}
     for t in topics:
         p.add_argument(f"--{t}-topic", dest=f"{t}_topic", help=f"default {defaults[t]} (LOOPWARDEN_{t.upper()}_TOPIC)")
     if partitions:

@@ -24,7 +24,10 @@ from loopwarden.engine.exceptions import ConfigError
 def add_commands(sub) -> None:
     p = worker = sub.add_parser("worker", help="run a stream-processor worker against Kafka (exactly-once)",
                        epilog=_env_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    _common(p)
+    _common(p, topics=("steps", "outcomes", "health", "deadletter", "ticks", "actions"))
+    p.add_argument("--recovery-policies", dest="recovery_policies", metavar="FILE",
+                   help="JSON or TOML: agent (or *) -> default recovery policy (LOOPWARDEN_RECOVERY_POLICIES; "
+                        "docs/recovery.md)")
     p.add_argument("--app-id", dest="app_id", help="consumer group / table prefix (LOOPWARDEN_APP_ID; default loopwarden)")
     p.add_argument("--store", choices=STORES, help="table store (LOOPWARDEN_STORE; default memory)")
     p.add_argument("--data-dir", dest="data_dir", help="RocksDB data directory (LOOPWARDEN_DATA_DIR)")
@@ -136,7 +139,7 @@ def add_commands(sub) -> None:
                                       "ones of the wrong partition count), or expand it (add partitions to every "
                                       "co-partitioned topic together; runs in flight move with it)")
     p.add_argument("action", choices=("check", "repair", "expand"))
-    _common(p)
+    _common(p, topics=("steps", "outcomes", "health", "deadletter", "ticks", "actions"))
     p.add_argument("--app-id", dest="app_id", help="whose changelog topic (LOOPWARDEN_APP_ID; default loopwarden)")
     p.add_argument("--otel", action="store_true",
                    help="also the OpenTelemetry bridge's topics (the otel topic and its changelog, otel_partitions "

@@ -54,6 +54,12 @@ class Config:
     # Output: bad input, byte for byte (spans: a content-free description), with the error in headers
     # (`loopwarden deadletters` reads it).
     deadletter_topic: str = "agent.deadletter"
+    # Output: recovery actions (docs/recovery.md), keyed by job id, committed with the transition that caused each
+    # (read it with isolation.level=read_committed; the fleet carries them out).
+    actions_topic: str = "agent.actions"
+    # A JSON or TOML file mapping agent name (or `*`) to its default recovery policy (docs/recovery.md); a run's
+    # own `policy.recovery` comes first. A bad file stops the worker at start, naming the agent and the field.
+    recovery_policies: str | None = None
     # Internal: one tick per owned partition drives timers in stream order.
     ticks_topic: str = "loopwarden.ticks"
     # Partitions of the topics created; must equal the existing inputs' count (`loopwarden topics check`).
@@ -172,15 +178,16 @@ class Config:
     ssl_check_hostname: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("steps_topic", "outcomes_topic", "health_topic", "deadletter_topic", "ticks_topic", "otel_topic"):
+        for name in ("steps_topic", "outcomes_topic", "health_topic", "deadletter_topic", "actions_topic", "ticks_topic",
+                     "otel_topic"):
             value = getattr(self, name)
             if not _TOPIC.match(value):
                 raise ConfigError(f"{name}: {value!r} is not a valid Kafka topic name ([A-Za-z0-9._-], 1-249 chars)")
         if self.trusted_outcomes_topic is not None and not _TOPIC.match(self.trusted_outcomes_topic):
             raise ConfigError(f"trusted_outcomes_topic: {self.trusted_outcomes_topic!r} is not a valid Kafka topic "
                               "name ([A-Za-z0-9._-], 1-249 chars)")
-        names = [self.steps_topic, self.outcomes_topic, self.health_topic, self.deadletter_topic, self.ticks_topic,
-                 self.otel_topic, *([self.trusted_outcomes_topic] if self.trusted_outcomes_topic else [])]
+        names = [self.steps_topic, self.outcomes_topic, self.health_topic, self.deadletter_topic, self.actions_topic,
+                 self.ticks_topic, self.otel_topic, *([self.trusted_outcomes_topic] if self.trusted_outcomes_topic else [])]
         if len(set(names)) != len(names):
             raise ConfigError(f"topic names must differ, got {names}")
         for part in self.broker.split(","):
@@ -221,6 +228,13 @@ class Config:
             raise ConfigError(f"log_level: {self.log_level!r} must be one of {', '.join(LOG_LEVELS)}")
         if self.token is not None and len(self.token) < 16:
             raise ConfigError("token: must be at least 16 characters (got a shorter one)")
+        if self.recovery_policies:  # read once here too, so a bad file stops the start in one line
+            from loopwarden.stages.health.recoverypolicies import RecoveryPoliciesError, load_policies
+
+            try:
+                load_policies(self.recovery_policies)
+            except RecoveryPoliciesError as exc:
+                raise ConfigError(f"recovery_policies: {exc}") from None
         from loopwarden.engine import security
 
         security.check(self)

@@ -19,6 +19,7 @@ EVENT_TYPES = (
     # docs/contract.md section 11: what producers must also tell
     "segment_started", "run_active", "events_dropped",
     "outcome_expected",
+    "operator_action",  # section 12: a person's action
 )
 # Agent names become label values as they are first seen, up to this many per worker; later
 # names count as "other" (and a run without a name as "none"), so a producer cannot grow the
@@ -195,6 +196,9 @@ class Metrics:
                                    registry=r)
         self.otel_traces = Gauge("loopwarden_otel_traces", "Traces the OpenTelemetry bridge holds, per owned partition.",
                                  ["partition"], registry=r)
+        from loopwarden.stages.health.recoverymetrics import RecoveryMetrics
+
+        self.recovery = RecoveryMetrics(r)  # docs/recovery.md: actions published, operator actions refused
         for result in ("committed", "aborted", "fenced"):
             self.transactions.labels(result)
         for t in TOPIC_ROLES:
@@ -275,3 +279,5 @@ class Metrics:
             c(self.repartitioned, label).inc(n)
         elif kind == "timer":
             c(self.timers, label).inc(n)
+        elif kind == "operator_action":
+            self.recovery.operator_action(label, n)

@@ -40,11 +40,12 @@ def co_partitioned(config: Config) -> list[str]:
 
 def outputs(config: Config) -> list[str]:
     """The topics the worker produces to: any partition count, but the one they had at start while it runs."""
-    return [config.health_topic, config.deadletter_topic]
+    return [config.health_topic, config.deadletter_topic, config.actions_topic]
 
 
 def wanted(config: Config) -> list[str]:
-    return [*inputs(config), config.ticks_topic, config.health_topic, config.deadletter_topic, config.changelog_topic]
+    return [*inputs(config), config.ticks_topic, config.health_topic, config.deadletter_topic, config.actions_topic,
+            config.changelog_topic]
 
 
 def otel_topics(config: Config) -> list[str]:

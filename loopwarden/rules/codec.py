@@ -33,20 +33,22 @@ from __future__ import annotations
 from typing import Annotated, Union
 
 import msgspec
-from msgspec import Struct
+from msgspec import UNSET, Struct
+from msgspec.structs import astuple
 
 from loopwarden.codecs.events import (
     Approval,
     Custom,
     LoopFinished,
     Policy,
+    RecoveryPolicy,
     StepCount,
     TokenBudget,
     ToolCallCondition,
 )
 from loopwarden.codecs.states import STATE_TABLE
 from loopwarden.rules.conditions import intern_policy
-from loopwarden.rules.machine import RunState, Segment
+from loopwarden.rules.machine import Recovery, RunState, Segment
 
 VERSION = 2
 V1 = 1  # still read: states already in changelogs
@@ -79,7 +81,7 @@ _WORDS: tuple[str, ...] = (
     # producers' words (docs/contract.md section 11)
     "cancelled", "late_segment_started", "producer_dropped",
     # further words of loopwarden.codecs.vocabulary (tests/unit/test_vocabulary.py: every one is here)
-    "untracked_step", "duplicate_expectation", "stale_receipt",
+    "untracked_step", "duplicate_expectation", "stale_receipt", "refused_operator_action",
 )
 
 
@@ -169,6 +171,11 @@ class _Policy(Struct, array_like=True, frozen=True, omit_defaults=True):
     required_outcomes: tuple[Word, ...] = ()
 
 
+class _PolicyR(_Policy, array_like=True, frozen=True, omit_defaults=True):
+    # A policy with a recovery policy has it as one more element; one without is written as before.
+    recovery: RecoveryPolicy | None = None
+
+
 class _Approval(Struct, array_like=True, frozen=True, omit_defaults=True):
     approval_id: str
     tool_call_id: str
@@ -190,7 +197,7 @@ class _Segment(Struct, array_like=True, omit_defaults=True):
     statuses: tuple[Word, ...] = ()
     fired: tuple[str, ...] = ()
     forgot_hi: int = -1  # added later: older records lack it (array_like: the default fills in)
-    policy: _Policy | None = None  # added later (segment_started), likewise
+    policy: _PolicyR | None = None  # added later (segment_started), likewise
 
 
 class _State(Struct, array_like=True, omit_defaults=True):
@@ -198,7 +205,7 @@ class _State(Struct, array_like=True, omit_defaults=True):
     health: Word | None = None
     seq: int = 0
     agent: str | None = None
-    policy: _Policy | None = None
+    policy: _PolicyR | None = None
     last_activity_ts: int | None = None
     last_seen_ts: int = 0
     open: dict[int, _Segment] = {}
@@ -228,7 +235,27 @@ class _State(Struct, array_like=True, omit_defaults=True):
     held: list[tuple[str, Word, bool, int]] = []  # added later, likewise
 
 
-assert _State.__struct_fields__ == RunState.__struct_fields__, "codec out of step with RunState"
+class _Recovery(Struct, array_like=True, omit_defaults=True):
+    job_id: str | None = None
+    attempt: int = 1
+    recovers: str | None = None
+    failed_tools: list[str] = []
+    named_errors: int = 0
+    acted: bool = False
+    closed_by: str | None = None
+    acknowledged_by: str | None = None
+    requests: list[str] = []
+
+
+# A state with a recovery record is written with it as one more element; a state without is written as
+# before (an array_like Struct writes every field, so a trailing None would still cost a byte): its bytes
+# do not change. Both decode with the longer shape (a shorter array leaves the default).
+class _StateR(_State, array_like=True, omit_defaults=True):
+    recovery: _Recovery | None = None
+
+
+assert _StateR.__struct_fields__ == RunState.__struct_fields__, "codec out of step with RunState"
+assert _Recovery.__struct_fields__ == Recovery.__struct_fields__, "codec out of step with Recovery"
 assert _Segment.__struct_fields__ == Segment.__struct_fields__, "codec out of step with Segment"
 
 _NIL = msgspec.Raw(b"\xc0")
@@ -281,7 +308,11 @@ class _State2(Struct, array_like=True, omit_defaults=True):
     held: list[tuple[Id, Word2, bool, int]] = []  # stamp minus last_seen_ts
 
 
-assert ("run_id", *_State2.__struct_fields__) == RunState.__struct_fields__, "codec v2 out of step with RunState"
+class _State2R(_State2, array_like=True, omit_defaults=True):
+    recovery: _Recovery | None = None
+
+
+assert ("run_id", *_State2R.__struct_fields__) == RunState.__struct_fields__, "codec v2 out of step with RunState"
 
 
 # -- conversions ------------------------------------------------------------------
@@ -313,7 +344,7 @@ def _cond_in(c: _Cond):
 
 _WIRE_DEFAULT = Policy(version="")
 _POLICY_OUT: dict[Policy, _Policy] = {}
-_POLICY_IN: dict[_Policy, Policy | None] = {}
+_POLICY_IN: dict[_Policy, Policy | None] = {}  # _Policy or _PolicyR
 _MEMO_MAX = 4096  # distinct policies are few; the memos start over rather than grow without bound
 
 
@@ -322,12 +353,14 @@ def _policy_out(p: Policy) -> _Policy:
         return _POLICY_OUT[p]
     except (KeyError, TypeError):
         pass
-    out = _Policy(
+    recovery = p.recovery
+    out = (_Policy if recovery is UNSET else _PolicyR)(
         p.version,
         None if p.stop_when is None else tuple([_cond_out(c) for c in p.stop_when]),
         None if p.inactivity_timeout_s == _WIRE_DEFAULT.inactivity_timeout_s else p.inactivity_timeout_s,
         None if p.receipt_window_s == _WIRE_DEFAULT.receipt_window_s else p.receipt_window_s,
         _ws(p.required_outcomes),
+        *(() if recovery is UNSET else (recovery,)),
     )
     try:
         if len(_POLICY_OUT) >= _MEMO_MAX:
@@ -348,6 +381,7 @@ def _policy_in(p: _Policy) -> Policy | None:
         inactivity_timeout_s=_WIRE_DEFAULT.inactivity_timeout_s if p.inactivity_timeout_s is None else p.inactivity_timeout_s,
         receipt_window_s=_WIRE_DEFAULT.receipt_window_s if p.receipt_window_s is None else p.receipt_window_s,
         required_outcomes=_ss(p.required_outcomes),
+        recovery=UNSET if getattr(p, "recovery", None) is None else p.recovery,  # a _Policy has none
     ))
     if len(_POLICY_IN) >= _MEMO_MAX:
         _POLICY_IN.clear()
@@ -357,7 +391,7 @@ def _policy_in(p: _Policy) -> Policy | None:
 
 _POLICY_RAW_OUT: dict[Policy, msgspec.Raw] = {}
 _POLICY_RAW_IN: dict[bytes, Policy | None] = {b"\xc0": None}
-_decode_policy = msgspec.msgpack.Decoder(_Policy | None).decode
+_decode_policy = msgspec.msgpack.Decoder(_PolicyR | None).decode
 
 
 def _policy_raw_out(p: Policy) -> msgspec.Raw:
@@ -417,14 +451,26 @@ def _segment_in(s: _Segment) -> Segment:
 
 
 _encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder(_State).decode
-_decode2 = msgspec.msgpack.Decoder(_State2).decode
+_decode = msgspec.msgpack.Decoder(_StateR).decode
+_decode2 = msgspec.msgpack.Decoder(_State2R).decode
+
+
+def _recovery_out(r: Recovery) -> _Recovery:
+    return _Recovery(r.job_id, r.attempt, r.recovers, r.failed_tools, r.named_errors, r.acted, r.closed_by,
+                     r.acknowledged_by, r.requests)
+
+
+def _recovery_in(r: _Recovery | None) -> Recovery | None:
+    if r is None:
+        return None
+    return Recovery(r.job_id, r.attempt, r.recovers, r.failed_tools, r.named_errors, r.acted, r.closed_by,
+                    r.acknowledged_by, r.requests)
 
 
 def _encode_v1(state: RunState) -> bytes:
     """Format 1 (the run id inside, absolute times): the fallback for a state whose times do not fit format 2."""
     s = state
-    return _PREFIX_V1 + _encode(_State(
+    out = _State(
         s.run_id,
         _ow(s.health),
         s.seq,
@@ -457,7 +503,10 @@ def _encode_v1(state: RunState) -> bytes:
         s.receipt_trust,
         s.started_ts,
         [(rid, _INDEX.get(k, k), v, stamp) for rid, k, v, stamp in s.held] if s.held else [],
-    ))
+    )
+    if s.recovery is not None:
+        out = _StateR(*astuple(out), _recovery_out(s.recovery))
+    return _PREFIX_V1 + _encode(out)
 
 
 def _decode_v1(data: bytes) -> RunState:
@@ -498,6 +547,7 @@ def _decode_v1(data: bytes) -> RunState:
         s.receipt_trust,
         s.started_ts,
         [(rid, _s(k), v, stamp) for rid, k, v, stamp in s.held] if s.held else [],
+        None if s.recovery is None else _recovery_in(s.recovery),
     )
 
 
@@ -529,7 +579,7 @@ def encode_state(state: RunState) -> bytes:
     n = len(rid) if len(rid) >= _ID_MIN else 0  # 0: ids are kept whole
     a = s.approval
     try:
-        return _PREFIX + _encode(_State2(
+        out = _State2(
             _number(s.health, s.health),
             s.seq,
             s.agent,
@@ -567,7 +617,10 @@ def encode_state(state: RunState) -> bytes:
             None if s.started_ts is None else s.started_ts - base,
             [(_id_out(r, rid) if n else r, _number(k, k), v, stamp - base) for r, k, v, stamp in s.held]
             if s.held else [],
-        ))
+        )
+        if s.recovery is not None:  # a direct call above: an unpacked tuple of arguments costs every state ~1 %
+            out = _State2R(*astuple(out), _recovery_out(s.recovery))
+        return _PREFIX + _encode(out)
     except OverflowError:  # a time so far from last_seen_ts that the difference leaves 64 bits
         return _encode_v1(state)
 
@@ -629,6 +682,7 @@ def decode_state(data: bytes, run_id: str | None = None) -> RunState:
         None if s.started_ts is None else s.started_ts + base,
         [(r if type(r) is str else r[0] + run_id + r[1], _word(k, k), v, stamp + base) for r, k, v, stamp in s.held]
         if s.held else [],
+        None if s.recovery is None else _recovery_in(s.recovery),
     )
 
 

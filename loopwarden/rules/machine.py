@@ -18,7 +18,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from operator import itemgetter
 
-from msgspec import UNSET, Struct
+from msgspec import UNSET, Struct, UnsetType
 
 from loopwarden.codecs.events import (
     Approval,
@@ -29,8 +29,10 @@ from loopwarden.codecs.events import (
     HealthTransition,
     InputEvent,
     OutcomeExpected,
+    OperatorAction,
     OutcomeReceipt,
     Policy,
+    RecoveryAction,
     RunActive,
     RunEnded,
     RunStarted,
@@ -54,7 +56,8 @@ from loopwarden.rules.precedence import (
     receipt_verdict,
     verdict,
 )
-from loopwarden.rules.trust import TrustedReceipt, UntrustedReceipt
+from loopwarden.rules.recovery import decide
+from loopwarden.rules.trust import TrustedAction, TrustedReceipt, UntrustedAction, UntrustedReceipt
 
 Note = tuple[str, str]
 _lo = itemgetter(0)
@@ -70,6 +73,8 @@ DEFAULT_SEQ_MEMORY_S = 30 * 86400
 MAX_GAPS = 1024
 MAX_RECEIPT_IDS = 256
 MAX_HISTORY = 32
+MAX_FAILED_TOOLS = 32
+MAX_REQUESTS = 32
 # Boundary facts the steps cannot show: not checked against the derived cause.
 UNCHECKED_CAUSES = ("aborted", "timeout", "error", "tool_error")
 # States whose run has nothing left to wait for: dropped after retention. The others (RUNNING, WAITING,
@@ -106,6 +111,30 @@ class Segment(Struct, gc=False):
     # The segment's own stop policy (segment_started), None: the run's. Used for stop_when and the
     # receipt window; the inactivity timeout stays the run's (timers are per run).
     policy: Policy | None = None
+
+
+class Recovery(Struct, gc=False):
+    """What bounded recovery keeps about a run (docs/recovery.md). Its policy is the run's policy's
+    ``recovery``: the shell filled in the agent's default before the core saw the run_started."""
+
+    # The job this run is an attempt of as its run_started declared it (None: it declared none, its
+    # evidence names no job, and a decision names the run itself as the job), its attempt, and the
+    # attempt it replaces.
+    job_id: str | None = None
+    attempt: int = 1
+    recovers: str | None = None
+    # Names of the run's failed tool calls (status error), at most MAX_FAILED_TOOLS distinct, and how many
+    # failed calls they name: a failed call not named (past the bound, or before the run had this record)
+    # counts as a tool that is not idempotent, so FAILED is then never restarted on its own.
+    failed_tools: list[str] = []
+    named_errors: int = 0
+    # This attempt had its automatic action, or a person's retry: at most one automatic action per attempt.
+    acted: bool = False
+    # A person's abandon (no automatic action follows) and acknowledge: ``person:<key id>[/<actor>]``.
+    closed_by: str | None = None
+    acknowledged_by: str | None = None
+    # Request ids of the operator actions seen (the last MAX_REQUESTS): a repeated one is ignored.
+    requests: list[str] = []
 
 
 class RunState(Struct, gc=False):
@@ -158,12 +187,17 @@ class RunState(Struct, gc=False):
     # Receipts counted before the occurrence started, (receipt id, kind, verified, stamp): their
     # occurrence is known only at the start, which refuses the stale ones. Empty once started.
     held: list[tuple[str, str, bool, int]] = []
+    # docs/contract.md section 12 (docs/recovery.md): the run's part in bounded recovery; None for a run that
+    # declared no job, has no recovery policy and no person acted on (its stored bytes stay as they were).
+    recovery: Recovery | None = None
 
 
 class Result(Struct, gc=False):  # never in a reference cycle: one event's output, dropped by the shell
     state: RunState | None
     transitions: list[HealthTransition] = []  # msgspec copies an empty default per instance
     notes: list[Note] = []
+    # Recovery actions the transitions (or a person's action) caused, for agent.actions (docs/recovery.md).
+    actions: list[RecoveryAction] = []
 
 
 # -- helpers ------------------------------------------------------------------
@@ -171,30 +205,46 @@ def _ms(seconds: float) -> int:
     return int(round(seconds * 1000))
 
 
-def evidence_of(state: RunState) -> Evidence:
-    """The evidence a transition of this run would carry now (also served by the read API)."""
+def evidence_of(state: RunState, action_id: str | UnsetType = UNSET) -> Evidence:
+    """The evidence a transition of this run would carry now (also served by the read API); ``action_id``: the
+    recovery action the transition causes."""
     seg = state.open.get(state.current) if state.open else None
     if seg is not None:  # the current segment is still open
         step_count, finish_reason = seg.steps_seen, seg.finish_reason
     else:
         step_count, finish_reason = state.ended_step_count, state.ended_finish_reason
-    return Evidence(
-        reported_cause=state.reported_cause,
-        derived_cause=state.derived_cause,
-        fired=state.fired,
-        step_count=step_count,
-        segments=len(state.open) + len(state.ended),
-        tool_errors=state.tool_errors,
-        finish_reason=finish_reason,
-        disagreements=state.disagreements,
-        receipt_ids=tuple(state.receipt_ids) if state.receipt_ids else (),
-        approval=state.approval,
-        ignored=dict(state.ignored) if state.ignored else {},
-        events_dropped=state.dropped,
-        untrusted_receipt_ids=tuple(state.untrusted_receipt_ids) if state.untrusted_receipt_ids else UNSET,
-        expectation_ids=tuple(state.expectation_ids) if state.expectation_ids else UNSET,
-        receipt_trust=dict(state.receipt_trust) if state.receipt_trust else UNSET,
+    # Evidence's fields in their order, positional: msgspec matches keywords one by one, and past 16 of them
+    # a Struct's construction takes ~4x as long (the fields of section 12 made it 17).
+    fields = (
+        state.reported_cause,
+        state.derived_cause,
+        state.fired,
+        step_count,
+        len(state.open) + len(state.ended),  # segments
+        state.tool_errors,
+        finish_reason,
+        state.disagreements,
+        tuple(state.receipt_ids) if state.receipt_ids else (),
+        state.approval,
+        dict(state.ignored) if state.ignored else {},
+        state.dropped,  # events_dropped
+        tuple(state.untrusted_receipt_ids) if state.untrusted_receipt_ids else UNSET,
+        tuple(state.expectation_ids) if state.expectation_ids else UNSET,
+        dict(state.receipt_trust) if state.receipt_trust else UNSET,
     )
+    rec = state.recovery
+    if rec is None or (rec.job_id is None and action_id is UNSET):
+        return Evidence(*fields)
+    # Section 12: job_id and attempt only for a run that declared a job, so other runs' transitions keep their bytes.
+    declared = rec.job_id is not None
+    return Evidence(*fields, rec.job_id if declared else UNSET, rec.attempt if declared else UNSET, action_id)
+
+
+assert Evidence.__struct_fields__ == (
+    "reported_cause", "derived_cause", "fired", "step_count", "segments", "tool_errors", "finish_reason",
+    "disagreements", "receipt_ids", "approval", "ignored", "events_dropped", "untrusted_receipt_ids",
+    "expectation_ids", "receipt_trust", "job_id", "attempt", "action_id",
+), "evidence_of builds Evidence by position: out of step with its fields"
 
 
 def _move(state: RunState, res: Result, to: str, reason: str, ts: int, now_ms: int) -> None:
@@ -203,6 +253,17 @@ def _move(state: RunState, res: Result, to: str, reason: str, ts: int, now_ms: i
         return
     seq = state.seq = state.seq + 1
     policy = state.policy
+    rec = state.recovery
+    # decide's first rule, inline: most transitions (RUNNING, VERIFYING) are in no state a policy names
+    if rec is not None and policy is not None and (recovery := policy.recovery) is not UNSET and to in recovery.on:
+        action = _decide(state, rec, policy, seq, ts, to, reason)
+        if action is not None:
+            res.actions.append(action)
+            evidence = evidence_of(state, action.action_id)
+        else:
+            evidence = evidence_of(state)
+    else:
+        evidence = evidence_of(state)
     res.transitions.append(
         HealthTransition(
             run_id=state.run_id,
@@ -214,7 +275,7 @@ def _move(state: RunState, res: Result, to: str, reason: str, ts: int, now_ms: i
             from_state=state.health,
             to_state=to,
             reason=reason,
-            evidence=evidence_of(state),
+            evidence=evidence,
         )
     )
     state.health = to
@@ -222,6 +283,23 @@ def _move(state: RunState, res: Result, to: str, reason: str, ts: int, now_ms: i
     history.append((seq, ts, to, reason))
     if len(history) > MAX_HISTORY:
         del history[:-MAX_HISTORY]
+
+
+def _decide(state: RunState, rec: Recovery, policy: Policy, seq: int, ts: int, to: str, reason: str) -> RecoveryAction | None:
+    """The automatic action of the run's transition ``seq`` to ``to``, if its recovery policy calls for one."""
+    if rec.acted or rec.closed_by is not None:  # one automatic action per attempt; none after a person's abandon
+        return None
+    tools: list[str] = rec.failed_tools
+    if state.tool_errors > rec.named_errors:  # a failed call not named: no declared tool can vouch for it
+        tools = [*tools, ""]  # "" is no tool's name (Name has min_length 1): never idempotent
+    action = decide(
+        run_id=state.run_id, seq=seq, ts=ts, to_state=to, reason=reason, policy=policy.recovery,  # type: ignore[arg-type]
+        policy_version=policy.version, job_id=rec.job_id, attempt=rec.attempt, failed_tools=tools,
+        producer_dropped=state.dropped > 0,
+    )
+    if action is not None:
+        rec.acted = True
+    return action
 
 
 def _ignore(state: RunState, res: Result, why: str) -> None:
@@ -295,8 +373,17 @@ def _on_run_started(state: RunState, ev: RunStarted, now_ms: int, res: Result, c
         state.started_ts = ev.ts
     if state.policy is None:
         # A late run_started sets the policy from then on; it is never inferred.
-        state.policy = intern_policy(ev.policy)
+        policy = state.policy = intern_policy(ev.policy)
         state.agent = ev.agent
+        job_id = ev.job_id
+        if job_id is not UNSET or ev.attempt is not UNSET or ev.recovers is not UNSET:
+            state.recovery = Recovery(
+                job_id=state.run_id if job_id is UNSET else job_id,
+                attempt=1 if ev.attempt is UNSET else ev.attempt,
+                recovers=None if ev.recovers is UNSET else ev.recovers,
+            )
+        elif policy.recovery is not UNSET and state.recovery is None:  # type: ignore[union-attr]
+            state.recovery = Recovery()
     else:
         _ignore(state, res, "duplicate_run_started")
     _activity(state, res, ev.ts, now_ms, at)
@@ -383,6 +470,9 @@ def _on_step(state: RunState, ev: StepFinished, now_ms: int, res: Result, compil
         if errors:
             seg.tool_errors += errors
             state.tool_errors += errors
+            rec = state.recovery
+            if rec is not None:
+                _name_failed(rec, calls)
         if settled and ev.finish_reason != "interrupted":  # is_evaluated(ev)
             # the SDK's steps.length at this step is step + 1
             fired = compiled.evaluate(step + 1, seg.tokens, calls)
@@ -402,6 +492,19 @@ def _on_step(state: RunState, ev: StepFinished, now_ms: int, res: Result, compil
     if state.health != "RUNNING":
         # A step after STUCK or after any verdict means the run is moving again.
         _move(state, res, "RUNNING", "progress", ts, now_ms)
+
+
+def _name_failed(rec: Recovery, calls) -> None:
+    """Remember the names of a step's failed tool calls, for FAILED's idempotence rule (at most MAX_FAILED_TOOLS)."""
+    names = rec.failed_tools
+    for call in calls:
+        if call.status == "error" and not call.provider_executed:
+            name = call.name
+            if name in names:
+                rec.named_errors += 1
+            elif len(names) < MAX_FAILED_TOOLS:
+                names.append(name)
+                rec.named_errors += 1
 
 
 def _disagreements(state: RunState, ev: RunEnded, seg: Segment, derived: str, derived_fired: tuple[str, ...]) -> tuple[str, ...]:
@@ -634,6 +737,81 @@ def _on_expected(state: RunState, ev: OutcomeExpected, now_ms: int, res: Result,
         ids.append(ev.expectation_id)
 
 
+# -- a person's action (docs/contract.md section 12, docs/recovery.md) --------------
+def _refuse_action(state: RunState, res: Result, why: str) -> None:
+    """An operator action that changes nothing: counted in the run's evidence and in the notes."""
+    _ignore(state, res, "refused_operator_action")
+    res.notes.append(("operator_action", why))
+
+
+def _on_unclassified_action(state: RunState, ev: OperatorAction, now_ms: int, res: Result, compiled: CompiledPolicy, at: int) -> None:
+    # No shell vouched for it (no trusted keys configured): a person's action is trusted only by a key.
+    _refuse_action(state, res, "unsigned" if ev.signature is UNSET else "unknown_key")
+
+
+def _on_untrusted_action(state: RunState, ev: UntrustedAction, now_ms: int, res: Result, compiled: CompiledPolicy, at: int) -> None:
+    _refuse_action(state, res, ev.why)
+
+
+def _on_trusted_action(state: RunState, ev: TrustedAction, now_ms: int, res: Result, compiled: CompiledPolicy, at: int) -> None:
+    act = ev.action
+    started = state.started_ts
+    stamp = act.ts if act.run_started_ts is UNSET else act.run_started_ts
+    if started is None or stamp < started:  # an earlier occurrence's run (or one not started): not this one
+        _refuse_action(state, res, "stale")
+        return
+    rec = state.recovery
+    if rec is None:
+        rec = state.recovery = Recovery()
+    requests = rec.requests
+    if act.request_id in requests:  # a double click, a re-sent command
+        _refuse_action(state, res, "repeated")
+        return
+    requests.append(act.request_id)
+    if len(requests) > MAX_REQUESTS:
+        del requests[:-MAX_REQUESTS]
+    kind = act.action
+    if rec.closed_by is not None and kind != "acknowledge":
+        _refuse_action(state, res, "closed")
+        return
+    policy = state.policy
+    recovery = None if policy is None or policy.recovery is UNSET else policy.recovery
+    max_attempts = 1 if recovery is None else recovery.max_attempts  # type: ignore[union-attr]
+    attempt = rec.attempt
+    beyond = attempt >= max_attempts
+    next_attempt = None
+    if kind == "retry":
+        if beyond and not act.override_bound:
+            _refuse_action(state, res, "attempts_exhausted")
+            return
+        action, next_attempt = "restart", attempt + 1
+        rec.acted = True  # no automatic action after a person's retry of this attempt
+    elif kind == "abandon":
+        action = kind
+        rec.closed_by = ev.by
+    elif kind == "acknowledge":
+        action = kind
+        rec.acknowledged_by = ev.by
+    else:  # reverify, escalate
+        action = kind
+    res.notes.append(("operator_action", "applied"))
+    res.actions.append(RecoveryAction(
+        action_id=f"{state.run_id}:op:{act.request_id}",
+        run_id=state.run_id,
+        job_id=rec.job_id or state.run_id,
+        attempt=attempt,
+        next_attempt=next_attempt,
+        action=action,  # type: ignore[arg-type]
+        reason=act.reason,
+        ts=act.ts,
+        not_before_ts=act.ts,
+        next_policy=recovery.next_policy if recovery is not None and next_attempt is not None else None,  # type: ignore[union-attr]
+        escalate_to=None if recovery is None else recovery.escalate_to,  # type: ignore[union-attr]
+        decided_by=ev.by,
+        override_bound=next_attempt is not None and beyond,
+    ))
+
+
 # Each handler gets the compiled policy in force when the event arrived (run_started, which
 # may set the policy, does not use it).
 _HANDLERS = {
@@ -649,6 +827,9 @@ _HANDLERS = {
     UntrustedReceipt: _on_untrusted_receipt,
     TrustedReceipt: _on_trusted_receipt,
     OutcomeExpected: _on_expected,
+    OperatorAction: _on_unclassified_action,
+    UntrustedAction: _on_untrusted_action,
+    TrustedAction: _on_trusted_action,
 }
 
 

@@ -16,9 +16,16 @@ worker and offline replay decide the same actions. The safety rules are fixed he
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING
 
-from loopwarden.codecs.events import RecoveryAction, RecoveryPolicy
+from msgspec import UNSET
+from msgspec.structs import replace
+
+from loopwarden.codecs.events import Policy, RecoveryAction, RecoveryPolicy, RunStarted
+
+if TYPE_CHECKING:  # machine imports this module
+    from loopwarden.rules.machine import RunState
 
 ATTEMPTS_EXHAUSTED = "attempts_exhausted"
 # The safety rules' own reasons for an escalation the policy did not ask for.
@@ -85,3 +92,39 @@ def decide(
         escalate_to=policy.escalate_to,
         decided_by=f"policy:{policy_version}",
     )
+
+
+# The key of a default for every agent without its own, in the processor's per-agent defaults.
+ANY_AGENT = "*"
+
+
+def with_default(event: RunStarted, defaults: Mapping[str, RecoveryPolicy]) -> RunStarted:
+    """``event`` with its agent's default recovery policy when it declares none (the run's own comes first).
+
+    The shells (the worker and replay) call it on each run_started before the core applies it, so a run's
+    policy is fixed when it starts: a later change of the defaults does not change a started job's bound.
+    """
+    policy = event.policy
+    if policy.recovery is not UNSET:
+        return event
+    default = defaults.get(event.agent) or defaults.get(ANY_AGENT)
+    if default is None:
+        return event
+    # One defaulted policy object per (policy, default): the core interns it by value, and an object seen
+    # before hashes faster than a new one (RecoveryPolicy.__hash__).
+    key = (policy, id(default))
+    defaulted = _DEFAULTED.get(key)
+    if defaulted is None or defaulted.recovery is not default:
+        if len(_DEFAULTED) >= 4096:
+            _DEFAULTED.clear()
+        defaulted = _DEFAULTED[key] = replace(policy, recovery=default)
+    return replace(event, policy=defaulted)
+
+
+_DEFAULTED: dict[tuple[Policy, int], Policy] = {}
+
+
+def unknown_run(state: RunState | None) -> bool:
+    """Whether a person's action names a run loopwarden does not hold (never seen, never started, or dropped
+    after retention): the shells dead-letter it with the reason ``unknown_run`` rather than make a run of it."""
+    return state is None or state.tomb or state.health is None

@@ -19,7 +19,7 @@ from typing import Literal
 
 from msgspec import Struct
 
-from loopwarden.codecs.events import OutcomeReceipt
+from loopwarden.codecs.events import OperatorAction, OutcomeReceipt
 
 # Why a receipt is not trusted; a bounded set (metric label).
 UntrustedWhy = Literal["unsigned", "unknown_key", "bad_signature", "not_canonical"]
@@ -49,5 +49,33 @@ class UntrustedReceipt(_Classified, frozen=True, gc=False):
 class TrustedReceipt(_Classified, frozen=True, gc=False):
     """A receipt a shell trusted, and how (kept in the run's evidence): ``channel:<topic>`` (it came on a
     topic only the verifiers may write) or ``key:<key_id>`` (a trusted key signed it)."""
+
+    by: str
+
+
+class _ClassifiedAction(Struct, frozen=True, gc=False):
+    """A person's operator action a shell classified by its signature (docs/contract.md section 12): the same
+    keys as human receipts (LOOPWARDEN_TRUSTED_VERIFIERS). The core reads its run id and ts."""
+
+    action: OperatorAction
+
+    @property
+    def run_id(self) -> str:
+        return self.action.run_id
+
+    @property
+    def ts(self) -> int:
+        return self.action.ts
+
+
+class UntrustedAction(_ClassifiedAction, frozen=True, gc=False):
+    """An operator action no trusted key signed: it changes nothing, and is counted."""
+
+    why: UntrustedWhy
+
+
+class TrustedAction(_ClassifiedAction, frozen=True, gc=False):
+    """An operator action a trusted key signed; ``by`` is its ``decided_by``: ``person:<key id>`` (and
+    ``/<actor>`` when the signer names its user)."""
 
     by: str

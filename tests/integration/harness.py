@@ -30,20 +30,20 @@ def unique_config(bootstrap: str, partitions: int = 4, **kw) -> Config:
     return Config(
         broker=bootstrap, app_id=f"lw-{tag}", steps_topic=f"steps-{tag}", outcomes_topic=f"outcomes-{tag}",
         health_topic=f"health-{tag}", deadletter_topic=f"dead-{tag}", ticks_topic=f"ticks-{tag}",
-        partitions=partitions, **kw,
+        actions_topic=f"actions-{tag}", partitions=partitions, **kw,
     )
 
 
 def env_for(config: Config) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWARDEN_")}
     for name in ("broker", "app_id", "steps_topic", "outcomes_topic", "health_topic", "deadletter_topic",
-                 "ticks_topic", "partitions", "store", "data_dir", "clock", "tick_interval_s", "web_port",
+                 "actions_topic", "ticks_topic", "partitions", "store", "data_dir", "clock", "tick_interval_s", "web_port",
                  "shutdown_timeout_s", "stall_timeout_s", "session_timeout_s", "max_message_bytes", "batch_max_records",
                  "max_future_skew_s", "seq_memory_s", "retention_s", "malloc_trim_s", "commit_gap_ms", "commit_offsets_ms", "batch_wait_ms", "align_max_ms",
                  "otel_topic", "otel_partitions", "topology_check_s",
                  "expand_window_s", "expand_settle_ms", "input_buffer_max_bytes"):
         env["LOOPWARDEN_" + name.upper()] = str(getattr(config, name))
-    for name in ("token", "security_protocol", "sasl_mechanism", "sasl_username", "sasl_password", "ssl_cafile",
+    for name in ("recovery_policies", "token", "security_protocol", "sasl_mechanism", "sasl_username", "sasl_password", "ssl_cafile",
                  "ssl_certfile", "ssl_keyfile"):
         if getattr(config, name) is not None:
             env["LOOPWARDEN_" + name.upper()] = str(getattr(config, name))

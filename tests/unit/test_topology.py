@@ -8,8 +8,8 @@ from loopwarden.engine.config import Config
 from loopwarden.stages.health.topology import assess, co_partitioned, outputs
 
 C = Config(partitions=8)
-GOOD = {t: 8 for t in co_partitioned(C)} | {C.health_topic: 8, C.deadletter_topic: 3}
-STARTED = {C.health_topic: 8, C.deadletter_topic: 3}
+GOOD = {t: 8 for t in co_partitioned(C)} | {C.health_topic: 8, C.deadletter_topic: 3, C.actions_topic: 8}
+STARTED = {C.health_topic: 8, C.deadletter_topic: 3, C.actions_topic: 8}
 
 
 def test_the_layout_the_worker_started_with_allows_everything() -> None:
@@ -59,8 +59,8 @@ def test_a_missing_output_stops_producing_and_returns_when_it_is_back() -> None:
 
 def test_outputs_may_have_any_count_they_started_with() -> None:
     """Output topics need not be co-partitioned: only a change while running counts."""
-    assert outputs(C) == [C.health_topic, C.deadletter_topic]
-    assert assess(C, GOOD | {C.health_topic: 30}, {C.health_topic: 30, C.deadletter_topic: 3}).ok
+    assert outputs(C) == [C.health_topic, C.deadletter_topic, C.actions_topic]
+    assert assess(C, GOOD | {C.health_topic: 30}, {C.health_topic: 30, C.deadletter_topic: 3, C.actions_topic: 8}).ok
 
 
 class _Admin:

@@ -124,6 +124,7 @@ export const IGNORED_EVENTS = [
   'duplicate_expectation',
   'late_segment_started',
   'stale_receipt',
+  'refused_operator_action',
 ] as const;
 export type IgnoredEvent = (typeof IGNORED_EVENTS)[number];
 

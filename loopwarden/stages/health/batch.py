@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from loopwarden.codecs import HealthTransition
+from loopwarden.codecs.events import RecoveryAction
 from loopwarden.engine.stage import DeadLetter, Output
 
 # Keys of a partition's store that are not run ids: 0xff never occurs in UTF-8, so no
@@ -30,6 +31,7 @@ class Batch:
     """A partition's outputs for one batch, to be committed in one transaction, in this order."""
 
     transitions: list[HealthTransition] = field(default_factory=list)
+    actions: list[RecoveryAction] = field(default_factory=list)  # for agent.actions (docs/recovery.md)
     outputs: list[Output] = field(default_factory=list)  # the transitions, encoded for the health topic
     deadletters: list[DeadLetter] = field(default_factory=list)
     # changelog/store: key -> the run's last state in the batch, None deletes (retention)

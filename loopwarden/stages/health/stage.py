@@ -20,6 +20,7 @@ from loopwarden.stages.health.batch import Batch, wall_clock_ms
 from loopwarden.engine.config import Config
 from loopwarden.engine.metrics import Metrics
 from loopwarden.engine.stage import Input, StageBase
+from loopwarden.stages.health.recoverypolicies import load_policies
 from loopwarden.stages.health.task import PartitionTask
 from loopwarden.engine.topics import ensure_topics
 from loopwarden.stages.health.topology import TopologyWatch
@@ -44,8 +45,10 @@ class HealthStage(StageBase[PartitionTask, Batch]):
                        *([Input(verified, "verified_outcomes")] if verified else []),
                        Input(config.ticks_topic, "ticks", tracked=False))
         self.roles = {i.topic: i.role for i in self.inputs}
-        self.outputs = (config.health_topic,)
-        self.keyed_like_input = frozenset(self.outputs)  # keyed by run id, like the inputs
+        self.outputs = (config.health_topic, config.actions_topic)
+        self.keyed_like_input = frozenset((config.health_topic,))  # keyed by run id, like the inputs (actions: job id)
+        # docs/recovery.md: the agents' default recovery policies (Config checked the file at start)
+        self.recovery_defaults = load_policies(config.recovery_policies) if config.recovery_policies else None
         self.changelog_topic = config.changelog_topic
         self.deadletter_topic = config.deadletter_topic
         self.punctuate_every_s = config.tick_interval_s
@@ -64,7 +67,7 @@ class HealthStage(StageBase[PartitionTask, Batch]):
         c = self.config
         return PartitionTask(partition, store, self.roles, settings=self.settings, clock=c.clock,
                              max_future_ms=int(c.max_future_skew_s * 1000), health_topic=c.health_topic,
-                             trust=self.trust, partitions=c.partitions,
+                             actions_topic=c.actions_topic, recovery_defaults=self.recovery_defaults, trust=self.trust, partitions=c.partitions,
                              settle=(c.expand_settle_ms, int(c.expand_window_s * 1000), c.max_message_bytes // 2))
 
     def summary(self, tasks: list[PartitionTask]) -> str:
@@ -83,6 +86,8 @@ class HealthStage(StageBase[PartitionTask, Batch]):
             return
         m = self.metrics
         m.count_batch(result.counts)
+        if result.actions:
+            m.recovery.published(result.actions)
         transitions = result.transitions
         # The two counters per distinct (from, to) and (agent, to) of the batch, not per transition: a
         # metric update costs ~0.5 µs, and this loop was ~1 µs of the worker's CPU per event (bench/README.md).

@@ -29,7 +29,9 @@ from operator import itemgetter
 
 from loopwarden.rules import RunState, Settings, decode_state
 from loopwarden.rules.machine import DEADLINE_KEEPING, Result, apply_into
+from loopwarden.rules.recovery import unknown_run, with_default
 from loopwarden.rules.table import RunTable
+from loopwarden.codecs.events import OperatorAction, RecoveryPolicy, RunStarted
 from loopwarden.engine.alignment import ALIGNED, StreamTime
 from loopwarden.stages.health.batchend import BatchEnd
 from loopwarden.stages.health.batch import CLOCK_KEY, Batch, _decode_clock, is_meta, wall_clock_ms  # noqa: F401
@@ -43,6 +45,8 @@ from loopwarden.stages.health.topology import LAYOUT_KEY, Placement, decode_expa
 
 log = logging.getLogger("loopwarden.task")
 
+_PREPARED = frozenset((RunStarted, OperatorAction))
+_ACTIONS_ONLY = frozenset((OperatorAction,))
 _ABSENT = object()  # not touched by the batch being folded (None in ``_live`` means dropped by retention)
 _event_of = itemgetter(1)
 
@@ -61,6 +65,8 @@ class PartitionTask(BatchEnd):
         wall_ms: Callable[[], int] = wall_clock_ms,
         max_future_ms: int = 300_000,
         health_topic: str = "agent.health",
+        actions_topic: str = "agent.actions",
+        recovery_defaults: Mapping[str, RecoveryPolicy] | None = None,
         trust=None,
         partitions: int | None = None,
         hot_runs: int = HOT_RUNS,
@@ -68,6 +74,11 @@ class PartitionTask(BatchEnd):
     ) -> None:
         self.partition = partition
         self.health_topic = health_topic
+        # docs/recovery.md: where recovery actions go, the agents' default recovery policies (None: none), and the
+        # keys a person's operator action must be signed by (the human receipts' own; None: every one is refused).
+        self.actions_topic = actions_topic
+        self.recovery_defaults = recovery_defaults or None
+        self.action_keys = None if trust is None else trust.verifiers
         # Whether a record of a run this partition does not hold belongs here (None: not checked).
         self.placement = None if partitions is None else Placement(partition, partitions)
         self._forwarded: list[Output] = []  # records forwarded to their partition (loopwarden topics expand)
@@ -145,6 +156,8 @@ class PartitionTask(BatchEnd):
         if res.transitions:
             out.transitions += res.transitions
             self._moved.add(run_id)
+        if res.actions:
+            out.actions += res.actions
         self._live[run_id] = res.state
 
     # -- the batch --------------------------------------------------------------------
@@ -193,6 +206,8 @@ class PartitionTask(BatchEnd):
         else:
             merged = next(iter(inputs.values()), ())
         trust = self.trust
+        defaults, action_keys = self.recovery_defaults, self.action_keys
+        prepared = _PREPARED if defaults is not None else _ACTIONS_ONLY
         placement = self.placement
         # One event clock in both modes (docs/contract.md section 5, "Event time and late events"). On event
         # time timers are queued and fired around each event as in replay; on the wall clock, at punctuation.
@@ -222,12 +237,23 @@ class PartitionTask(BatchEnd):
                     state = live.get(run_id, state)  # fired: its new state; else the one taken above, unchanged
             else:
                 now = self.wall_ms()
+            if type(event) in prepared:  # one test per event (docs/recovery.md): a run_started, an operator action
+                if type(event) is RunStarted:  # the agent's default recovery policy, unless the run declares its own
+                    event = with_default(event, defaults)  # type: ignore[arg-type]
+                elif unknown_run(state):  # a person's action on a run not held: never made a run
+                    out.deadletters.append(DeadLetter(rec, "unknown_run", f"operator_action for run {run_id!r}, "
+                                                      "which loopwarden does not hold (never started, or dropped)"))
+                    counts["invalid", role, "unknown_run"] += 1
+                    counts["operator_action", "unknown_run"] += 1
+                    continue
+                elif action_keys is not None:  # trusted by a person's key only
+                    event = action_keys.classify_action(event)  # type: ignore[arg-type]
             try:
                 if trust is not None and role != "steps":  # trust is decided here, before the core
                     event = trust.classify(event, role == "verified_outcomes")
                 new = apply_into(res, state, event, now, clock)
             except Exception as exc:  # a bug of ours must not stop the partition nor lose the message
-                del res.transitions[:], res.notes[:]  # what the failed event left: not the next one's
+                del res.transitions[:], res.notes[:], res.actions[:]  # what the failed event left: not the next one's
                 log.exception("internal error on %s[%d]@%d; dead-lettered", rec.topic, rec.partition, rec.offset)
                 out.deadletters.append(DeadLetter(rec, "internal_error", f"{type(exc).__name__}: {exc}"))
                 counts["invalid", role, "internal_error"] += 1
@@ -241,8 +267,14 @@ class PartitionTask(BatchEnd):
                 notes.clear()
             live[run_id] = new
             if transitions:
+                if res.actions:  # a recovery action comes with a transition, or from a person (below)
+                    out.actions += res.actions
+                    res.actions.clear()
                 out.transitions += transitions
                 moved.add(run_id)
+            elif res.actions:  # a person's action: a record, no transition
+                out.actions += res.actions
+                res.actions.clear()
             if event_mode and (transitions or new is not state or event.__class__ not in DEADLINE_KEEPING):
                 timers.changed(new, bool(transitions))  # replay's scheduling, event by event (its first test inline)
                 if heap and heap[0] <= clock:  # a deadline already past (an approval's): it fires now
