@@ -294,7 +294,7 @@ def _decide(state: RunState, rec: Recovery, policy: Policy, seq: int, ts: int, t
         tools = [*tools, ""]  # "" is no tool's name (Name has min_length 1): never idempotent
     action = decide(
         run_id=state.run_id, seq=seq, ts=ts, to_state=to, reason=reason, policy=policy.recovery,  # type: ignore[arg-type]
-        policy_version=policy.version, job_id=rec.job_id, attempt=rec.attempt, failed_tools=tools,
+        policy_version=policy.version, agent=state.agent, job_id=rec.job_id, attempt=rec.attempt, failed_tools=tools,
         producer_dropped=state.dropped > 0,
     )
     if action is not None:
@@ -798,6 +798,7 @@ def _on_trusted_action(state: RunState, ev: TrustedAction, now_ms: int, res: Res
     res.actions.append(RecoveryAction(
         action_id=f"{state.run_id}:op:{act.request_id}",
         run_id=state.run_id,
+        agent=state.agent,
         job_id=rec.job_id or state.run_id,
         attempt=attempt,
         next_attempt=next_attempt,

@@ -55,6 +55,7 @@ def test_a_stuck_run_with_a_resume_policy_publishes_one_resume() -> None:
     stuck = out[-1]
     assert stuck["to_state"] == "STUCK"
     assert (a.action_id, a.job_id, a.attempt, a.next_attempt) == (f"r:{stuck['seq']}", "inv-42", 1, 2)
+    assert a.agent == stuck["agent"] == "agent", "the action names the run's agent"
     assert a.decided_by == "policy:v1" and a.reason == "STUCK:no_progress"
     assert stuck["evidence"]["action_id"] == a.action_id
     assert (stuck["evidence"]["job_id"], stuck["evidence"]["attempt"]) == ("inv-42", 1)
@@ -156,7 +157,7 @@ def test_abandon_stops_the_automatic_action_and_is_published_as_a_record() -> No
     events.append(op("abandon", ts=events[-1]["ts"] + 1))
     r, out, actions = replay(events, advance_s=600, verifiers=TRUSTED)
     assert out[-1]["to_state"] == "STUCK"
-    assert [(a.action, a.decided_by) for a in actions] == [("abandon", "person:ops-1")]
+    assert [(a.action, a.decided_by, a.agent) for a in actions] == [("abandon", "person:ops-1", "agent")]
     assert r.states["r"].recovery.closed_by == "person:ops-1"
 
 
