@@ -290,8 +290,8 @@ def _decide(state: RunState, rec: Recovery, policy: Policy, seq: int, ts: int, t
     if rec.acted or rec.closed_by is not None:  # one automatic action per attempt; none after a person's abandon
         return None
     tools: list[str] = rec.failed_tools
-    # A failed call not named, or a tool error reported whose call never arrived (lost on the way, with the
-    # loss told only after run_ended): no declared tool can vouch for it.
+    # A failed call not named, or a tool error reported whose failed call never arrived (lost by a producer
+    # that did not know it, or told of the loss only after run_ended): no declared tool can vouch for it.
     if state.tool_errors > rec.named_errors or (reason == "tool_error" and not tools):
         tools = [*tools, ""]  # "" is no tool's name (Name has min_length 1): never idempotent
     action = decide(

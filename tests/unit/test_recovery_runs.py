@@ -98,8 +98,8 @@ def test_failed_over_a_tool_not_declared_idempotent_escalates() -> None:
 
 
 def test_a_tool_error_whose_call_never_arrived_escalates_never_restarts() -> None:
-    """run_ended reports tool_error but the failed step was lost (its loss told after run_ended, as the emitter
-    tells it): no declared tool vouches for the call, so FAILED escalates (FAILED:not_idempotent)."""
+    """run_ended reports tool_error but the failed step never arrived (its loss told only after run_ended): no
+    declared tool vouches for the call, so FAILED escalates (FAILED:not_idempotent)."""
     policy = {"max_attempts": 2, "on": {"FAILED": "restart"}, "idempotent_tools": ["fetch"]}
     events = timed(started(recovery=policy), ended("tool_error", 1))
     events.append({"type": "events_dropped", "run_id": "r", "ts": events[-1]["ts"] + 100, "count": 1})
