@@ -8,6 +8,8 @@
 //   hangs     max_attempts 3, STUCK → resume: every attempt hangs in a tool
 //   payments  max_attempts 2, FAILED → restart over idempotent_tools [fetch_rates]: one job fails in
 //             charge_card (not idempotent), another in fetch_rates (its next attempt finishes)
+//   lossy     max_attempts 2, FAILED → restart over every tool it has, UNCERTAIN → escalate: its sink is
+//             down while the run takes four steps and fails, so its queue of 3 drops events (reported)
 //
 // Writes one JSON line per action handled to stdout ({agent, action_id, action, attempt, started}) and
 // runs until it is terminated (SIGTERM): the test decides when nothing more comes.
@@ -16,7 +18,7 @@
 // Needs `npm run build` first (it imports ../../dist).
 import { parseArgs } from 'node:util';
 import { ToolLoopAgent, jsonSchema, tool } from 'ai';
-import { createLoopwarden, isStepCount, KafkaActionSource, KafkaSink } from '../../dist/index.js';
+import { createLoopwarden, isStepCount, KafkaActionSource, KafkaSink, namedCondition } from '../../dist/index.js';
 import { modelStep, scriptedModel } from './scenarios.mjs';
 
 globalThis.AI_SDK_LOG_WARNINGS = false;
@@ -37,11 +39,26 @@ const works = () => tool({ description: 'works', inputSchema: schema, execute: a
 const fails = () =>
   tool({ description: 'fails', inputSchema: schema, execute: async () => Promise.reject(new Error('upstream refused')) });
 
+/** The KafkaSink, refusing every send until opened: the publisher's queue fills and drops (Kafka unreachable). */
+class GatedSink {
+  constructor(inner) {
+    this.inner = inner;
+    this.open = false;
+  }
+  async send(records) {
+    if (!this.open) throw new Error('broker unreachable');
+    await this.inner.send(records);
+  }
+  close(timeoutMs) {
+    return this.inner.close(timeoutMs);
+  }
+}
+
 // A short inactivity timeout and no run_active past 0.5 s, so a hung tool is STUCK within ~2 s.
 const clients = [];
-function client(agent, recovery) {
+function client(agent, recovery, { sink = new KafkaSink({ brokers }), ...options } = {}) {
   const lw = createLoopwarden({
-    sink: new KafkaSink({ brokers }),
+    sink,
     actions: new KafkaActionSource({ brokers, topic: values['actions-topic'], groupId: `recovery-${tag}-${agent}` }),
     topics: { steps: values['steps-topic'] },
     agent,
@@ -49,6 +66,7 @@ function client(agent, recovery) {
     inactivityTimeoutS: 2,
     runActiveMaxS: 0.5,
     onInternalError: (error) => process.stderr.write(`${agent}: internal error ${error}\n`),
+    ...options,
   });
   clients.push(lw);
   return lw;
@@ -66,6 +84,15 @@ function agentWith(toolName, toolImpl, steps = 5) {
 const invoices = client('invoices', { max_attempts: 2, on: { STUCK: 'resume' } });
 const hanging = client('hangs', { max_attempts: 3, on: { STUCK: 'resume' } });
 const payments = client('payments', { max_attempts: 2, on: { FAILED: 'restart' }, idempotent_tools: ['fetch_rates'] });
+const gate = new GatedSink(new KafkaSink({ brokers }));
+const lossy = client(
+  'lossy',
+  { max_attempts: 2, on: { FAILED: 'restart', UNCERTAIN: 'escalate' }, idempotent_tools: ['search', 'charge_card'] },
+  { sink: gate, maxQueue: 3, initialBackoffMs: 50, maxBackoffMs: 200, logger: { warn() {}, error() {} } },
+);
+const stopOnToolError = namedCondition('stop-on-tool-error', 'bound', ({ steps }) =>
+  steps.at(-1).content.some((part) => part.type === 'tool-error'),
+);
 
 /** Attempt `n` of job `job` of each agent: what the agent does then. */
 const attempts = {
@@ -76,15 +103,26 @@ const attempts = {
     // one step: the run stops on the failed call (a failed last step is FAILED)
     return job.startsWith('pay-') ? agentWith('charge_card', fails(), 1) : agentWith('fetch_rates', fails(), 1);
   },
+  // three searches, then charge_card fails and the run stops on it: FAILED, were nothing lost
+  lossy: () =>
+    new ToolLoopAgent({
+      model: scriptedModel([
+        ...[1, 2, 3].map((i) => modelStep({ calls: [[`s${i}`, 'search']] })),
+        modelStep({ calls: [['c1', 'charge_card']] }),
+        modelStep({ text: 'never reached' }),
+      ]),
+      tools: { search: works(), charge_card: fails() },
+      stopWhen: [isStepCount(10), stopOnToolError],
+    }),
 };
-const lws = { invoices, hangs: hanging, payments };
+const lws = { invoices, hangs: hanging, payments, lossy };
 
 function start(agent, runId, recovers) {
   const attempt = recovers ? recovers.next_attempt : 1;
   const job = recovers ? recovers.job_id : runId;
   const watched = lws[agent].instrument(attempts[agent](attempt, job), { agent });
   // Not awaited: a hung attempt never settles, and the handler must return for the next action.
-  watched
+  return watched
     .run(runId, recovers ? { recovers } : {})
     .generate({ prompt: `job ${job}` })
     .catch((error) => process.stderr.write(`${runId}: ${error}\n`));
@@ -107,6 +145,8 @@ start('invoices', `inv-${tag}`);
 start('hangs', `hang-${tag}`);
 start('payments', `pay-${tag}`);
 start('payments', `rates-${tag}`);
+await start('lossy', `lossy-${tag}`);
+gate.open = true; // the broker is back: what the queue kept goes out, with the run's events_dropped
 process.stdout.write(`${JSON.stringify({ ready: true })}\n`);
 
 process.on('SIGTERM', async () => {
