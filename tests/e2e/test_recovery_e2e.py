@@ -4,8 +4,8 @@
 One worker and one fleet for every scenario (agents and jobs of their own): the fleet's side is
 `emitters/ai-sdk/test/e2e/recovery.mjs`, a lossy run included (its sink down while it runs); UNCERTAIN runs
 come from the Python publisher, as a fleet in another language would send them (the emitter reports what
-happened too faithfully to end UNCERTAIN otherwise). At
-the end the worker's actions are compared with `loopwarden replay --actions` over the same topics' events."""
+happened too faithfully to end UNCERTAIN otherwise). At the end the worker's actions are compared with
+`loopwarden replay --actions` over the same topics' events."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from loopwarden.codecs.wire import encode
 from loopwarden.trust import SigningKey
 from tests.builders import ended, started, step
 from tests.e2e.test_ai_sdk_agents import EMITTER, _built, _node
-from tests.recovery_kafka import differences
 from tests.integration.harness import make_worker, publish, read_all, read_topic, run, stop_process, unique_config
+from tests.recovery_kafka import differences
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -98,7 +98,8 @@ def _replay(steps: list, outcomes: list, advance_s: float, tmp: Path) -> list[di
             return [json.loads(r.value) for r in sorted((r for r in records if r.partition == p), key=lambda r: r.offset)]
 
         events = tmp / f"events-{p}.jsonl"
-        events.write_text("".join(json.dumps(e) + "\n" for e in heapq.merge(part(steps), part(outcomes), key=lambda e: e["ts"])))
+        merged = heapq.merge(part(steps), part(outcomes), key=lambda e: e["ts"])
+        events.write_text("".join(json.dumps(e) + "\n" for e in merged))
         proc = subprocess.run(
             [sys.executable, "-m", "loopwarden.cli", "replay", str(events), "--actions", "--advance-s", f"{advance_s:.3f}",
              "--trusted-verifiers", KEY.setting],
@@ -183,14 +184,14 @@ def fleet(kafka, tmp_path_factory: pytest.TempPathFactory) -> Fleet:
     last = max(json.loads(r.value)["ts"] for r in steps + outcomes)
     replayed = _replay(steps, outcomes, (end_ms - last) / 1000, tmp)
     out = Fleet(tag, actions, transitions, [h for h in lines.lines if "action_id" in h], replayed, seconds)
-    jobs = {j: len(out.runs_of_job(j)) for j in (f"inv-{tag}", f"hang-{tag}", f"pay-{tag}", f"rates-{tag}", f"lossy-{tag}")}
+    jobs = {j: len(out.runs_of_job(f"{j}-{tag}")) for j in ("inv", "hang", "pay", "rates", "lossy")}
     print(f"\nRECOVERY-E2E-FIGURES seconds={seconds:.1f} attempts={jobs} actions={len(actions)} "
           f"by_action={dict(Counter(a['action'] for a in actions))} replayed={len(replayed)}")
     return out
 
 
 def test_a_hung_first_attempt_is_resumed_once_and_its_second_attempt_verifies(fleet: Fleet) -> None:
-    """STUCK in a tool → one resume → the handler's attempt 2 finishes, is verified, and its evidence names the job and attempt 2."""
+    """STUCK in a tool → one resume → the handler's attempt 2 finishes and is verified; its evidence names the job, attempt 2."""
     job = f"inv-{fleet.tag}"
     [resume] = fleet.of_job(job)
     assert (resume["action"], resume["agent"], resume["attempt"], resume["next_attempt"]) == ("resume", "invoices", 1, 2)
@@ -207,37 +208,43 @@ def test_an_agent_that_always_hangs_gets_max_attempts_then_one_escalation_and_no
     job = f"hang-{fleet.tag}"
     assert fleet.runs_of_job(job) == [job, f"{job}-a2", f"{job}-a3"]
     assert all(fleet.states(r)[-1] == ("STUCK", "no_progress") for r in fleet.runs_of_job(job))
-    assert [(a["action"], a["attempt"], a["next_attempt"], a["reason"]) for a in sorted(fleet.of_job(job), key=lambda a: a["attempt"])] == [
-        ("resume", 1, 2, "STUCK:no_progress"), ("resume", 2, 3, "STUCK:no_progress"), ("escalate", 3, None, "attempts_exhausted")]
+    actions = sorted(fleet.of_job(job), key=lambda a: a["attempt"])
+    assert [(a["action"], a["attempt"], a["next_attempt"], a["reason"]) for a in actions] == [
+        ("resume", 1, 2, "STUCK:no_progress"), ("resume", 2, 3, "STUCK:no_progress"),
+        ("escalate", 3, None, "attempts_exhausted")]
 
 
 def test_failed_on_a_non_idempotent_tool_escalates_and_on_an_idempotent_one_restarts(fleet: Fleet) -> None:
-    """charge_card failed: one escalate (FAILED:not_idempotent) and no attempt 2; fetch_rates failed: one restart and attempt 2 runs."""
+    """charge_card failed: one escalate (FAILED:not_idempotent), no attempt 2; fetch_rates failed: one restart, attempt 2 runs."""
     pay, rates = f"pay-{fleet.tag}", f"rates-{fleet.tag}"
     assert [(a["action"], a["reason"]) for a in fleet.of_job(pay)] == [("escalate", "FAILED:not_idempotent")]
     assert fleet.runs_of_job(pay) == [pay]
-    assert [(a["action"], a["reason"], a["next_attempt"]) for a in fleet.of_job(rates)] == [("restart", "FAILED:tool_error", 2)]
+    assert [(a["action"], a["reason"], a["next_attempt"]) for a in fleet.of_job(rates)] == [
+        ("restart", "FAILED:tool_error", 2)]
     assert fleet.runs_of_job(rates) == [rates, f"{rates}-a2"]
     assert fleet.states(f"{rates}-a2")[-1] == ("VERIFYING", "natural_finish")
 
 
-def test_uncertain_and_lossy_runs_get_no_automatic_attempt_only_the_escalations_their_policies_name(fleet: Fleet) -> None:
-    """UNCERTAIN: no new attempt, only the escalate a policy names; a run that lost events is UNCERTAIN (never STUCK nor FAILED), likewise."""
+def test_uncertain_and_lossy_runs_get_no_new_attempt_only_the_escalations_their_policies_name(fleet: Fleet) -> None:
+    """UNCERTAIN: no new attempt, only an escalate its policy names; a run that lost events is UNCERTAIN (never STUCK
+    nor FAILED), likewise."""
     tag = fleet.tag
     assert fleet.of_job(f"unc-{tag}") == [] and fleet.states(f"unc-{tag}")[-1] == ("UNCERTAIN", "step_count_mismatch")
-    assert [(a["action"], a["reason"]) for a in fleet.of_job(f"unc-esc-{tag}")] == [("escalate", "UNCERTAIN:step_count_mismatch")]
+    assert [(a["action"], a["reason"]) for a in fleet.of_job(f"unc-esc-{tag}")] == [
+        ("escalate", "UNCERTAIN:step_count_mismatch")]
     assert fleet.of_job(f"lost-{tag}") == []
     assert fleet.states(f"lost-{tag}")[-1] == ("UNCERTAIN", "producer_dropped")
     assert "STUCK" not in {s for s, _ in fleet.states(f"lost-{tag}")}
     # the emitter's lossy run: its last step failed on an idempotent tool, but the run lost events: no restart
     lossy = f"lossy-{tag}"
-    assert fleet.states(lossy)[-1] == ("UNCERTAIN", "producer_dropped") and "FAILED" not in {s for s, _ in fleet.states(lossy)}
+    assert fleet.states(lossy)[-1] == ("UNCERTAIN", "producer_dropped")
+    assert "FAILED" not in {s for s, _ in fleet.states(lossy)}
     assert [(a["action"], a["reason"]) for a in fleet.of_job(lossy)] == [("escalate", "UNCERTAIN:producer_dropped")]
     assert fleet.runs_of_job(lossy) == [lossy]
 
 
 def test_every_action_is_published_once_and_equals_replays(fleet: Fleet) -> None:
-    """agent.actions holds each action_id once, the fleet handled each once, and they are exactly replay's actions (times included)."""
+    """agent.actions holds each action_id once, the fleet handled each once, and they are replay's actions, times included."""
     assert len(fleet.actions) == ACTIONS
     assert not [k for k, n in Counter(a["action_id"] for a in fleet.actions).items() if n > 1]
     assert sorted(h["action_id"] for h in fleet.handled) == sorted(
