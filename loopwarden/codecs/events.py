@@ -429,6 +429,9 @@ class RecoveryAction(Struct, frozen=True, gc=False, tag_field="type", tag="recov
     # consumers drop repeats by it.
     action_id: str
     run_id: str
+    # The run's agent, so that a fleet's consumer picks out its own agent's actions. None only for a person's
+    # action on a run whose run_started never arrived.
+    agent: str | None
     job_id: str
     attempt: int
     next_attempt: int | None

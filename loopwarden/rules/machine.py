@@ -290,11 +290,13 @@ def _decide(state: RunState, rec: Recovery, policy: Policy, seq: int, ts: int, t
     if rec.acted or rec.closed_by is not None:  # one automatic action per attempt; none after a person's abandon
         return None
     tools: list[str] = rec.failed_tools
-    if state.tool_errors > rec.named_errors:  # a failed call not named: no declared tool can vouch for it
+    # A failed call not named, or a tool error reported whose failed call never arrived (lost by a producer
+    # that did not know it, or told of the loss only after run_ended): no declared tool can vouch for it.
+    if state.tool_errors > rec.named_errors or (reason == "tool_error" and not tools):
         tools = [*tools, ""]  # "" is no tool's name (Name has min_length 1): never idempotent
     action = decide(
         run_id=state.run_id, seq=seq, ts=ts, to_state=to, reason=reason, policy=policy.recovery,  # type: ignore[arg-type]
-        policy_version=policy.version, job_id=rec.job_id, attempt=rec.attempt, failed_tools=tools,
+        policy_version=policy.version, agent=state.agent, job_id=rec.job_id, attempt=rec.attempt, failed_tools=tools,
         producer_dropped=state.dropped > 0,
     )
     if action is not None:
@@ -798,6 +800,7 @@ def _on_trusted_action(state: RunState, ev: TrustedAction, now_ms: int, res: Res
     res.actions.append(RecoveryAction(
         action_id=f"{state.run_id}:op:{act.request_id}",
         run_id=state.run_id,
+        agent=state.agent,
         job_id=rec.job_id or state.run_id,
         attempt=attempt,
         next_attempt=next_attempt,

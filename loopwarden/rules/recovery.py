@@ -44,6 +44,7 @@ def decide(
     reason: str,
     policy: RecoveryPolicy | None,
     policy_version: str,
+    agent: str | None = None,
     job_id: str | None = None,
     attempt: int = 1,
     failed_tools: Collection[str] = (),
@@ -54,6 +55,8 @@ def decide(
 
     Parameters
     ----------
+    agent:
+        The run's agent (from its run_started), named in the action for the fleet's consumers.
     policy:
         The job's recovery policy (the run's own, else the agent's default); None: no automatic action.
     failed_tools:
@@ -81,6 +84,7 @@ def decide(
     return RecoveryAction(
         action_id=f"{run_id}:{seq}",
         run_id=run_id,
+        agent=agent,
         job_id=job_id or run_id,
         attempt=attempt,
         next_attempt=attempt + 1 if new_attempt else None,

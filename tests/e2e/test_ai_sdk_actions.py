@@ -26,7 +26,7 @@ TIGHTER = Policy(version="v1-tight", stop_when=(StepCount(count=4),), inactivity
 
 
 def action(job: str, now: int, **fields) -> RecoveryAction:
-    base = dict(action_id=f"{job}:4", run_id=job, job_id=job, attempt=1, next_attempt=2, action="resume",
+    base = dict(action_id=f"{job}:4", run_id=job, agent="invoices", job_id=job, attempt=1, next_attempt=2, action="resume",
                 reason="STUCK:inactivity_timeout", ts=now, not_before_ts=now, next_policy=None, escalate_to=None,
                 decided_by="policy:v1")
     return RecoveryAction(**(base | fields))

@@ -32,10 +32,10 @@ SECRET = b"a-shared-secret-of-32-bytes-long"
 def action(i: int, tag: str, now_ms: int, backoff_ms: int = 0) -> RecoveryAction:
     job = f"job-{tag}-{i}"
     if i % 5 == 4:  # every fifth: the bound was reached
-        return RecoveryAction(action_id=f"{job}-a3:9", run_id=f"{job}-a3", job_id=job, attempt=3, next_attempt=None,
+        return RecoveryAction(action_id=f"{job}-a3:9", run_id=f"{job}-a3", agent="invoices", job_id=job, attempt=3, next_attempt=None,
                               action="escalate", reason="attempts_exhausted", ts=now_ms, not_before_ts=now_ms,
                               next_policy=None, escalate_to="oncall-invoices", decided_by="policy:v1")
-    return RecoveryAction(action_id=f"{job}:4", run_id=job, job_id=job, attempt=1, next_attempt=2, action="resume",
+    return RecoveryAction(action_id=f"{job}:4", run_id=job, agent="invoices", job_id=job, attempt=1, next_attempt=2, action="resume",
                           reason="STUCK:inactivity_timeout", ts=now_ms, not_before_ts=now_ms + backoff_ms,
                           next_policy=None, escalate_to=None, decided_by="policy:v1")
 

@@ -17,7 +17,7 @@ SECRET = b"0123456789abcdef0123"
 
 
 def escalation(reason: str, decided_by: str = "policy:v1") -> RecoveryAction:
-    return RecoveryAction(action_id="r:3", run_id="r", job_id="r", attempt=1, next_attempt=None, action="escalate",
+    return RecoveryAction(action_id="r:3", run_id="r", agent="a", job_id="r", attempt=1, next_attempt=None, action="escalate",
                           reason=reason, ts=1, not_before_ts=1, next_policy=None, escalate_to=None, decided_by=decided_by)
 
 

@@ -14,7 +14,7 @@ TIGHTER = Policy(version="v1-tight", inactivity_timeout_s=60.0)
 
 
 def action(**fields) -> RecoveryAction:
-    base = dict(action_id="inv-7:3", run_id="inv-7", job_id="inv-7", attempt=1, next_attempt=2, action="resume",
+    base = dict(action_id="inv-7:3", run_id="inv-7", agent="invoices", job_id="inv-7", attempt=1, next_attempt=2, action="resume",
                 reason="STUCK:inactivity_timeout", ts=1_000, not_before_ts=1_000, next_policy=None, escalate_to=None,
                 decided_by="policy:v1")
     return RecoveryAction(**(base | fields))

@@ -67,14 +67,14 @@ def test_each_recovery_rule(row: Row) -> None:
     assert got.action_id == "inv-42:3" and got.decided_by == "policy:v3"
 
 
-def test_an_action_names_the_job_its_attempt_and_the_next_policy() -> None:
-    """A restart carries the job, the next attempt, its policy and a due time after the backoff."""
+def test_an_action_names_the_agent_the_job_its_attempt_and_the_next_policy() -> None:
+    """A restart carries the run's agent, the job, the next attempt, its policy and a due time after the backoff."""
     p = policy(max_attempts=3, on={"BOUNDED_STOP": "restart"}, backoff_s=30, next_policy=TIGHTER,
                escalate_to="billing-oncall")
     got = decide(run_id="inv-42-a2", seq=4, ts=10_000, to_state="BOUNDED_STOP", reason="stop_condition",
-                 policy=p, policy_version="v3", job_id="inv-42", attempt=2)
+                 policy=p, policy_version="v3", agent="invoices", job_id="inv-42", attempt=2)
     assert got is not None
-    assert (got.job_id, got.attempt, got.next_attempt) == ("inv-42", 2, 3)
+    assert (got.agent, got.job_id, got.attempt, got.next_attempt) == ("invoices", "inv-42", 2, 3)
     assert got.not_before_ts == 40_000
     assert got.next_policy == msgspec.convert(TIGHTER, Policy)
     assert got.escalate_to == "billing-oncall"

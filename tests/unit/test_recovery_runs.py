@@ -55,6 +55,7 @@ def test_a_stuck_run_with_a_resume_policy_publishes_one_resume() -> None:
     stuck = out[-1]
     assert stuck["to_state"] == "STUCK"
     assert (a.action_id, a.job_id, a.attempt, a.next_attempt) == (f"r:{stuck['seq']}", "inv-42", 1, 2)
+    assert a.agent == stuck["agent"] == "agent", "the action names the run's agent"
     assert a.decided_by == "policy:v1" and a.reason == "STUCK:no_progress"
     assert stuck["evidence"]["action_id"] == a.action_id
     assert (stuck["evidence"]["job_id"], stuck["evidence"]["attempt"]) == ("inv-42", 1)
@@ -94,6 +95,17 @@ def test_failed_over_a_tool_not_declared_idempotent_escalates() -> None:
     assert out_ok[-1]["to_state"] == "FAILED"
     assert [(a.action, a.next_attempt) for a in safe] == [("restart", 2)]
     assert [(a.action, a.reason) for a in unsafe] == [("escalate", "FAILED:not_idempotent")]
+
+
+def test_a_tool_error_whose_call_never_arrived_escalates_never_restarts() -> None:
+    """run_ended reports tool_error but the failed step never arrived (its loss told only after run_ended): no
+    declared tool vouches for the call, so FAILED escalates (FAILED:not_idempotent)."""
+    policy = {"max_attempts": 2, "on": {"FAILED": "restart"}, "idempotent_tools": ["fetch"]}
+    events = timed(started(recovery=policy), ended("tool_error", 1))
+    events.append({"type": "events_dropped", "run_id": "r", "ts": events[-1]["ts"] + 100, "count": 1})
+    _, out, actions = replay(events)
+    assert [t["to_state"] for t in out] == ["RUNNING", "FAILED", "UNCERTAIN"]
+    assert [(a.action, a.reason) for a in actions] == [("escalate", "FAILED:not_idempotent")]
 
 
 def test_one_automatic_action_per_attempt() -> None:
@@ -156,7 +168,7 @@ def test_abandon_stops_the_automatic_action_and_is_published_as_a_record() -> No
     events.append(op("abandon", ts=events[-1]["ts"] + 1))
     r, out, actions = replay(events, advance_s=600, verifiers=TRUSTED)
     assert out[-1]["to_state"] == "STUCK"
-    assert [(a.action, a.decided_by) for a in actions] == [("abandon", "person:ops-1")]
+    assert [(a.action, a.decided_by, a.agent) for a in actions] == [("abandon", "person:ops-1", "agent")]
     assert r.states["r"].recovery.closed_by == "person:ops-1"
 
 

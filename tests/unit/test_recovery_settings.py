@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def action(action_id: str, action: str, decided_by: str, reason: str = "STUCK:no_progress") -> RecoveryAction:
-    return RecoveryAction(action_id=action_id, run_id="r", job_id="j", attempt=1, next_attempt=None, action=action,  # type: ignore[arg-type]
+    return RecoveryAction(action_id=action_id, run_id="r", agent="a", job_id="j", attempt=1, next_attempt=None, action=action,  # type: ignore[arg-type]
                           reason=reason, ts=1, not_before_ts=1, next_policy=None, escalate_to=None, decided_by=decided_by)
 
 

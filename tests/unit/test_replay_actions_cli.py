@@ -35,6 +35,7 @@ def test_actions_follow_the_transition_that_caused_them(tmp_path: Path) -> None:
     for i, a in actions:
         before = lines[i - 1]
         assert f"{before['run_id']}:{before['seq']}" == a["action_id"] == before["evidence"]["action_id"]
+        assert a["agent"] == before["agent"], "an action names the agent of the run it answers"
     # the invoice agent's runs declare no policy: their actions come from the file
     assert any(a["run_id"] in {line["run_id"] for line in lines if line.get("agent") == "invoice"} for _, a in actions)
 

@@ -73,7 +73,7 @@ export interface KafkaActionSourceOptions {
   topic?: string;
   /**
    * The consumer group: the processes of one group share the actions (each action is handled by one
-   * of them). Default: the one onAction proposes, `loopwarden-actions.<agent name>`.
+   * of them). Default: the one onAction proposes, `loopwarden-actions.<agent>`.
    */
   groupId?: string;
   /** Partitions handled at once (default 8): an action waiting for its due time holds back only its own. */
@@ -140,7 +140,7 @@ export interface ActionStats {
   repeats: number;
   /** records that are not a valid recovery_action (told to onInternalError, skipped) */
   invalid: number;
-  /** actions `accept` left out */
+  /** actions of another agent, or that `accept` left out */
   skipped: number;
   /** times the handler threw (the action was retried) */
   handlerErrors: number;
@@ -158,9 +158,11 @@ export interface OnActionOptions {
   /** Where the actions come from; default the client's `actions` option. */
   source?: ActionSource;
   /**
-   * Which actions are this application's: an action names its job, not its agent, and agent.actions
-   * carries every agent's (e.g. `(a) => a.job_id.startsWith('invoice-')`). Default: all.
+   * Whose actions: agent.actions carries every agent's, and each action names its run's agent. Default:
+   * the client's `agent`. The consumer group is `loopwarden-actions.<agent>`.
    */
+  agent?: string;
+  /** Which of that agent's actions are this process's, when it runs only some of its jobs (e.g. `(a) => a.job_id.startsWith('invoice-')`). Default: all. */
   accept?: (action: RecoveryAction) => boolean;
   /** First and longest wait before a handler that threw is called again with the same action (ms). */
   retryFirstMs?: number;

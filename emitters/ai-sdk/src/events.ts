@@ -184,6 +184,8 @@ export interface RecoveryAction {
   action_id: string;
   /** the attempt that ended */
   run_id: string;
+  /** the run's agent; null only for a person's action on a run whose run_started never arrived */
+  agent: string | null;
   job_id: string;
   attempt: number;
   /** the attempt to start, for resume and restart; null otherwise */
@@ -738,6 +740,7 @@ export function decodeRecoveryAction(input: string | unknown): RecoveryAction {
     type: 'recovery_action',
     action_id: r.str('action_id', { min: 1 }),
     run_id: r.str('run_id', { min: 1, max: L.runId }),
+    agent: r.nullableStr('agent'),
     job_id: r.str('job_id', { min: 1, max: L.runId }),
     attempt: r.int('attempt', { min: 1 }),
     next_attempt: r.nullableInt('next_attempt', { min: 2 }),

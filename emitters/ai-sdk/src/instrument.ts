@@ -440,8 +440,8 @@ export class Loopwarden {
   }
 
   /**
-   * Receive the recovery actions loopwarden publishes (docs/contract.md section 12) and carry them out:
-   * each action once it is due (`not_before_ts`), repeats dropped by `action_id`, at least once (a
+   * Receive the recovery actions loopwarden publishes (docs/contract.md section 12) for this client's
+   * agent (`options.agent` for another) and carry them out: each action once it is due (`not_before_ts`), repeats dropped by `action_id`, at least once (a
    * record is consumed only after `handler` returned; a handler that throws is called again with the
    * same action, with backoff). Start the next attempt with `run(newRunId, { recovers: action })`.
    */
@@ -453,6 +453,11 @@ export class Loopwarden {
       );
     }
     if (typeof handler !== 'function') throw new LoopwardenConfigError('onAction needs a handler function');
+    const agent = options.agent ?? this.options.agent;
+    if (agent === undefined) {
+      throw new LoopwardenConfigError("onAction needs the agent whose actions it takes: createLoopwarden({ ..., agent }) or onAction(handler, { agent })");
+    }
+    checkPolicyOptions({ agent });
     const first = options.retryFirstMs ?? 500;
     const longest = options.retryMaxMs ?? 60_000;
     checkRange(first, 'retryFirstMs', (v) => Number.isFinite(v) && v >= 0);
@@ -482,9 +487,9 @@ export class Loopwarden {
         stats.repeats += 1;
         return;
       }
-      let accepted = true;
+      let accepted = action.agent === agent;
       try {
-        accepted = options.accept?.(action) ?? true;
+        if (accepted) accepted = options.accept?.(action) ?? true;
       } catch (error) {
         this.internalError(error);
       }
@@ -507,7 +512,7 @@ export class Loopwarden {
       handled.set(action.action_id, true);
       if (handled.size > 10_000) handled.delete(handled.keys().next().value as string);
     };
-    const started = source.start(handle, { groupId: `loopwarden-actions.${this.options.agent ?? 'agent'}` });
+    const started = source.start(handle, { groupId: `loopwarden-actions.${agent}` });
     started.catch((error: unknown) => this.internalError(error));
     return {
       ready: started,

@@ -27,6 +27,7 @@ function action(fields = {}) {
     type: 'recovery_action',
     action_id: 'inv-7:4',
     run_id: 'inv-7',
+    agent: 'invoices',
     job_id: 'inv-7',
     attempt: 1,
     next_attempt: 2,
@@ -108,6 +109,39 @@ test('a record that is not a recovery action is counted, told, skipped; accept l
   assert.deepEqual(seen, ['inv-7']);
   assert.deepEqual(sub.stats(), { handled: 1, repeats: 0, invalid: 1, skipped: 1, handlerErrors: 0 });
   assert.ok(errors[0] instanceof LoopwardenDecodeError && /action_id/.test(errors[0].message));
+  await sub.close();
+});
+
+test("onAction takes only its own agent's actions by default, another agent's with options.agent", async () => {
+  const { actions, lw } = client();
+  const ours = [];
+  const sub = lw.onAction((a) => ours.push(a.action_id));
+  const crm = action({ action_id: 'crm-1:3', run_id: 'crm-1', job_id: 'crm-1', agent: 'crm' });
+  const unnamed = action({ action_id: 'x-1:op:q1', run_id: 'x-1', job_id: 'x-1', agent: null });
+  await actions.push(crm, unnamed, action());
+  assert.deepEqual(ours, ['inv-7:4']);
+  assert.deepEqual(sub.stats(), { handled: 1, repeats: 0, invalid: 0, skipped: 2, handlerErrors: 0 });
+  await sub.close();
+  const other = client();
+  const theirs = [];
+  const sub2 = lw.onAction((a) => theirs.push(a.action_id), { agent: 'crm', source: other.actions });
+  await other.actions.push(crm, action());
+  assert.deepEqual(theirs, ['crm-1:3']);
+  await sub2.close();
+});
+
+test('onAction with no agent named anywhere is a configuration error that says where to name it', () => {
+  const lw = createLoopwarden({ sink: new MemorySink(), actions: new MemoryActionSource() });
+  assert.throws(() => lw.onAction(() => undefined), (e) => e instanceof LoopwardenConfigError && /onAction\(handler, \{ agent \}\)/.test(e.message));
+});
+
+test('an action without its agent field is invalid: counted, told, skipped', async () => {
+  const { actions, lw, errors } = client();
+  const sub = lw.onAction(() => undefined);
+  const { agent, ...unnamed } = action();
+  await actions.push(JSON.stringify(unnamed));
+  assert.equal(sub.stats().invalid, 1);
+  assert.ok(errors[0] instanceof LoopwardenDecodeError && /agent/.test(errors[0].message));
   await sub.close();
 });
 

@@ -57,5 +57,5 @@ export function readmeRecovery(agent: ToolLoopAgent<never, typeof tools>, page: 
     } else if (action.action === 'escalate') {
       await page(action.escalate_to, action.reason);
     }
-  }, { accept: (action) => action.job_id.startsWith('inv-') });
+  });
 }
