@@ -214,7 +214,7 @@ def test_a_person_acts_from_the_board_in_a_browser(board, tmp_path: Path) -> Non
         assert all(trusted.why_untrusted(a) is None and a.actor == "dana" for a in escalations)
 
         # The worker's record of a person's abandon: the run leaves the list, and its page says who and why.
-        abandon = RecoveryAction(action_id="dep-003:op:r-1", run_id="dep-003", job_id="dep-003", attempt=1,
+        abandon = RecoveryAction(action_id="dep-003:op:r-1", run_id="dep-003", agent="deploy", job_id="dep-003", attempt=1,
                                  next_attempt=None, action="abandon", reason="customer cancelled", ts=START + 900_000,
                                  not_before_ts=START + 900_000, next_policy=None, escalate_to=None,
                                  decided_by="person:board-1/dana")

@@ -109,7 +109,7 @@ def transition(run_id: str, seq: int, ts: int, to: str, *, frm: str | None = Non
 def action(run_id: str, what: str, ts: int, *, job: str | None = None, attempt: int = 1, by: str = "person:oncall/dana",
            reason: str = "customer cancelled", action_id: str | None = None, next_attempt: int | None = None) -> bytes:
     return encode(RecoveryAction(
-        action_id=action_id or f"{run_id}:op:{what}-{ts}", run_id=run_id, job_id=job or run_id, attempt=attempt,
+        action_id=action_id or f"{run_id}:op:{what}-{ts}", run_id=run_id, agent="a", job_id=job or run_id, attempt=attempt,
         next_attempt=next_attempt, action=what, reason=reason, ts=ts, not_before_ts=ts, next_policy=None,
         escalate_to=None, decided_by=by))
 
