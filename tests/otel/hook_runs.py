@@ -378,10 +378,10 @@ def run_adk(tracer_provider) -> list[Case]:
 
 
 # -- a run hung in its very first model call ----------------------------------------------------------------
-async def _hung(aw, hooked: bool, run_id: str, finished) -> list:
-    """``aw`` (a run whose first model call never returns) started, hooked or not; the spans exported while it
-    hangs; then it is cancelled, so the test ends."""
-    task = hook.start_run(aw, run_id) if hooked else asyncio.ensure_future(aw)
+async def _hung(aw, hooked: bool, run_id: str, finished, **kw) -> list:
+    """``aw`` (a run whose first model call never returns) started, hooked or not (``kw``: the scope's other
+    arguments); the spans exported while it hangs; then it is cancelled, so the test ends."""
+    task = hook.start_run(aw, run_id, **kw) if hooked else asyncio.ensure_future(aw)
     await asyncio.sleep(0.5)
     spans = list(finished())
     task.cancel()
@@ -415,6 +415,31 @@ def hung_first_call(runtime: str, tracer_provider, finished, hooked: bool) -> tu
         try:
             a = OAAgent(name=_name("oa-hung-first", hooked), model=FakeModel("lookup", hang_at=1), tools=[lookup])
             return a.name, asyncio.run(_hung(Runner.run(a, f"task {SECRET}"), hooked, run_id, finished))
+        finally:
+            instrumentor.uninstrument()
+    if runtime == "langgraph":
+        from openinference.instrumentation.langchain import LangChainInstrumentor
+
+        from tests.otel.langgraph_runs import FakeToolModel, _react, lookup
+
+        class Never(FakeToolModel):
+            """A chat model whose call never returns."""
+
+            async def _agenerate(self, *a, **k):
+                await asyncio.Event().wait()
+
+            async def _astream(self, *a, **k):
+                await asyncio.Event().wait()
+                yield
+
+        instrumentor = LangChainInstrumentor()
+        instrumentor.instrument(tracer_provider=tracer_provider)
+        try:
+            name = _name("lg-hung-first", hooked)
+            a = _react(Never(messages=iter([])), [lookup], name=name)
+            # the graph's span shows nothing as it starts: the scope names the run (its id and agent)
+            msgs = {"messages": [("user", f"task {SECRET}")]}
+            return name, asyncio.run(_hung(a.ainvoke(msgs), hooked, run_id, finished, agent=name))
         finally:
             instrumentor.uninstrument()
     assert runtime == "adk", runtime

@@ -22,7 +22,10 @@ run span starts, the hook also exports a **start marker**, a child of it that en
 content and carries the run's attributes (``loopwarden.marker``): the bridge publishes the run from
 it, and the run goes STUCK if nothing follows. The hook knows a run span as it starts by the
 attributes it starts with, or by its GenAI name ``invoke_agent <agent>`` (ADK sets its attributes at
-the end); a runtime that names its runs only at their end (LangGraph through OpenInference) gets none.
+the end). A runtime that tells its spans only at their end (LangGraph through OpenInference) starts its
+run span showing nothing: in a scope given a run id, the scope's first span, when it starts telling
+nothing of what it is, is taken for the run and gets the marker (one per scope, as a run span's). Without a
+run id there is none: LangGraph's ``thread_id``, read as its spans end, then names the run.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from loopwarden.codecs.events import Policy
-from loopwarden.stages.otel.mapping import ROLE_RUN, classify, select_runtime
+from loopwarden.stages.otel.mapping import ROLE_OTHER, ROLE_RUN, classify, select_runtime
 
 try:
     from opentelemetry import trace as trace_api
@@ -112,6 +115,23 @@ def _starts_run(span: Any) -> tuple[bool, str]:
     return False, ""
 
 
+# the GenAI span name is "<operation> <target>": a span starting under one of these names says what it is
+_GENAI_OPS = frozenset(("chat", "generate_content", "text_completion", "embeddings", "execute_tool", "invoke_agent",
+                        "create_agent", "invoke_workflow"))
+
+
+def _tells_nothing(span: Any) -> bool:
+    """Whether a span starts with nothing telling its role: no operation or span kind, no telling name."""
+    attrs = span.attributes or {}
+    if "gen_ai.operation.name" in attrs or "openinference.span.kind" in attrs or "ai.operationId" in attrs:
+        return False
+    if span.name.split(" ", 1)[0] in _GENAI_OPS:
+        return False
+    scope = span.instrumentation_scope.name if span.instrumentation_scope is not None else ""
+    _, row = select_runtime(scope, span.name, attrs)
+    return classify(row, span.name, attrs) == ROLE_OTHER
+
+
 def _start_marker(span: Any, attrs: dict[str, Any]) -> ReadableSpan:
     """The start marker of a run span that just started: its child, ended at once, with ``attrs`` only."""
     ctx = span.get_span_context()
@@ -165,6 +185,7 @@ class Run:
         self._runs: set[int] = set()  # spans that were run spans when they started
         self._outer: int | None = None  # the outermost of them
         self._started_runs = 0  # run spans a start marker was sent for
+        self._spans = 0  # spans started in the scope
         self._held: list[tuple[RunSpans, ReadableSpan]] = []
         self._closed = False
         self._token: contextvars.Token | None = None
@@ -238,6 +259,8 @@ class Run:
         parent = span.parent
         is_run = _is_run_span(span)  # by the attributes it starts with: some runtimes name a run only at its end
         with self._lock:
+            first_span = self._spans == 0
+            self._spans += 1
             self._open[ctx.span_id] = span
             if parent is not None:
                 self._parent[ctx.span_id] = parent.span_id
@@ -251,13 +274,22 @@ class Run:
             # sub-agent's (where no run is named yet, every span does).
             ours = owner is None or owner == self._outer
             stop = self._stop_event
+        blank = first_span and RUN_ID in self._run_attrs and _tells_nothing(span)  # before the run's marks
         if ours and self._run_attrs:
             span.set_attributes(self._run_attrs)
         if stop is not None:  # a span started after the cancel (a cleanup step) is part of the stop too
             self._stamp(span, stop)
         starts, agent = _starts_run(span)
         if not starts:
-            return None
+            if not blank:
+                return None
+            # A span telling nothing as it starts may be a run span told only at its end (LangGraph's graph
+            # span through OpenInference): first in a scope that names its run, it is the run. The marker
+            # names the agent as the bridge would from the run span (its name), unless the scope does.
+            with self._lock:
+                self._started_runs += 1
+            name = {AGENT: span.name[:100]} if span.name else {}
+            return _start_marker(span, {**name, **self._run_attrs, **self._agent})
         with self._lock:
             first = self._started_runs == 0  # the first run span of the scope is its run; a later one a sub-agent
             self._started_runs += 1
