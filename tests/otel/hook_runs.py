@@ -451,3 +451,23 @@ def hung_first_call(runtime: str, tracer_provider, finished, hooked: bool) -> tu
     name = _name("adk_hung_first", hooked)
     a = LlmAgent(name=name, model=_fake_llm("lookup", hang=True), tools=[lookup])
     return name, asyncio.run(_hung(_run(a), hooked, run_id, finished))
+
+
+def langgraph_named_run(tracer_provider) -> str:
+    """A LangGraph run that finishes, in a scope naming its run id (``lg-named-run``) and agent: the agent."""
+    from openinference.instrumentation.langchain import LangChainInstrumentor
+
+    from tests.otel.langgraph_runs import _agent, _answer, _calls, lookup
+
+    async def go(a) -> None:
+        with hook.run("lg-named-run", agent=a.name):
+            await a.ainvoke({"messages": [("user", f"task {SECRET}")]})
+
+    instrumentor = LangChainInstrumentor()
+    instrumentor.instrument(tracer_provider=tracer_provider)
+    try:
+        a = _agent("lg-named-hook", [_calls("lookup"), _answer()], [lookup])
+        asyncio.run(go(a))
+        return a.name
+    finally:
+        instrumentor.uninstrument()

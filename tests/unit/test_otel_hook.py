@@ -111,6 +111,41 @@ def test_the_agent_given_to_the_scope_names_its_run_on_its_start_marker():
         "chat model": None, "invoke_agent x": None}
 
 
+def test_a_scope_with_a_run_id_sends_one_marker_on_its_first_span_when_that_span_starts_telling_nothing():
+    """OpenInference tells a span only as it ends: the scope's first span gets the one marker, with the run's marks."""
+    s = Spans("openinference.instrumentation.langchain")
+    with hook.run("run-7", agent="graph-agent", policy=POLICY):
+        with s.tracer.start_as_current_span("LangGraph") as graph:
+            with s.tracer.start_as_current_span("agent"), s.tracer.start_as_current_span("ChatModel"):
+                (marker,) = s.markers()  # as the graph's span started, before anything ended
+    assert [m.context.span_id for m in s.markers()] == [marker.context.span_id]
+    assert marker.parent.span_id == graph.get_span_context().span_id
+    assert marker.instrumentation_scope.name == "openinference.instrumentation.langchain"
+    assert {k: v for k, v in marker.attributes.items() if k != "loopwarden.policy"} == {
+        "loopwarden.marker": "run_start", "loopwarden.run.id": "run-7", "loopwarden.agent": "graph-agent"}
+    assert json.loads(marker.attributes["loopwarden.policy"])["version"] == "app@1"
+    s = Spans("openinference.instrumentation.langchain")
+    with hook.run("run-8"), s.tracer.start_as_current_span("LangGraph"):
+        pass
+    assert s.markers()[0].attributes["loopwarden.agent"] == "LangGraph"  # the bridge's name for the run span
+
+
+def test_no_first_span_marker_without_a_run_id_or_on_a_first_span_that_says_what_it_is():
+    """Without a run id LangGraph's thread names the run; a first span telling its role leaves the run span's marker."""
+    s = Spans("openinference.instrumentation.langchain")
+    with hook.run(agent="graph-agent"), s.tracer.start_as_current_span("LangGraph"):
+        pass
+    assert s.markers() == []
+    s = Spans("opentelemetry.instrumentation.openai_agents")
+    with hook.run("run-7"):
+        with s.tracer.start_as_current_span("Agent workflow", attributes={"gen_ai.operation.name": "invoke_agent"}):
+            with s.agent("outer") as outer:
+                pass
+    (marker,) = s.markers()
+    assert marker.parent.span_id == outer.get_span_context().span_id
+    assert marker.attributes["loopwarden.run.id"] == "run-7"
+
+
 def test_no_start_marker_outside_a_run_scope():
     """Without a scope the hook sends nothing of its own."""
     s = Spans()

@@ -6,7 +6,7 @@ import functools
 
 import pytest
 
-from loopwarden.codecs import RunStarted
+from loopwarden.codecs import RunEnded, RunStarted
 from tests.otel import hook_runs
 from tests.otel.bridge import compared, final_by_agent, in_memory, one_per_span, replay, through_bridge
 from tests.otel.pydantic_ai_runs import SECRET
@@ -68,3 +68,19 @@ def test_a_run_hung_in_its_first_model_call_goes_stuck_with_the_hook_and_is_unse
         assert (started.agent, started.run_id) == (agent, f"hung-{runtime}")
         assert {run: (t.to_state, t.reason) for run, t in replay(events, advance_s=400).final.items()} == {
             started.run_id: ("STUCK", "no_progress")}
+
+
+def test_a_langgraph_run_marked_at_its_graph_span_keeps_its_row_and_its_segment_starts_with_the_graph():
+    """The first-span marker of a named LangGraph scope: one run of the OpenInference row, ending as it did."""
+    provider, exporter = in_memory(hooked=True)
+    agent = hook_runs.langgraph_named_run(provider)
+    spans = exporter.get_finished_spans()
+    (graph,) = [s for s in spans if s.name == agent]
+    assert [s.parent.span_id for s in spans if s.attributes.get("loopwarden.marker")] == [graph.context.span_id]
+    events = through_bridge(one_per_span(spans)).events()
+    (started,) = [e for e in events if isinstance(e, RunStarted)]
+    (ended,) = [e for e in events if isinstance(e, RunEnded)]
+    assert (started.run_id, started.agent, started.ts) == ("lg-named-run", agent, graph.start_time // 1_000_000)
+    assert started.policy.version.startswith("otel:openinference.instrumentation.langchain@")
+    assert (ended.cause, ended.step_count, ended.segment) == ("natural_finish", 2, started.ts)
+    assert final_by_agent(events) == {agent: ("VERIFYING", "natural_finish")}
