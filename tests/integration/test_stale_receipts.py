@@ -65,8 +65,11 @@ def test_the_worker_refuses_an_old_signed_receipt_for_a_reused_run_id_before_and
         run(tick(config, t0 + 600_000))  # retention (60 s) passes: the run is dropped to its tomb
         t1 = t0 + 700_000
         second = _occurrence(run_id, t1)
-        run(publish(config, [*_steps(second[:2]), old_message, *_steps(second[2:]), old_message]))
-        wait_consumed(worker, 4 + 5)
+        # One at a time, each once the worker consumed the last: an old receipt is stamped behind the steps'
+        # stream time, so it is applied as it arrives and could overtake the run_started it must follow.
+        for n, batch in ((6, _steps(second[:2])), (7, [old_message]), (8, _steps(second[2:])), (9, [old_message])):
+            run(publish(config, batch))
+            wait_consumed(worker, n)
         out = run(read_topic(config, config.health_topic, lambda rs: len(states(rs)) >= n1 + 2))
         time.sleep(2)  # anything the re-sent receipts would have caused has had time to come out
         out = run(read_topic(config, config.health_topic, lambda rs: len(states(rs)) > n1 + 2, timeout_s=5))

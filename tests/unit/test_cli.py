@@ -3,6 +3,7 @@ ignore refused, and the Kafka commands without the [processor] extra naming what
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from dataclasses import fields
@@ -192,8 +193,11 @@ def test_ctrl_c_while_a_worker_starts_is_no_traceback(after_s: float) -> None:
     with socket.socket() as silent:  # a broker that accepts connections and never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen()
+        # A start stuck on a silent broker ends by the shutdown watchdog: 2 s here, 30 s by default.
+        env = {**os.environ, "LOOPWARDEN_SHUTDOWN_TIMEOUT_S": "2"}
         proc = subprocess.Popen([sys.executable, "-m", "loopwarden.cli", "worker", "--web-port", "0",
-                                 "--broker", f"127.0.0.1:{silent.getsockname()[1]}"], stderr=subprocess.PIPE, text=True)
+                                 "--broker", f"127.0.0.1:{silent.getsockname()[1]}"], stderr=subprocess.PIPE, text=True,
+                                env=env)
         first = proc.stderr.readline()
         assert first.startswith("loopwarden worker: broker="), first
         time.sleep(after_s)
