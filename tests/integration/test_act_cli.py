@@ -76,7 +76,8 @@ def test_a_persons_retry_from_the_cli_becomes_a_restart_decided_by_them_and_an_u
                  in worker.get("/metrics")[1].decode())
         res = subprocess.run(
             [sys.executable, "-m", "loopwarden.cli", "act", run_id, "retry", "--reason", "the ERP is back",
-             "--key", str(tmp_path / "oncall.pem"), "--override-bound", "--actor", "dana", "--run-started-ts", str(now)],
+             "--key", str(tmp_path / "oncall.pem"), "--override-bound", "--actor", "dana",
+             "--run-started-ts", str(now)],
             env=env_for(config), capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr
         actions = run(read_topic(config, config.actions_topic, lambda rs: len(rs) >= 1, timeout_s=60))
