@@ -24,8 +24,8 @@ from loopwarden.codecs import (
 )
 from loopwarden.rules import DEFAULT_SETTINGS, RunState, Settings
 from loopwarden.codecs.events import OperatorAction, RecoveryAction, RecoveryPolicy
-from loopwarden.rules.machine import Result
-from loopwarden.rules.recovery import unknown_run, with_default
+from loopwarden.rules.machine import Result, unknown_run
+from loopwarden.rules.recovery import with_default
 from loopwarden.rules.table import RunTable
 
 

@@ -200,6 +200,12 @@ class Result(Struct, gc=False):  # never in a reference cycle: one event's outpu
     actions: list[RecoveryAction] = []
 
 
+def unknown_run(state: RunState | None) -> bool:
+    """Whether a person's action names a run loopwarden does not hold (never seen, never started, or dropped
+    after retention): the shells dead-letter it with the reason ``unknown_run`` rather than make a run of it."""
+    return state is None or state.tomb or state.health is None
+
+
 # -- helpers ------------------------------------------------------------------
 def _ms(seconds: float) -> int:
     return int(round(seconds * 1000))

@@ -17,15 +17,11 @@ worker and offline replay decide the same actions. The safety rules are fixed he
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from typing import TYPE_CHECKING
 
 from msgspec import UNSET
 from msgspec.structs import replace
 
 from loopwarden.codecs.events import Policy, RecoveryAction, RecoveryPolicy, RunStarted
-
-if TYPE_CHECKING:  # machine imports this module
-    from loopwarden.rules.machine import RunState
 
 ATTEMPTS_EXHAUSTED = "attempts_exhausted"
 # The safety rules' own reasons for an escalation the policy did not ask for.
@@ -126,9 +122,3 @@ def with_default(event: RunStarted, defaults: Mapping[str, RecoveryPolicy]) -> R
 
 
 _DEFAULTED: dict[tuple[Policy, int], Policy] = {}
-
-
-def unknown_run(state: RunState | None) -> bool:
-    """Whether a person's action names a run loopwarden does not hold (never seen, never started, or dropped
-    after retention): the shells dead-letter it with the reason ``unknown_run`` rather than make a run of it."""
-    return state is None or state.tomb or state.health is None

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 
 from loopwarden.codecs.events import OperatorAction, RecoveryPolicy, RunStarted
 from loopwarden.engine.stage import DeadLetter
-from loopwarden.rules.machine import RunState
-from loopwarden.rules.recovery import unknown_run, with_default
+from loopwarden.rules.machine import RunState, unknown_run
+from loopwarden.rules.recovery import with_default
 from loopwarden.stages.health.batch import HealthFolded
 
 PREPARED = frozenset((RunStarted, OperatorAction))
