@@ -720,11 +720,8 @@ function decodeRecoveryPolicy(r: Reader): RecoveryPolicy {
   return recovery;
 }
 
-/**
- * Decode and validate one `recovery_action` read from `agent.actions` (a JSON text or a parsed value).
- * Unknown fields are dropped. Raises LoopwardenDecodeError naming the offending path.
- */
-export function decodeRecoveryAction(input: string | unknown): RecoveryAction {
+/** A Reader over a JSON text or an already parsed value, which must be an object. */
+function readerOf(input: string | unknown): Reader {
   let value: unknown = input;
   if (typeof input === 'string') {
     try {
@@ -734,7 +731,15 @@ export function decodeRecoveryAction(input: string | unknown): RecoveryAction {
     }
   }
   if (!isObj(value)) throw new LoopwardenDecodeError('Expected `object`', '$');
-  const r = new Reader(value, '$');
+  return new Reader(value, '$');
+}
+
+/**
+ * Decode and validate one `recovery_action` read from `agent.actions` (a JSON text or a parsed value).
+ * Unknown fields are dropped. Raises LoopwardenDecodeError naming the offending path.
+ */
+export function decodeRecoveryAction(input: string | unknown): RecoveryAction {
+  const r = readerOf(input);
   r.oneOf('type', ['recovery_action'] as const);
   const action: RecoveryAction = {
     type: 'recovery_action',
@@ -801,16 +806,7 @@ function decodeEvidence(r: Reader, key: string): Record<string, EvidenceValue> {
  * Raises LoopwardenDecodeError naming the offending path.
  */
 export function decodeEvent(input: string | unknown): LoopwardenEvent {
-  let value: unknown = input;
-  if (typeof input === 'string') {
-    try {
-      value = JSON.parse(input);
-    } catch (exc) {
-      throw new LoopwardenDecodeError(`Invalid JSON: ${(exc as Error).message}`, '$');
-    }
-  }
-  if (!isObj(value)) throw new LoopwardenDecodeError('Expected `object`', '$');
-  const r = new Reader(value, '$');
+  const r = readerOf(input);
   const type = r.oneOf('type', EVENT_TYPES);
   if (type === 'health_transition') return decodeHealthTransition(r);
   const run_id = r.str('run_id', { min: 1, max: L.runId });
