@@ -68,6 +68,17 @@ async def produce(bootstrap: str, topic: str, actions: list[RecoveryAction], abo
         await producer.stop()
 
 
+def loaded(kafka, tmp_path: Path, actions_of, aborted: int = 0) -> tuple[str, str, list, list, Receiver]:
+    """A topic of its own holding the actions ``actions_of(tag, now_ms)`` makes (in committed transactions, and
+    ``aborted`` more in an aborted one), and a receiver up: (tag, topic, actions, aborted actions, receiver)."""
+    tag = uuid.uuid4().hex[:8]
+    topic, now = f"actions-{tag}", int(time.time() * 1000)
+    actions, dropped = actions_of(tag, now), [action(i, "aborted" + tag, now) for i in range(aborted)]
+    asyncio.run(make_topic(kafka.bootstrap, topic))
+    asyncio.run(produce(kafka.bootstrap, topic, actions, dropped))
+    return tag, topic, actions, dropped, Receiver(tmp_path, SECRET, free_port()).up()
+
+
 def deliverer(bootstrap: str, topic: str, group: str, receiver: Receiver, tmp: Path, metrics_port: int) -> subprocess.Popen:
     secret = tmp / "secret"
     secret.write_bytes(SECRET + b"\n")
@@ -117,13 +128,9 @@ def assert_repeats_are_the_same_action(receiver: Receiver) -> None:
 def test_every_action_is_delivered_through_500s_and_a_10_s_outage_of_the_receiver(kafka, tmp_path: Path) -> None:
     """The receiver answers 500, then is down for 10 s: every committed action arrives, signed, none early,
     none lost, none from an aborted transaction; repeats carry the same action_id and body."""
-    tag = uuid.uuid4().hex[:8]
-    topic, now = f"actions-{tag}", int(time.time() * 1000)
-    actions = [action(i, tag, now, backoff_ms=6_000 if i % 7 == 0 else 0) for i in range(60)]
-    aborted = [action(i, "aborted" + tag, now) for i in range(5)]
-    asyncio.run(make_topic(kafka.bootstrap, topic))
-    asyncio.run(produce(kafka.bootstrap, topic, actions, aborted))
-    receiver = Receiver(tmp_path, SECRET, free_port()).up()
+    tag, topic, actions, aborted, receiver = loaded(
+        kafka, tmp_path, aborted=5,
+        actions_of=lambda tag, now: [action(i, tag, now, backoff_ms=6_000 if i % 7 == 0 else 0) for i in range(60)])
     receiver.status = 500
     port = free_port()
     proc = deliverer(kafka.bootstrap, topic, f"g-{tag}", receiver, tmp_path, port)
@@ -161,12 +168,8 @@ def test_every_action_is_delivered_through_500s_and_a_10_s_outage_of_the_receive
 def test_a_deliverer_killed_mid_stream_delivers_the_rest_when_restarted(kafka, tmp_path: Path) -> None:
     """SIGKILL while delivering: the restarted deliverer (same group) delivers every action not yet taken,
     from the committed offsets, repeating only actions whose delivery was not committed, with their own id."""
-    tag = uuid.uuid4().hex[:8]
-    topic, now = f"actions-{tag}", int(time.time() * 1000)
-    actions = [action(i, tag, now) for i in range(400)]
-    asyncio.run(make_topic(kafka.bootstrap, topic))
-    asyncio.run(produce(kafka.bootstrap, topic, actions))
-    receiver = Receiver(tmp_path, SECRET, free_port()).up()
+    tag, topic, actions, _, receiver = loaded(kafka, tmp_path,
+                                              lambda tag, now: [action(i, tag, now) for i in range(400)])
     receiver.delay_s = 0.1  # about 160 a second with the deliverer's 16 at once: the kill lands mid-stream
     proc = deliverer(kafka.bootstrap, topic, f"g-{tag}", receiver, tmp_path, free_port())
     try:
@@ -191,12 +194,8 @@ def test_a_deliverer_killed_mid_stream_delivers_the_rest_when_restarted(kafka, t
 def test_a_second_deliverer_joining_mid_stream_takes_partitions_over_without_losing_an_action(kafka, tmp_path: Path) -> None:
     """A rebalance moves partitions while their actions are in flight: the first deliverer commits what was
     delivered and drops the rest, the second posts the rest; every action arrives, repeats with their own id."""
-    tag = uuid.uuid4().hex[:8]
-    topic, now = f"actions-{tag}", int(time.time() * 1000)
-    actions = [action(i, tag, now) for i in range(400)]
-    asyncio.run(make_topic(kafka.bootstrap, topic))
-    asyncio.run(produce(kafka.bootstrap, topic, actions))
-    receiver = Receiver(tmp_path, SECRET, free_port()).up()
+    tag, topic, actions, _, receiver = loaded(kafka, tmp_path,
+                                              lambda tag, now: [action(i, tag, now) for i in range(400)])
     receiver.delay_s = 0.5  # about 30 a second: the rebalance lands mid-stream
     first = deliverer(kafka.bootstrap, topic, f"g-{tag}", receiver, tmp_path, free_port())
     second, port = None, free_port()
