@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import PublishInBackground, make_worker, read_all, run, tick, unique_config
+from tests.integration.harness import read_all, run, sigkill_while_publishing, tick, unique_config
 from tests.recovery_fleet import recovery_fleet
 from tests.recovery_kafka import ADVANCE_MS, differences, messages, policies_file, read_actions, replay_actions
 
@@ -28,17 +26,8 @@ def test_sigkill_while_runs_with_a_policy_flow_publishes_each_action_once(kafka,
     events = recovery_fleet(RUNS, seed=9)
     expected = replay_actions(events)
     config = unique_config(kafka.bootstrap, recovery_policies=policies_file(tmp_path))
-    publisher = PublishInBackground(config, messages(events), chunk=150, pause_s=0.4)
-    kills = 0
-    worker = make_worker(config, tmp_path, "k0", clock="event", batch_max_records=200).start()
-    publisher.start()
-    while kills < 5 or not publisher.done.is_set():
-        time.sleep(1.5 + (kills % 3) * 0.5)  # mid-batch: transactions in flight
-        worker.stop(signal.SIGKILL)
-        kills += 1
-        worker = make_worker(config, tmp_path, f"k{kills}", clock="event", batch_max_records=200).start()
-    publisher.join(60)
-    assert not publisher.errors, publisher.errors
+    worker, kills = sigkill_while_publishing(config, tmp_path, messages(events), chunk=150, min_kills=5,
+                                             batch_max_records=200)
     try:
         run(tick(worker.config, max(e["ts"] for e in events) + ADVANCE_MS))
         read_actions(worker.config, len(expected), timeout_s=240)

@@ -20,12 +20,12 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from loopwarden.simulate import fleet
 from tests.faults.oracle import check, figures
 from tests.integration.harness import (
-    PublishInBackground,
     final_states,
     make_worker,
     publish,
     read_topic,
     run,
+    sigkill_while_publishing,
     tick,
     transitions,
     unique_config,
@@ -55,17 +55,7 @@ def test_sigkill_every_few_seconds_while_a_fleet_is_published(kafka, tmp_path: P
     config = unique_config(kafka.bootstrap)
     messages = fleet(4000, seed=17, bad_every=0)
     expected, last = replay_final(messages)
-    publisher = PublishInBackground(config, messages, chunk=500, pause_s=0.4)
-    kills = 0
-    worker = make_worker(config, tmp_path, "k0", clock="event", batch_max_records=500).start()
-    publisher.start()
-    while kills < 6 or not publisher.done.is_set():
-        time.sleep(1.5 + (kills % 3) * 0.5)  # mid-batch: transactions in flight
-        worker.stop(signal.SIGKILL)
-        kills += 1
-        worker = make_worker(config, tmp_path, f"k{kills}", clock="event", batch_max_records=500).start()
-    publisher.join(60)
-    assert not publisher.errors, publisher.errors
+    worker, kills = sigkill_while_publishing(config, tmp_path, messages, chunk=500, min_kills=6, batch_max_records=500)
     try:
         run(tick(worker.config, last + ADVANCE_MS))
         ts = wait_final(worker.config, expected, timeout_s=240)

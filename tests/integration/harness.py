@@ -162,6 +162,25 @@ class PublishInBackground(threading.Thread):
             self.done.set()
 
 
+def sigkill_while_publishing(config: Config, tmp: Path, messages: list, *, chunk: int, min_kills: int,
+                             **overrides) -> tuple[Worker, int]:
+    """Publish ``messages`` in the background while a worker (event clock, ``overrides``) is SIGKILLed every
+    1.5-3 s, mid-batch, and started again, at least ``min_kills`` times and until everything is published.
+    Returns the worker left running and the kills."""
+    publisher = PublishInBackground(config, messages, chunk=chunk, pause_s=0.4)
+    kills = 0
+    worker = make_worker(config, tmp, "k0", clock="event", **overrides).start()
+    publisher.start()
+    while kills < min_kills or not publisher.done.is_set():
+        time.sleep(1.5 + (kills % 3) * 0.5)  # mid-batch: transactions in flight
+        worker.stop(signal.SIGKILL)
+        kills += 1
+        worker = make_worker(config, tmp, f"k{kills}", clock="event", **overrides).start()
+    publisher.join(60)
+    assert not publisher.errors, publisher.errors
+    return worker, kills
+
+
 async def tick(config: Config, now_ms: int) -> None:
     from loopwarden.stages.health.task import Tick, encode_tick
 
