@@ -86,6 +86,7 @@ RECOVERY_POLICY = {"*": {"max_attempts": 3, "backoff_s": 30, "idempotent_tools":
 ALT_ENV: dict[str, str] = {}  # worker-alt's extra environment (bench.run --alt-env KEY=VALUE)
 # --alt-env LOOPWARDEN_BENCH_ALT_TREE=DIR: worker-alt runs DIR's loopwarden (before/after in the same rounds)
 ALT_TREE = "LOOPWARDEN_BENCH_ALT_TREE"
+PROFILE_DIR = ""  # bench.run --profile DIR: the workers under cProfile, their stats into DIR (slower; where time goes)
 KSTREAMS = REPO / "bench" / "peers" / "kstreams" / "target"
 SAMPLE_S = 0.05  # the worker's progress (its committed offsets) is sampled this often; peers mark it themselves
 READY_TIMEOUT_S = 120.0
@@ -558,6 +559,8 @@ async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s
             env["LOOPWARDEN_RECOVERY_POLICIES"] = str(adir / "recovery.json")
         env.update(env_extra or {})
         argv = [sys.executable, "-m", "loopwarden.cli", "worker"]
+        if PROFILE_DIR:
+            argv[1:1] = ["-m", "cProfile", "-o", str(Path(PROFILE_DIR) / f"{app}-{tag}.prof")]
     else:
         output = f"{app}-out-{tag}"
         if app != "faust":

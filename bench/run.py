@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=None, help="the ingest bench's rounds (default 3, 1 with --quick)")
     parser.add_argument("--events", type=int, default=None, help="the ingest bench's backlog (default 600,000)")
     parser.add_argument("--keep", action="store_true", help="keep the broker and worker logs (path printed)")
+    parser.add_argument("--profile", default="", metavar="DIR",
+                        help="run the ingest bench's workers under cProfile, their stats into DIR (slower)")
     args = parser.parse_args(argv)
     size = QUICK if args.quick else FULL
     only = set(args.only or BENCHES)
@@ -52,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not key.startswith("LOOPWARDEN_"):
             parser.error(f"--alt-env: {pair!r} is not LOOPWARDEN_NAME=VALUE")
         ingest_bench.ALT_ENV[key] = value
+    ingest_bench.PROFILE_DIR = args.profile
     report = Report("loopwarden bench")
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="loopwarden-bench-"))
