@@ -119,6 +119,8 @@ def _memo(policy: Policy | None) -> tuple[Policy | None, CompiledPolicy]:
 
 def intern_policy(policy: Policy | None) -> Policy | None:
     """An equal policy shared by every run that has it (runs keep one object, not one each)."""
+    if id(policy) in _BY_ID:  # the shared object itself: a key of _COMPILED, so no other object has its id
+        return policy  # not hashed again (a policy with a recovery policy hashes that too: ~0.3 µs)
     return _memo(policy)[0]
 
 

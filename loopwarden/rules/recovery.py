@@ -22,6 +22,7 @@ from msgspec import UNSET
 from msgspec.structs import replace
 
 from loopwarden.codecs.events import Policy, RecoveryAction, RecoveryPolicy, RunStarted
+from loopwarden.rules.conditions import intern_policy
 
 ATTEMPTS_EXHAUSTED = "attempts_exhausted"
 # The safety rules' own reasons for an escalation the policy did not ask for.
@@ -77,21 +78,27 @@ def decide(
     new_attempt = action in NEW_ATTEMPT
     # An escalation is due at once: a person waiting out a backoff learns late for nothing.
     delay_ms = 0 if action == "escalate" else round(policy.backoff_s * 1000)
-    return RecoveryAction(
-        action_id=f"{run_id}:{seq}",
-        run_id=run_id,
-        agent=agent,
-        job_id=job_id or run_id,
-        attempt=attempt,
-        next_attempt=attempt + 1 if new_attempt else None,
-        action=action,
-        reason=why,
-        ts=ts,
-        not_before_ts=ts + delay_ms,
-        next_policy=policy.next_policy if new_attempt else None,
-        escalate_to=policy.escalate_to,
-        decided_by=f"policy:{policy_version}",
+    return RecoveryAction(  # by position (its fields' order is asserted below): a third cheaper than by name
+        f"{run_id}:{seq}",
+        run_id,
+        agent,
+        job_id or run_id,
+        attempt,
+        attempt + 1 if new_attempt else None,
+        action,
+        why,
+        ts,
+        ts + delay_ms,
+        policy.next_policy if new_attempt else None,
+        policy.escalate_to,
+        f"policy:{policy_version}",
     )
+
+
+assert RecoveryAction.__struct_fields__[:13] == (
+    "action_id", "run_id", "agent", "job_id", "attempt", "next_attempt", "action", "reason", "ts", "not_before_ts",
+    "next_policy", "escalate_to", "decided_by",
+), "decide builds RecoveryAction by position: out of step with its fields"
 
 
 # The key of a default for every agent without its own, in the processor's per-agent defaults.
@@ -110,15 +117,17 @@ def with_default(event: RunStarted, defaults: Mapping[str, RecoveryPolicy]) -> R
     default = defaults.get(event.agent) or defaults.get(ANY_AGENT)
     if default is None:
         return event
-    # One defaulted policy object per (policy, default): the core interns it by value, and an object seen
-    # before hashes faster than a new one (RecoveryPolicy.__hash__).
-    key = (policy, id(default))
-    defaulted = _DEFAULTED.get(key)
-    if defaulted is None or defaulted.recovery is not default:
+    # The core interns the run's policy anyway (intern_policy, then an identity check); interned first, it keys
+    # the defaulted policies by identity, so neither the run's policy nor the defaulted one is hashed per run.
+    policy = intern_policy(policy)  # type: ignore[assignment]
+    entry = _DEFAULTED.get((id(policy), id(default)))
+    if entry is None:  # an entry holds both objects: their ids are not reused while it is kept
         if len(_DEFAULTED) >= 4096:
             _DEFAULTED.clear()
-        defaulted = _DEFAULTED[key] = replace(policy, recovery=default)
-    return replace(event, policy=defaulted)
+        entry = _DEFAULTED[id(policy), id(default)] = (policy, default,
+                                                         intern_policy(replace(policy, recovery=default)))
+    return replace(event, policy=entry[2])
 
 
-_DEFAULTED: dict[tuple[Policy, int], Policy] = {}
+# (id of an interned policy, id of a default) -> (that policy, that default, the policy with the default)
+_DEFAULTED: dict[tuple[int, int], tuple[Policy, RecoveryPolicy, Policy]] = {}
