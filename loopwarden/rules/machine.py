@@ -188,7 +188,8 @@ class RunState(Struct, gc=False):
     # occurrence is known only at the start, which refuses the stale ones. Empty once started.
     held: list[tuple[str, str, bool, int]] = []
     # docs/contract.md section 12 (docs/recovery.md): the run's part in bounded recovery; None for a run that
-    # declared no job, has no recovery policy and no person acted on (its stored bytes stay as they were).
+    # declared no job while nothing needed one (no failed tool call named for its policy, no action decided,
+    # no person's action): most runs, whose stored bytes then stay as without recovery.
     recovery: Recovery | None = None
 
 
@@ -259,9 +260,11 @@ def _move(state: RunState, res: Result, to: str, reason: str, ts: int, now_ms: i
         return
     seq = state.seq = state.seq + 1
     policy = state.policy
-    rec = state.recovery
     # decide's first rule, inline: most transitions (RUNNING, VERIFYING) are in no state a policy names
-    if rec is not None and policy is not None and (recovery := policy.recovery) is not UNSET and to in recovery.on:
+    if policy is not None and (recovery := policy.recovery) is not UNSET and to in recovery.on:
+        rec = state.recovery
+        if rec is None:  # made when first needed: a run that never needs one keeps its stored bytes small
+            rec = state.recovery = Recovery()
         action = _decide(state, rec, policy, seq, ts, to, reason)
         if action is not None:
             res.actions.append(action)
@@ -390,8 +393,6 @@ def _on_run_started(state: RunState, ev: RunStarted, now_ms: int, res: Result, c
                 attempt=1 if ev.attempt is UNSET else ev.attempt,
                 recovers=None if ev.recovers is UNSET else ev.recovers,
             )
-        elif policy.recovery is not UNSET and state.recovery is None:  # type: ignore[union-attr]
-            state.recovery = Recovery()
     else:
         _ignore(state, res, "duplicate_run_started")
     _activity(state, res, ev.ts, now_ms, at)
@@ -479,6 +480,8 @@ def _on_step(state: RunState, ev: StepFinished, now_ms: int, res: Result, compil
             seg.tool_errors += errors
             state.tool_errors += errors
             rec = state.recovery
+            if rec is None and (policy := state.policy) is not None and policy.recovery is not UNSET:
+                rec = state.recovery = Recovery()  # made when first needed, as in _move
             if rec is not None:
                 _name_failed(rec, calls)
         if settled and ev.finish_reason != "interrupted":  # is_evaluated(ev)

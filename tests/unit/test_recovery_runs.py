@@ -11,7 +11,7 @@ import pytest
 from loopwarden.codecs import decode_input
 from loopwarden.codecs.events import OperatorAction, RecoveryAction, RecoveryPolicy
 from loopwarden.replay import Replay
-from loopwarden.rules.codec import _State2, decode_state, encode_state
+from loopwarden.rules.codec import _State2, _State2R, decode_state, encode_state
 from loopwarden.rules.machine import evidence_of
 from loopwarden.stages.health.recoverypolicies import RecoveryPoliciesError, load_policies, parse_policies
 from loopwarden.trust import SigningKey, TrustedVerifiers
@@ -188,10 +188,28 @@ def test_a_state_with_recovery_survives_the_codec_and_one_without_keeps_its_byte
     state = r.states["r"]
     assert state.recovery is not None and state.recovery.failed_tools == ["charge_card"]
     assert decode_state(encode_state(state), "r") == state
+    assert len(msgspec.msgpack.decode(encode_state(state)[1:])) == len(_State2R.__struct_fields__)
     plain = replay(hangs())[0].states["r"]
     encoded = encode_state(plain)
     assert decode_state(encoded, "r") == plain
     assert len(msgspec.msgpack.decode(encoded[1:])) == len(_State2.__struct_fields__)  # no recovery element
+
+
+def test_a_run_keeps_no_recovery_record_until_its_policy_needs_one() -> None:
+    """Under a default policy a run none of whose transitions it answers stores no record; a failed call or an
+    action makes one, and the failed call still counts for the idempotence rule."""
+    policy = {"max_attempts": 2, "on": {"FAILED": "restart"}, "idempotent_tools": ["fetch"]}
+    finished = timed(started(), step(0, ("lookup", "result")), step(1), ended("natural_finish", 2))
+    r, _, actions = replay(finished, defaults={"*": policy})
+    assert actions == [] and r.states["r"].recovery is None
+    assert r.states["r"].policy.recovery == msgspec.convert(policy, RecoveryPolicy), "the default is still fixed"
+    failing = timed(started(), step(0, ("charge_card", "error")), step(1), ended("natural_finish", 2))
+    r, _, _ = replay(failing, defaults={"*": policy})
+    assert r.states["r"].recovery is not None and r.states["r"].recovery.failed_tools == ["charge_card"]
+    r, _, actions = replay(timed(started(), step(0, ("charge_card", "error")), ended("tool_error", 1)),
+                           defaults={"*": policy})
+    assert [(a.action, a.reason) for a in actions] == [("escalate", "FAILED:not_idempotent")]
+    assert r.states["r"].recovery.acted
 
 
 def test_replay_decides_the_same_actions_with_and_without_the_codec_in_between() -> None:
