@@ -24,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.errors import ProducerFenced
@@ -47,6 +48,23 @@ from loopwarden.engine.stage import Folded, Stage
 from loopwarden.engine.watch import Watch
 
 log = logging.getLogger("loopwarden.worker")
+
+
+async def unless_stopped(step: Coroutine[Any, Any, None], stopping: asyncio.Event) -> bool:
+    """Run ``step`` unless ``stopping`` is set first: True when it finished (its error raised), False when it was
+    cancelled because the process was told to stop meanwhile."""
+    task = asyncio.ensure_future(step)
+    stopped = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if task.done():
+        task.result()
+        return True
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return False
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -102,7 +120,8 @@ class Engine:
     # -- the loop ---------------------------------------------------------------------
     async def run(self) -> None:
         """Join the group, then poll → process (fold and commit per partition) → punctuate → watch, until stopped."""
-        await self.start()
+        if not await self._started():
+            return
         assert self.consumer is not None and self.watch is not None
         c = self.config
         try:
@@ -277,6 +296,19 @@ class Engine:
         await self.consumer.start()
         await self.guard.start()
         self.group.start()
+
+    async def _started(self) -> bool:
+        """:meth:`start`, given up if the engine is stopped first: False then, with the consumers it made closed.
+
+        A broker that accepts connections and never answers keeps a client's start in its bootstrap for its
+        whole request timeout (~30 s): a person's Ctrl-C there is a clean stop at once, not a wait for the
+        shutdown watchdog and then a connection error."""
+        if await unless_stopped(self.start(), self.stopping):
+            return True
+        for client in (self.consumer, self.partitions.restorer):
+            if client is not None:
+                await quietly(client.stop(), "stopping a consumer", " while starting")
+        return False
 
     def stop(self) -> None:
         self.stopping.set()

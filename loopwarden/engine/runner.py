@@ -16,7 +16,7 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
-from loopwarden.engine.loop import Engine
+from loopwarden.engine.loop import Engine, unless_stopped
 
 log = logging.getLogger("loopwarden.worker")
 
@@ -52,8 +52,8 @@ async def run_engines(engines: list[Engine], shutdown_timeout_s: float, serve: C
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held by run_process until handled here
     site = await serve()
     try:
-        if before is not None:
-            await before()
+        if before is not None and not await unless_stopped(before(), engines[0].stopping):
+            return  # told to stop while making the topics (a broker that does not answer): nothing to stop yet
         await run_together(engines)
     finally:
         await site.cleanup()

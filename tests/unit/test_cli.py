@@ -182,10 +182,12 @@ def test_a_bad_setting_from_the_environment_is_named_by_its_variable() -> None:
     assert res.stderr.strip() == "loopwarden: LOOPWARDEN_LOG_LEVEL: 'loud' must be one of debug, info, warning, error"
 
 
-@pytest.mark.parametrize("after_s", [0.0, 0.1, 0.3])
-def test_ctrl_c_while_a_worker_starts_is_no_traceback(after_s: float) -> None:
-    """SIGINT while `loopwarden worker` starts (its first line printed, the broker not answering yet) ends it
-    without a KeyboardInterrupt traceback."""
+@pytest.mark.parametrize("command, after_s", [
+    (["worker"], 0.0), (["worker"], 0.1), (["worker"], 0.3), (["worker", "--otel"], 0.3), (["bridge"], 0.3),
+], ids=["worker-at-once", "worker-0.1s", "worker-0.3s", "worker-otel", "bridge"])
+def test_ctrl_c_while_a_worker_starts_is_a_clean_stop(command: list[str], after_s: float) -> None:
+    """SIGINT while `loopwarden worker` (or the bridge) starts, its broker accepting connections and never
+    answering, is a clean stop at once: exit 0, no traceback, no connection error, no wait for the watchdog."""
     import signal
     import socket
     import time
@@ -193,14 +195,17 @@ def test_ctrl_c_while_a_worker_starts_is_no_traceback(after_s: float) -> None:
     with socket.socket() as silent:  # a broker that accepts connections and never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen()
-        # A start stuck on a silent broker ends by the shutdown watchdog: 2 s here, 30 s by default.
-        env = {**os.environ, "LOOPWARDEN_SHUTDOWN_TIMEOUT_S": "2"}
-        proc = subprocess.Popen([sys.executable, "-m", "loopwarden.cli", "worker", "--web-port", "0",
+        # The default watchdog (30 s): a start that waited out its client's bootstrap would end by it (exit 3), or
+        # by the client's own timeout with a connection error (exit 1).
+        env = {k: v for k, v in os.environ.items() if k != "LOOPWARDEN_SHUTDOWN_TIMEOUT_S"}
+        proc = subprocess.Popen([sys.executable, "-m", "loopwarden.cli", *command, "--web-port", "0",
                                  "--broker", f"127.0.0.1:{silent.getsockname()[1]}"], stderr=subprocess.PIPE, text=True,
                                 env=env)
         first = proc.stderr.readline()
-        assert first.startswith("loopwarden worker: broker="), first
+        assert first.startswith(f"loopwarden {command[0]}: broker="), first
         time.sleep(after_s)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "cannot connect" not in err and "did not stop" not in err, err
+    assert proc.returncode == 0, err
