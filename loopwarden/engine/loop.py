@@ -1,14 +1,12 @@
 """The engine: runs one stage's batched, exactly-once consume → fold → produce loop on aiokafka.
 
-:meth:`Engine.run` is the loop: poll a batch, hand each owned partition its records
-and start its pipeline (fold, then one transaction: :mod:`loopwarden.engine.checkpoint`),
-punctuate on the stage's interval, watch lag and stalls, retry partitions not owned (beside the loop:
-:mod:`loopwarden.engine.reowning`).
-Partitions never wait for each other's transactions; a partition's next fold waits for
-its own previous commit (it needs those states). Everything a partition has is one
-:class:`~loopwarden.engine.partition.OwnedPartition`; owning one is
-:mod:`loopwarden.engine.recovery`; what a stage is, :mod:`loopwarden.engine.stage`; the
-group's committed offsets follow the transactions from :mod:`loopwarden.engine.groupcommit`.
+:meth:`Engine.run` is the loop: poll a batch, hand each owned partition its records and start its pipeline
+(fold, then one transaction: :mod:`loopwarden.engine.checkpoint`), punctuate on the stage's interval, watch lag
+and stalls, retry partitions not owned (beside the loop: :mod:`loopwarden.engine.reowning`). Partitions never
+wait for each other's transactions; a partition's next fold waits for its own previous commit (it needs those
+states). Everything a partition has is one :class:`~loopwarden.engine.partition.OwnedPartition`; owning one is
+:mod:`loopwarden.engine.recovery`; what a stage is, :mod:`loopwarden.engine.stage`; the group's committed
+offsets follow the transactions from :mod:`loopwarden.engine.groupcommit`.
 
 A transaction that fails drops its partition and owns it again from the changelog and the committed offsets
 (its batch is consumed again); one fenced drops it until the group assigns it again or two session timeouts pass.
@@ -24,8 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.errors import ProducerFenced
@@ -35,7 +32,7 @@ from loopwarden.engine.checkpoint import Checkpoint
 from loopwarden.engine.config import EngineConfig
 from loopwarden.engine.groupcommit import GroupCommitter
 from loopwarden.engine.layoutguard import LayoutGuard
-from loopwarden.engine.manager import RECOVERABLE, PartitionManager, quietly
+from loopwarden.engine.manager import RECOVERABLE, PartitionManager, quietly, unless_stopped
 from loopwarden.engine.metrics import EngineMetrics
 from loopwarden.engine.outputs import Router, deadletter_output
 from loopwarden.engine.partition import AssignedPartition, OwnedPartition
@@ -48,23 +45,6 @@ from loopwarden.engine.stage import Folded, Stage
 from loopwarden.engine.watch import Watch
 
 log = logging.getLogger("loopwarden.worker")
-
-
-async def unless_stopped(step: Coroutine[Any, Any, None], stopping: asyncio.Event) -> bool:
-    """Run ``step`` unless ``stopping`` is set first: True when it finished (its error raised), False when it was
-    cancelled because the process was told to stop meanwhile."""
-    task = asyncio.ensure_future(step)
-    stopped = asyncio.ensure_future(stopping.wait())
-    try:
-        await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-    if task.done():
-        task.result()
-        return True
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    return False
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -120,8 +100,8 @@ class Engine:
     # -- the loop ---------------------------------------------------------------------
     async def run(self) -> None:
         """Join the group, then poll → process (fold and commit per partition) → punctuate → watch, until stopped."""
-        if not await self._started():
-            return
+        if not await unless_stopped(self.start(), self.stopping):  # a signal while its clients bootstrap (~30 s)
+            return await self._stop_consumers(" while starting")
         assert self.consumer is not None and self.watch is not None
         c = self.config
         try:
@@ -270,11 +250,10 @@ class Engine:
     async def drain(self) -> None:
         """Wait for every pipeline in flight (each ends once its buffer is empty); then commit the group's offsets
         where they are behind (for lag tools, settling, and workers older than the changelog's offsets record)."""
-        pipelines = []
-        for part in self.owned_partitions().values():
-            if part.pipeline is not None:
-                pipelines.append(part.pipeline)
-                part.pipeline = None
+        parts = [part for part in self.owned_partitions().values() if part.pipeline is not None]
+        pipelines = [part.pipeline for part in parts]
+        for part in parts:
+            part.pipeline = None
         await asyncio.gather(*pipelines)
         await quietly(asyncio.wait_for(self.group.commit(), 10), "committing the group's offsets")
 
@@ -297,19 +276,6 @@ class Engine:
         await self.guard.start()
         self.group.start()
 
-    async def _started(self) -> bool:
-        """:meth:`start`, given up if the engine is stopped first: False then, with the consumers it made closed.
-
-        A broker that accepts connections and never answers keeps a client's start in its bootstrap for its
-        whole request timeout (~30 s): a person's Ctrl-C there is a clean stop at once, not a wait for the
-        shutdown watchdog and then a connection error."""
-        if await unless_stopped(self.start(), self.stopping):
-            return True
-        for client in (self.consumer, self.partitions.restorer):
-            if client is not None:
-                await quietly(client.stop(), "stopping a consumer", " while starting")
-        return False
-
     def stop(self) -> None:
         self.stopping.set()
 
@@ -325,8 +291,10 @@ class Engine:
             await quietly(self.drain(), "finishing the transactions in flight", " during shutdown")
             for p in list(self.assigned):
                 await quietly(self.partitions.drop(p), f"stopping partition {p}", " during shutdown")
-        for client in (self.consumer, self.partitions.restorer):
-            if client is not None:
-                await quietly(client.stop(), "stopping a consumer", " during shutdown")
+        await self._stop_consumers(" during shutdown")
         await quietly(self.guard.stop(), "stopping the layout watch", " during shutdown")
         await self.horizons.stop()
+
+    async def _stop_consumers(self, when: str) -> None:
+        for client in filter(None, (self.consumer, self.partitions.restorer)):
+            await quietly(client.stop(), "stopping a consumer", when)

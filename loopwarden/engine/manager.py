@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Coroutine
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
@@ -249,3 +251,20 @@ async def quietly(step, what: str, when: str = "") -> None:
         await step
     except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - going on regardless
         log.warning("%s failed%s: %s: %s", what, when, type(exc).__name__, exc)
+
+
+async def unless_stopped(step: Coroutine[Any, Any, None], stopping: asyncio.Event) -> bool:
+    """Run ``step`` unless ``stopping`` is set first: True when it finished (its error raised), False when it was
+    cancelled because the process was told to stop meanwhile."""
+    task = asyncio.ensure_future(step)
+    stopped = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if task.done():
+        task.result()
+        return True
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return False

@@ -16,7 +16,8 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
-from loopwarden.engine.loop import Engine, unless_stopped
+from loopwarden.engine.loop import Engine
+from loopwarden.engine.manager import unless_stopped
 
 log = logging.getLogger("loopwarden.worker")
 
