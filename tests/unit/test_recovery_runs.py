@@ -212,6 +212,32 @@ def test_a_run_keeps_no_recovery_record_until_its_policy_needs_one() -> None:
     assert r.states["r"].recovery.acted
 
 
+# run-0042, whose lookup failed once (no job declared: its recovery record names the failed tool), stored with its
+# recovery policy in the wire's map form (still read: states already in changelogs).
+MAP_FORM_POLICY = {"max_attempts": 3, "on": {"STUCK": "resume", "FAILED": "restart"}, "backoff_s": 30,
+                   "idempotent_tools": ["lookup"], "escalate_to": "oncall",
+                   "next_policy": {"version": "v2", "inactivity_timeout_s": 120}}
+MAP_FORM = bytes.fromhex(
+    "02dc00200001a56167656e7496a2763192920014920191a4646f6e65cb404e000000000000c09086ac6d61785f617474656d"
+    "70747303a26f6e82a5535455434ba6726573756d65a64641494c4544a772657374617274a96261636b6f66665f73cb403e00"
+    "0000000000ab6e6578745f706f6c69637985a776657273696f6ea27632a973746f705f7768656ec0b4696e61637469766974"
+    "795f74696d656f75745f73cb405e000000000000b0726563656970745f77696e646f775f73cb4082c00000000000b1726571"
+    "75697265645f6f7574636f6d657390b06964656d706f74656e745f746f6f6c7391a66c6f6f6b7570ab657363616c6174655f"
+    "746fa66f6e63616c6c00ce000f462881009c010090c20f01c016911190ffc0900001c0c0909000c0c0c2c090909080919401"
+    "d1fc180025c200909080d1fc189099c001c091a66c6f6f6b757001c2c0c090")
+
+
+def test_a_state_keeps_its_recovery_policy_as_an_array_and_still_reads_the_map_form() -> None:
+    """A stored recovery policy is an array of numbers (a default policy is in every state); a state stored with
+    the map form decodes to the same policy and is written back shorter."""
+    state = decode_state(MAP_FORM, "run-0042")
+    assert state.policy.recovery == msgspec.convert(MAP_FORM_POLICY, RecoveryPolicy)
+    assert (state.recovery.job_id, state.recovery.failed_tools, state.tool_errors) == (None, ["lookup"], 1)
+    again = encode_state(state)
+    assert decode_state(again, "run-0042") == state
+    assert len(again) < len(MAP_FORM) / 2, (len(MAP_FORM), len(again))
+
+
 def test_replay_decides_the_same_actions_with_and_without_the_codec_in_between() -> None:
     """Decoding a stored state mid-run changes no decision (the worker stores states between batches)."""
     events = hangs(recovery=RESUME3, job_id="inv-42")
