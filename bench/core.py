@@ -23,6 +23,7 @@ import msgspec
 from bench.common import Report, duration, median, nbytes, progress, si, timed
 from loopwarden import gctune
 from loopwarden.codecs import InputEvent, Policy, RunStarted, StepFinished, ToolCall, Usage, decode_input
+from loopwarden.codecs.events import RecoveryPolicy
 from loopwarden.replay import Replay
 from loopwarden.rules import apply, decode_state, encode_state
 from loopwarden.simulate import fleet
@@ -235,6 +236,14 @@ def state_size(report: Report, runs: int, heap_runs: int) -> None:
     report.add(bench, f"encode_state bytes, median ({len(sizes):,} runs)", nbytes(median(sizes)),
                f"p99 {nbytes(sizes[int(len(sizes) * 0.99) - 1])}; plain msgpack RunState median {nbytes(median(plain))}")
     report.add(bench, "encode_state bytes, max", nbytes(sizes[-1]), f"plain msgpack RunState max {nbytes(plain[-1])}")
+    from bench.ingest import RECOVERY_POLICY  # bench e's default policy for every agent
+    defaults = {agent: msgspec.convert(p, RecoveryPolicy) for agent, p in RECOVERY_POLICY.items()}
+    rec = Replay(recovery_defaults=defaults)
+    for v in [m.value for m in valid_messages(runs)]:
+        rec.feed(decode_input(v))
+    with_policy = sorted(len(encode_state(s)) for s in rec.states.values())
+    report.add(bench, "encode_state bytes, median, a recovery policy on every run", nbytes(median(with_policy)),
+               f"bench e's RECOVERY_POLICY as every agent's default; p99 {nbytes(with_policy[int(len(with_policy) * 0.99) - 1])}")
     for steps in (10, 10_000):
         state, heap_entries = _state_after_steps(steps)
         report.add(bench, f"encode_state bytes, one run of {steps:,} steps", nbytes(len(encode_state(state))),
