@@ -188,7 +188,7 @@ class _RecoveryPolicy(Struct, array_like=True, frozen=True, omit_defaults=True):
 
 class _PolicyR(_Policy, array_like=True, frozen=True, omit_defaults=True):
     # A policy with a recovery policy has it as one more element; one without is written as before. The wire's
-    # map form (a RecoveryPolicy's fields, read as a dict) is still read: states stored before the array form.
+    # map form (a RecoveryPolicy's fields, read as a dict) is still read: states already in changelogs hold it.
     recovery: _RecoveryPolicy | dict | None = None
 
 
@@ -375,7 +375,7 @@ def _recovery_policy_out(r: RecoveryPolicy) -> _RecoveryPolicy:
 
 def _recovery_policy_in(r: _RecoveryPolicy | dict) -> RecoveryPolicy:
     try:
-        if type(r) is dict:  # the map form of states stored before the array form
+        if type(r) is dict:  # the wire's map form (states already in changelogs)
             return msgspec.convert(r, RecoveryPolicy)
         return RecoveryPolicy(max_attempts=r.max_attempts, on={_s(w): RECOVERY_ACTIONS[a] for w, a in r.on},  # type: ignore[misc]
                               backoff_s=r.backoff_s, next_policy=None if r.next_policy is None else _policy_in(r.next_policy),
@@ -411,7 +411,7 @@ def _policy_out(p: Policy) -> _Policy:
 def _policy_in(p: _Policy) -> Policy | None:
     try:
         found = _POLICY_IN.get(p)
-    except TypeError:  # a recovery policy in the older map form (a dict): converted each time, as it is rare
+    except TypeError:  # a recovery policy in the wire's map form (a dict): converted each time, as it is rare
         found = None
     if found is not None:
         return found
