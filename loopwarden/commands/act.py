@@ -8,7 +8,6 @@ signed it (the worker's check, as for a human receipt).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 
@@ -40,7 +39,7 @@ def add_command(sub) -> None:
 def cmd_act(args: argparse.Namespace) -> int:
     import os
 
-    from loopwarden.codecs import encode
+    from loopwarden.commands.cliutil import publish_signed
     from loopwarden.commands.verify import _key
 
     try:
@@ -51,28 +50,9 @@ def cmd_act(args: argparse.Namespace) -> int:
         raise SystemExit(f"loopwarden act: {exc}") from None
     key = _key(args.key, "act")
     action = key.sign_action(action)
-    line = encode(action)
-    if args.out:
-        from loopwarden.commands.cliutil import write_out
-
-        write_out(line, args.out)
-        return 0
-    from aiokafka.errors import KafkaConnectionError
-
-    from loopwarden.publisher import Publisher
-
-    broker = args.broker or os.environ.get("LOOPWARDEN_BROKER", "127.0.0.1:9092")
     topic = args.steps_topic or os.environ.get("LOOPWARDEN_STEPS_TOPIC", "agent.steps")
-
-    async def main() -> None:
-        async with Publisher(broker, steps_topic=topic) as pub:
-            await pub.publish(action, wait=True)
-
-    try:
-        asyncio.run(main())
-    except KafkaConnectionError as exc:
-        raise SystemExit(f"loopwarden act: cannot connect to Kafka at {broker}: {exc}; is the broker up? "
-                         "(--broker, LOOPWARDEN_BROKER)") from None
+    if not publish_signed("act", action, args.out, args.broker, topic, "steps"):
+        return 0
     who = f"{key.key_id}/{args.actor}" if args.actor else key.key_id
     print(f"loopwarden act: published {args.action} on run {args.run_id!r} to {topic} "
           f"(request {action.request_id}, signed by {who!r})", file=sys.stderr)

@@ -87,6 +87,33 @@ def write_out(line: bytes, out: str) -> None:
             f.write(line + b"\n")
 
 
+def publish_signed(command: str, event, out: str | None, broker: str | None, topic: str, role: str) -> bool:
+    """A signed event (``loopwarden receipt``, ``loopwarden act``): written to ``out`` when given (:func:`write_out`;
+    False), else published on ``topic``, the Publisher's ``role`` topic (``steps``, ``outcomes``), at ``broker``
+    (default LOOPWARDEN_BROKER, then 127.0.0.1:9092; True). A broker that cannot be reached stops ``command`` in
+    one line."""
+    from loopwarden.codecs import encode
+
+    if out:
+        write_out(encode(event), out)
+        return False
+    from aiokafka.errors import KafkaConnectionError
+
+    from loopwarden.publisher import Publisher
+
+    broker = broker or os.environ.get("LOOPWARDEN_BROKER", "127.0.0.1:9092")
+
+    async def main() -> None:
+        async with Publisher(broker, **{f"{role}_topic": topic}) as pub:
+            await pub.publish(event, wait=True)
+
+    try:
+        asyncio.run(main())
+    except KafkaConnectionError as exc:
+        raise SystemExit(cannot_connect(command, Config(broker=broker), exc)) from None
+    return True
+
+
 def plural(n: int, word: str) -> str:
     """``1 partition``, ``4 partitions``: a count and its noun (a regular plural)."""
     return f"{n} {word}" if n == 1 else f"{n} {word}s"

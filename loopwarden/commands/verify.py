@@ -127,22 +127,11 @@ def cmd_receipt(args: argparse.Namespace) -> int:
         decode_outcome_event(encode(receipt))  # what the processor would accept (lengths, ids)
     except InvalidEvent as exc:
         raise SystemExit(f"loopwarden receipt: {exc}") from None
-    line = encode(receipt)
-    if args.out:
-        from loopwarden.commands.cliutil import write_out
-
-        write_out(line, args.out)
-        return 0
-    from loopwarden.publisher import Publisher
-
-    broker = args.broker or os.environ.get("LOOPWARDEN_BROKER", "127.0.0.1:9092")
     topic = args.outcomes_topic or os.environ.get("LOOPWARDEN_OUTCOMES_TOPIC", "agent.outcomes")
+    from loopwarden.commands.cliutil import publish_signed
 
-    async def main() -> None:
-        async with Publisher(broker, outcomes_topic=topic) as pub:
-            await pub.publish(receipt, wait=True)
-
-    asyncio.run(main())
+    if not publish_signed("receipt", receipt, args.out, args.broker, topic, "outcomes"):
+        return 0
     print(f"loopwarden receipt: published {receipt.receipt_id!r} for run {args.run_id!r} "
           f"(verified={args.verified}, signed by {key.key_id!r})", file=sys.stderr)
     return 0

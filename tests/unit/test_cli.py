@@ -87,6 +87,23 @@ def test_an_unreachable_broker_is_one_line_not_a_traceback(args) -> None:
         assert res.stderr.strip() == last
 
 
+@pytest.mark.parametrize("args", [["receipt", "r1", "--kind", "file", "--verified"],
+                                  ["act", "r1", "retry", "--reason", "checked the tool"]])
+def test_a_signed_event_for_an_unreachable_broker_is_one_line_not_a_traceback(args, tmp_path) -> None:
+    """`loopwarden receipt` and `loopwarden act` at a broker nobody listens at: the client commands' one line, exit 1."""
+    from dev.localkafka import free_port
+
+    key = tmp_path / "ops.key"
+    assert cli("keys", "new", "--key-id", "ops", "--out", str(key)).returncode == 0
+    broker = f"127.0.0.1:{free_port()}"
+    res = cli(*args, "--key", str(key), "--broker", broker)
+    assert res.returncode == 1
+    assert "Traceback" not in res.stderr
+    assert res.stderr.strip().startswith(f"loopwarden {args[0]}: cannot connect to Kafka at {broker}: "), res.stderr
+    assert res.stderr.strip().endswith("; is the broker up? (--broker / LOOPWARDEN_BROKER)"), res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
 def test_dev_from_an_installed_package_says_where_the_demo_runs() -> None:
     """`loopwarden dev` (the demo needs the checkout's Maven build of Kafka) exits with what to do instead."""
     res = cli("dev")
