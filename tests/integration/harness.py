@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from dev.localkafka import free_port
 from loopwarden.publisher import Publisher
@@ -205,6 +205,16 @@ async def group_offsets(config: Config, topic: str) -> dict[int, int]:
         offsets = await admin.list_consumer_group_offsets(
             config.app_id, partitions=[TopicPartition(topic, p) for p in range(config.partitions)])
         return {tp.partition: max(0, o.offset) for tp, o in offsets.items()}
+    finally:
+        await admin.close()
+
+
+async def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    """Create ``topic`` with ``partitions`` partitions (replication 1, the local broker's)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
     finally:
         await admin.close()
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
 from dev.localkafka import free_port
 from loopwarden.codecs import encode
 from loopwarden.codecs.events import RecoveryAction
+from tests.integration.harness import create_topic
 from tests.integration.webhook_receiver import Receiver
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -38,15 +38,6 @@ def action(i: int, tag: str, now_ms: int, backoff_ms: int = 0) -> RecoveryAction
     return RecoveryAction(action_id=f"{job}:4", run_id=job, agent="invoices", job_id=job, attempt=1, next_attempt=2, action="resume",
                           reason="STUCK:inactivity_timeout", ts=now_ms, not_before_ts=now_ms + backoff_ms,
                           next_policy=None, escalate_to=None, decided_by="policy:v1")
-
-
-async def make_topic(bootstrap: str, topic: str, partitions: int = 3) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, partitions, 1)])
-    finally:
-        await admin.close()
 
 
 async def produce(bootstrap: str, topic: str, actions: list[RecoveryAction], aborted: list[RecoveryAction] = ()) -> None:
@@ -74,7 +65,7 @@ def loaded(kafka, tmp_path: Path, actions_of, aborted: int = 0) -> tuple[str, st
     tag = uuid.uuid4().hex[:8]
     topic, now = f"actions-{tag}", int(time.time() * 1000)
     actions, dropped = actions_of(tag, now), [action(i, "aborted" + tag, now) for i in range(aborted)]
-    asyncio.run(make_topic(kafka.bootstrap, topic))
+    asyncio.run(create_topic(kafka.bootstrap, topic, 3))
     asyncio.run(produce(kafka.bootstrap, topic, actions, dropped))
     return tag, topic, actions, dropped, Receiver(tmp_path, SECRET, free_port()).up()
 

@@ -17,14 +17,13 @@ from pathlib import Path
 import msgspec
 import pytest
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from dev.localkafka import free_port
 from loopwarden.codecs import encode
 from loopwarden.codecs.events import OperatorAction, RecoveryAction
 from loopwarden.stages.topics import ensure_topics
 from loopwarden.trust import SigningKey, TrustedVerifiers
-from tests.integration.harness import env_for, read_all, run, stop_process, unique_config
+from tests.integration.harness import create_topic, env_for, read_all, run, stop_process, unique_config
 from tests.integration.test_board_browser import ARTIFACTS, CHROMEDRIVER, CHROMIUM, CONTRAST, browser, get, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -54,15 +53,6 @@ async def send(config, records: list[tuple[str, str, bytes]]) -> None:
         await producer.flush()
     finally:
         await producer.stop()
-
-
-async def create(config, topic: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=config.bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, config.partitions, 1)])
-    finally:
-        await admin.close()
 
 
 def operator_actions(config) -> list[tuple[bytes, OperatorAction]]:
@@ -97,7 +87,7 @@ def board(kafka, tmp_path: Path):
     tag = uuid.uuid4().hex[:8]
     config = unique_config(kafka.bootstrap, actions_topic=f"actions-{tag}")
     run(ensure_topics(config))
-    run(create(config, config.actions_topic))
+    run(create_topic(config.bootstrap, config.actions_topic, config.partitions))
     records = []
     for i in range(STUCK_RUNS):
         records += [(config.health_topic, f"inv-{i:03d}", v) for v in health(f"inv-{i:03d}", "STUCK", "invoice-agent",
