@@ -262,9 +262,7 @@ def _move(state: RunState, res: Result, to: str, reason: str, ts: int, now_ms: i
     policy = state.policy
     # decide's first rule, inline: most transitions (RUNNING, VERIFYING) are in no state a policy names
     if policy is not None and (recovery := policy.recovery) is not UNSET and to in recovery.on:
-        rec = state.recovery
-        if rec is None:  # made when first needed: a run that never needs one keeps its stored bytes small
-            rec = state.recovery = Recovery()
+        rec = _recovery(state)
         action = _decide(state, rec, policy, seq, ts, to, reason)
         if action is not None:
             res.actions.append(action)
@@ -292,6 +290,15 @@ def _move(state: RunState, res: Result, to: str, reason: str, ts: int, now_ms: i
     history.append((seq, ts, to, reason))
     if len(history) > MAX_HISTORY:
         del history[:-MAX_HISTORY]
+
+
+def _recovery(state: RunState) -> Recovery:
+    """The run's recovery record, made when first needed (an action decided, a failed call named for its policy, a
+    person's action): a run that never needs one keeps its stored bytes as without recovery."""
+    rec = state.recovery
+    if rec is None:
+        rec = state.recovery = Recovery()
+    return rec
 
 
 def _decide(state: RunState, rec: Recovery, policy: Policy, seq: int, ts: int, to: str, reason: str) -> RecoveryAction | None:
@@ -479,11 +486,8 @@ def _on_step(state: RunState, ev: StepFinished, now_ms: int, res: Result, compil
         if errors:
             seg.tool_errors += errors
             state.tool_errors += errors
-            rec = state.recovery
-            if rec is None and (policy := state.policy) is not None and policy.recovery is not UNSET:
-                rec = state.recovery = Recovery()  # made when first needed, as in _move
-            if rec is not None:
-                _name_failed(rec, calls)
+            if state.recovery is not None or (state.policy is not None and state.policy.recovery is not UNSET):
+                _name_failed(_recovery(state), calls)
         if settled and ev.finish_reason != "interrupted":  # is_evaluated(ev)
             # the SDK's steps.length at this step is step + 1
             fired = compiled.evaluate(step + 1, seg.tokens, calls)
@@ -771,9 +775,7 @@ def _on_trusted_action(state: RunState, ev: TrustedAction, now_ms: int, res: Res
     if started is None or stamp < started:  # an earlier occurrence's run (or one not started): not this one
         _refuse_action(state, res, "stale")
         return
-    rec = state.recovery
-    if rec is None:
-        rec = state.recovery = Recovery()
+    rec = _recovery(state)
     requests = rec.requests
     if act.request_id in requests:  # a double click, a re-sent command
         _refuse_action(state, res, "repeated")
