@@ -227,8 +227,9 @@ def _store_bytes_per_run(states: list) -> tuple[float, float]:
 def state_size(report: Report, runs: int, heap_runs: int) -> None:
     bench = "b state"
     progress(f"[b] state size: {runs:,} runs ...")
+    values = [m.value for m in valid_messages(runs)]
     r = Replay()
-    for v in [m.value for m in valid_messages(runs)]:
+    for v in values:
         r.feed(decode_input(v))
     states = list(r.states.values())
     sizes = sorted(len(encode_state(s)) for s in states)
@@ -239,7 +240,7 @@ def state_size(report: Report, runs: int, heap_runs: int) -> None:
     from bench.ingest import RECOVERY_POLICY  # bench e's default policy for every agent
     defaults = {agent: msgspec.convert(p, RecoveryPolicy) for agent, p in RECOVERY_POLICY.items()}
     rec = Replay(recovery_defaults=defaults)
-    for v in [m.value for m in valid_messages(runs)]:
+    for v in values:
         rec.feed(decode_input(v))
     with_policy = sorted(len(encode_state(s)) for s in rec.states.values())
     report.add(bench, "encode_state bytes, median, a recovery policy on every run", nbytes(median(with_policy)),
