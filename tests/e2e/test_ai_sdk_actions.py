@@ -17,7 +17,8 @@ from aiokafka import AIOKafkaConsumer
 from loopwarden.codecs import Policy, RunStarted, StepCount, decode_step_event
 from loopwarden.codecs.events import RecoveryAction
 from tests.e2e.test_ai_sdk_agents import EMITTER, _built, _node
-from tests.integration.test_actions_webhook import make_topic, produce
+from tests.integration.harness import create_topic
+from tests.integration.test_actions_webhook import produce
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -58,8 +59,8 @@ def test_on_action_hands_each_committed_action_over_once_and_starts_the_next_att
     escalate = action(f"inv-{tag}-3", now, action_id=f"inv-{tag}-3-a3:5", run_id=f"inv-{tag}-3-a3", attempt=3,
                       next_attempt=None, action="escalate", reason="attempts_exhausted", escalate_to="oncall")
     aborted = action(f"inv-{tag}-4", now)
-    asyncio.run(make_topic(kafka.bootstrap, actions_topic))
-    asyncio.run(make_topic(kafka.bootstrap, steps_topic, partitions=1))
+    asyncio.run(create_topic(kafka.bootstrap, actions_topic, 3))
+    asyncio.run(create_topic(kafka.bootstrap, steps_topic, 1))
     asyncio.run(produce(kafka.bootstrap, actions_topic, [resume, restart, escalate], aborted=[aborted]))
     asyncio.run(produce(kafka.bootstrap, actions_topic, [resume]))  # the same action again: dropped by its id
     proc = subprocess.run(

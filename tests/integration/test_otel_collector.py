@@ -13,7 +13,8 @@ import pytest
 
 from loopwarden.stages.otel import decode_traces
 from tests.otel.bridge import final_by_agent, replay
-from tests.otel.collector import Collector, bridge_partitions, create_topic, read_spans
+from tests.integration.harness import create_topic
+from tests.otel.collector import Collector, bridge_partitions, read_spans
 from tests.conftest import REPO
 from tests.e2e.test_ai_sdk_agents import _node
 from tests.otel.pydantic_ai_runs import SECRET, Expected

@@ -14,7 +14,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from tests.integration.harness import make_worker, read_topic, run, unique_config
-from tests.otel.collector import Collector, create_topic
+from tests.integration.harness import create_topic
+from tests.otel.collector import Collector
 from tests.otel.traces import T0, Run, traces
 
 pytestmark = pytest.mark.timeout(300)

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import yaml
 from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from dev.localkafka import free_port
 from loopwarden.stages.otel import Limits, decode_traces
@@ -78,15 +77,6 @@ class Collector:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
-
-
-async def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, partitions, 1)])
-    finally:
-        await admin.close()
 
 
 async def read_spans(bootstrap: str, topic: str, runs: int, timeout_s: float = 90, quiet_s: float = 1.5) -> list:
