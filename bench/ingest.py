@@ -532,6 +532,25 @@ async def _committed(admin: AIOKafkaAdminClient, group: str, backlog: Backlog) -
     return sum(min(max(om.offset, 0), backlog.ends[tp]) for tp, om in offsets.items() if tp in backlog.ends)
 
 
+def worker_env(app: str, backlog: Backlog, group: str, tag: str, adir: Path, port: int) -> dict[str, str]:
+    """The environment of ``app`` (worker, worker-alt or worker-recovery) over ``backlog``: its own group and
+    output topics (``tag``), its data in ``adir``, its web port; benches e and i run the worker with it."""
+    env = _env({
+        "LOOPWARDEN_BROKER": backlog.bootstrap, "LOOPWARDEN_APP_ID": group,
+        "LOOPWARDEN_STEPS_TOPIC": backlog.steps, "LOOPWARDEN_OUTCOMES_TOPIC": backlog.outcomes,
+        "LOOPWARDEN_HEALTH_TOPIC": f"health-{tag}", "LOOPWARDEN_DEADLETTER_TOPIC": f"dead-{tag}",
+        "LOOPWARDEN_TICKS_TOPIC": f"ticks-{tag}", "LOOPWARDEN_ACTIONS_TOPIC": f"actions-{tag}",
+        "LOOPWARDEN_PARTITIONS": str(PARTITIONS),
+        "LOOPWARDEN_CLOCK": "event", "LOOPWARDEN_WEB_PORT": str(port), "LOOPWARDEN_DATA_DIR": str(adir / "data"),
+    })
+    if app == "worker-alt":
+        env.update(alt_env())
+    if app == "worker-recovery":
+        (adir / "recovery.json").write_text(json.dumps(RECOVERY_POLICY))
+        env["LOOPWARDEN_RECOVERY_POLICIES"] = str(adir / "recovery.json")
+    return env
+
+
 async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s: float,
                   env_extra: dict[str, str] | None = None) -> Result:
     tag = uuid.uuid4().hex[:8]
@@ -544,19 +563,7 @@ async def run_app(app: str, backlog: Backlog, rdir: Path, broker_pid: int, cap_s
     port = 0
     if app.startswith("worker"):
         port = free_port()
-        env = _env({
-            "LOOPWARDEN_BROKER": backlog.bootstrap, "LOOPWARDEN_APP_ID": group,
-            "LOOPWARDEN_STEPS_TOPIC": backlog.steps, "LOOPWARDEN_OUTCOMES_TOPIC": backlog.outcomes,
-            "LOOPWARDEN_HEALTH_TOPIC": f"health-{tag}", "LOOPWARDEN_DEADLETTER_TOPIC": f"dead-{tag}",
-            "LOOPWARDEN_TICKS_TOPIC": f"ticks-{tag}", "LOOPWARDEN_ACTIONS_TOPIC": f"actions-{tag}",
-            "LOOPWARDEN_PARTITIONS": str(PARTITIONS),
-            "LOOPWARDEN_CLOCK": "event", "LOOPWARDEN_WEB_PORT": str(port), "LOOPWARDEN_DATA_DIR": str(adir / "data"),
-        })
-        if app == "worker-alt":
-            env.update(alt_env())
-        if app == "worker-recovery":
-            (adir / "recovery.json").write_text(json.dumps(RECOVERY_POLICY))
-            env["LOOPWARDEN_RECOVERY_POLICIES"] = str(adir / "recovery.json")
+        env = worker_env(app, backlog, group, tag, adir, port)
         env.update(env_extra or {})
         argv = [sys.executable, "-m", "loopwarden.cli", "worker"]
         if PROFILE_DIR:

@@ -19,12 +19,12 @@ from bench.common import Report, machine_note, progress
 FULL = dict(core_runs=20_000, core_repeats=5, state_runs=20_000, heap_runs=10_000,
             kafka_runs=20_000, kafka_rounds=2, txn_count=200, paced_runs=300, paced_s=8, pace_eps=5000.0, timer_sizes=(5_000, 50_000), timer_rounds=200,
             ingest_events=600_000, ingest_rounds=3, ingest_warmup=1, latency_s=8.0, latency_rounds=3, warmup_runs=(2, 16),
-            fold_memory_runs=(10_000, 40_000))
+            fold_memory_runs=(10_000, 40_000), instr_events=100_000, instr_rounds=3)
 QUICK = dict(core_runs=5_000, core_repeats=3, state_runs=5_000, heap_runs=5_000,
              kafka_runs=1_000, kafka_rounds=1, txn_count=60, paced_runs=150, paced_s=4, pace_eps=5000.0, timer_sizes=(5_000, 50_000), timer_rounds=100,
              ingest_events=50_000, ingest_rounds=1, ingest_warmup=0, latency_s=4.0, latency_rounds=1, warmup_runs=(2, 2),
-             fold_memory_runs=(5_000, 20_000))
-BENCHES = ("core", "state", "timers", "txn", "ingest", "latency", "kafka", "verify", "otel")
+             fold_memory_runs=(5_000, 20_000), instr_events=20_000, instr_rounds=1)
+BENCHES = ("core", "state", "timers", "txn", "ingest", "instr", "latency", "kafka", "verify", "otel")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +92,13 @@ def main(argv: list[str] | None = None) -> int:
 
             maxima = ingest(report, workdir, args.events or size["ingest_events"], args.rounds or size["ingest_rounds"],
                              apps=apps, warmup=size["ingest_warmup"])
+        if "instr" in only:  # the same worker apps counted under cachegrind: what of a rate difference is the code's
+            from bench.instructions import APPS as INSTR_APPS, instructions
+
+            workers = tuple(a for a in (args.apps or "").split(",") if a.startswith("worker")) or INSTR_APPS
+            if set(workers) - {"worker", "worker-alt", "worker-recovery"}:
+                parser.error(f"--apps: bench i counts worker, worker-alt and worker-recovery, not {sorted(set(workers) - {'worker', 'worker-alt', 'worker-recovery'})}")
+            instructions(report, workdir, size["instr_events"], workers, rounds=args.rounds or size["instr_rounds"])
         max_eps = maxima.get("worker")
         if "latency" in only:
             from bench.latency import latency
