@@ -44,43 +44,34 @@ otelcol: .tools/otelcol
 	mkdir -p .tools
 	cd dev/otelcol && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags=-s -o ../../.tools/otelcol .
 
+# $(call debian,CHECK,PACKAGES,WHAT): CHECK passes, or as root with apt-get Debian's PACKAGES are installed, or
+# the target fails saying WHAT to install. Installed once, then found on PATH.
+define debian
+@$(1) || { \
+  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(2) >/dev/null; \
+  else \
+    echo "$(3)"; exit 1; \
+  fi; }
+endef
+
 # promtool (Debian's prometheus package) checks and unit-tests deploy/prometheus/rules.yml.
 promtool:
-	@command -v promtool >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
-	  else \
-	    echo "promtool not found: install Debian's prometheus package (sudo apt-get install prometheus) or put promtool on PATH"; exit 1; \
-	  fi; }
+	$(call debian,command -v promtool >/dev/null,prometheus,promtool not found: install Debian's prometheus package (sudo apt-get install prometheus) or put promtool on PATH)
 
 # PostgreSQL (Debian's postgresql package): the verifier's tests start their own cluster with its
 # initdb / pg_ctl in a temporary directory (tests/destinations.py).
 postgresql:
-	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null; \
-	  else \
-	    echo "PostgreSQL not found: install Debian's postgresql package (sudo apt-get install postgresql)"; exit 1; \
-	  fi; }
+	$(call debian,ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1,postgresql,PostgreSQL not found: install Debian's postgresql package (sudo apt-get install postgresql))
 
 # Debian's chromium and chromedriver: the runs board's browser test (tests/integration/test_board_browser.py)
-# drives them headless through Selenium (the `test` extra); installed once, then found on PATH.
+# drives them headless through Selenium (the `test` extra).
 chromium:
-	@{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null; \
-	  else \
-	    echo "chromium/chromedriver not found: install Debian's chromium and chromium-driver packages (sudo apt-get install chromium chromium-driver)"; exit 1; \
-	  fi; }
+	$(call debian,{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; },chromium chromium-driver,chromium/chromedriver not found: install Debian's chromium and chromium-driver packages (sudo apt-get install chromium chromium-driver))
 
 # Debian's valgrind: bench i counts the worker's instructions under cachegrind (bench/instructions.py).
 valgrind:
-	@command -v valgrind >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends valgrind >/dev/null; \
-	  else \
-	    echo "valgrind not found: install Debian's valgrind package (sudo apt-get install valgrind)"; exit 1; \
-	  fi; }
+	$(call debian,command -v valgrind >/dev/null,valgrind,valgrind not found: install Debian's valgrind package (sudo apt-get install valgrind))
 
 OTEL_AI_SDK := tests/otel/ai-sdk
 node: node-runtime $(EMITTER)/node_modules/.package-lock.json k8s/validate/node_modules/.package-lock.json $(OTEL_AI_SDK)/node_modules/.package-lock.json

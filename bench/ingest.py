@@ -518,6 +518,18 @@ def _readyz(port: int) -> bool:
         return False
 
 
+async def wait_ready(app: str, proc: subprocess.Popen, port: int, log: Path, since: float, timeout_s: float,
+                     poll_s: float = 0.1) -> None:
+    """Until ``/readyz`` on ``port`` answers 200; RuntimeError if ``proc`` exits first, TimeoutError once
+    ``timeout_s`` have passed since ``since`` (monotonic), each with the tail of ``log``."""
+    while not _readyz(port):
+        if proc.poll() is not None:
+            raise RuntimeError(f"{app} exited with {proc.returncode} before ready; {log}:\n{_tail(log)}")
+        if time.monotonic() - since > timeout_s:
+            raise TimeoutError(f"{app} not ready after {timeout_s:.0f}s; {log}:\n{_tail(log)}")
+        await asyncio.sleep(poll_s)
+
+
 def _marks(path: Path) -> list[tuple[float, float, float]]:
     try:
         lines = path.read_text().splitlines()

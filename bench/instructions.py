@@ -30,7 +30,7 @@ from pathlib import Path
 from aiokafka.admin import AIOKafkaAdminClient
 
 from bench.common import Report, median, progress
-from bench.ingest import (Backlog, _committed, _readyz, _tail, preload, spawn, start_broker, stop,
+from bench.ingest import (Backlog, _committed, _tail, preload, spawn, start_broker, stop, wait_ready,
                           worker_env)
 from dev.localkafka import free_port
 
@@ -81,12 +81,7 @@ async def _count(app: str, backlog: Backlog, rdir: Path) -> Count:
     await admin.start()
     try:
         t0 = time.monotonic()
-        while not _readyz(port):
-            if proc.poll() is not None:
-                raise RuntimeError(f"{app} exited with {proc.returncode} before ready; {log}:\n{_tail(log)}")
-            if time.monotonic() - t0 > READY_TIMEOUT_S:
-                raise TimeoutError(f"{app} under cachegrind not ready after {READY_TIMEOUT_S:.0f}s; {log}:\n{_tail(log)}")
-            await asyncio.sleep(0.5)
+        await wait_ready(f"{app} under cachegrind", proc, port, log, t0, READY_TIMEOUT_S, poll_s=0.5)
         while await _committed(admin, group, backlog) < backlog.n:
             if proc.poll() is not None:
                 raise RuntimeError(f"{app} exited with {proc.returncode}; {log}:\n{_tail(log)}")

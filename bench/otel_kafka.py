@@ -53,6 +53,7 @@ from bench.ingest import (
     start_broker,
     stop,
     stop_all,
+    wait_ready,
     warm_up,
 )
 from bench.otel import _bridge, traces
@@ -173,12 +174,7 @@ async def run_spans_app(app: str, backlog: Spans, bootstrap: str, rdir: Path, ca
                 "runpy.run_module('loopwarden.cli', run_name='__main__', alter_sys=True)", BASE_TREE, "bridge"]
     proc = spawn(argv, env, log)
     try:
-        while not _readyz(port):
-            if proc.poll() is not None:
-                raise RuntimeError(f"{app} exited with {proc.returncode} before ready; {log}:\n{_tail(log)}")
-            if time.monotonic() - t_spawn > READY_TIMEOUT_S:
-                raise TimeoutError(f"{app} not ready after {READY_TIMEOUT_S:.0f}s; {log}:\n{_tail(log)}")
-            await asyncio.sleep(0.1)
+        await wait_ready(app, proc, port, log, t_spawn, READY_TIMEOUT_S)
         t_ready, c_ready = time.monotonic(), cpu_s(proc.pid)
         samples: list[tuple[float, float, float]] = []
         last_look: dict = {}  # the pair's worker's progress, for the error message
