@@ -409,10 +409,10 @@ def _policy_out(p: Policy) -> _Policy:
 
 
 def _policy_in(p: _Policy) -> Policy | None:
-    try:
-        found = _POLICY_IN.get(p)
-    except TypeError:  # a recovery policy in the wire's map form (a dict): converted each time, as it is rare
-        found = None
+    recovery = getattr(p, "recovery", None)  # a _Policy has none
+    # A recovery policy in the wire's map form (a dict) cannot key the memo: converted each time, as it is rare.
+    memo = type(recovery) is not dict
+    found = _POLICY_IN.get(p) if memo else None
     if found is not None:
         return found
     policy = intern_policy(Policy(
@@ -421,14 +421,12 @@ def _policy_in(p: _Policy) -> Policy | None:
         inactivity_timeout_s=_WIRE_DEFAULT.inactivity_timeout_s if p.inactivity_timeout_s is None else p.inactivity_timeout_s,
         receipt_window_s=_WIRE_DEFAULT.receipt_window_s if p.receipt_window_s is None else p.receipt_window_s,
         required_outcomes=_ss(p.required_outcomes),
-        recovery=UNSET if getattr(p, "recovery", None) is None else _recovery_policy_in(p.recovery),  # type: ignore[attr-defined]
+        recovery=UNSET if recovery is None else _recovery_policy_in(recovery),
     ))
-    if len(_POLICY_IN) >= _MEMO_MAX:
-        _POLICY_IN.clear()
-    try:
+    if memo:
+        if len(_POLICY_IN) >= _MEMO_MAX:
+            _POLICY_IN.clear()
         _POLICY_IN[p] = policy
-    except TypeError:  # the map form, as above
-        pass
     return policy
 
 
