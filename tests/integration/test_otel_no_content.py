@@ -13,8 +13,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from tests.integration.harness import make_worker, read_topic, run, unique_config
-from tests.integration.harness import create_topic
+from tests.integration.harness import create_topic, make_worker, read_topic, run, unique_config
 from tests.otel.collector import Collector
 from tests.otel.traces import T0, Run, traces
 
