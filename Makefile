@@ -99,8 +99,11 @@ node-runtime:
 	  "$(NODE22)/node" --version; fi
 
 # The README's test command: unit, integration (real Kafka) and e2e (real AI SDK) tests.
+# Two pytest sessions at once (pytest-xdist), a test file each at a time: the tests mostly wait on brokers and
+# subprocesses, so two halve the time on CI's two cores. The `alone` tests run after them, by themselves.
 test: setup
-	$(PY) -m pytest tests --durations=25
+	$(PY) -m pytest tests -n 2 --dist loadfile -m "not alone" --durations=25
+	$(PY) -m pytest tests -m alone
 	cd $(EMITTER) && npm test
 	$(MAKE) --no-print-directory test-node-lowest
 

@@ -9,6 +9,7 @@ receipt windows run out) and compares the last transition of every run.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -46,10 +47,13 @@ def _built(node: str) -> None:
     )
     dist = EMITTER / "dist" / "index.js"
     sources = list((EMITTER / "src").rglob("*.ts"))
-    if not dist.is_file() or any(src.stat().st_mtime > dist.stat().st_mtime for src in sources):
-        npm = shutil.which("npm")
-        assert npm, "npm is not on PATH"
-        subprocess.run([npm, "run", "build", "--silent"], cwd=EMITTER, check=True, timeout=300)
+    # make test runs two sessions at once: one builds while the other waits, then finds dist fresh
+    with open(EMITTER / "node_modules" / ".loopwarden-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not dist.is_file() or any(src.stat().st_mtime > dist.stat().st_mtime for src in sources):
+            npm = shutil.which("npm")
+            assert npm, "npm is not on PATH"
+            subprocess.run([npm, "run", "build", "--silent"], cwd=EMITTER, check=True, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,14 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from tests.e2e.test_ai_sdk_agents import _node
 
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.alone  # `make dist` rebuilds the emitter's dist/ in place, which the e2e tests import
 def test_make_dist_builds_a_wheel_and_a_built_npm_tarball(tmp_path: Path) -> None:
     """The wheel holds the package (no dev/ or tests/); the tarball holds dist/*.js and types, its
     package.json builds nothing at install (its one install script checks the Node version, and ships
