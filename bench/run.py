@@ -96,9 +96,10 @@ def main(argv: list[str] | None = None) -> int:
             from bench.instructions import APPS as INSTR_APPS, instructions
 
             workers = tuple(a for a in (args.apps or "").split(",") if a.startswith("worker")) or INSTR_APPS
-            unknown = set(workers) - {"worker", "worker-alt", "worker-recovery"}
+            countable = ("worker", "worker-alt", *ingest_bench.POLICIES)
+            unknown = set(workers) - set(countable)
             if unknown:
-                parser.error(f"--apps: bench i counts worker, worker-alt and worker-recovery, not {sorted(unknown)}")
+                parser.error(f"--apps: bench i counts {', '.join(countable)}, not {sorted(unknown)}")
             instructions(report, workdir, size["instr_events"], workers, rounds=args.rounds or size["instr_rounds"])
         max_eps = maxima.get("worker")
         if "latency" in only:
