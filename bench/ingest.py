@@ -79,14 +79,15 @@ LABELS = {
     "worker-recovery": "loopwarden worker, every end state answered on every run (RECOVERY_POLICY)",
 }
 # worker-recovery's default policy for every agent (docs/recovery.md): every state the fleet ends in answered, so
-# the runs that end there (over half of this fleet's) also decide and publish an action in their transition's transaction.
+# the runs that end there (over half of this fleet's) also decide and publish an action in their transition's
+# transaction: the stress case.
 RECOVERY_POLICY = {"*": {"max_attempts": 3, "backoff_s": 30, "idempotent_tools": ["lookup", "search"],
                          "escalate_to": "oncall",
                          "on": {"STUCK": "resume", "BOUNDED_STOP": "restart", "FAILED": "restart",
                                 "FALSE_COMPLETE": "reverify", "UNCERTAIN": "escalate",
                                 "WAITING_UNROUTED": "escalate"}}}
 # worker-recovery-docs's: the answers of docs/recovery.md's policy (STUCK resume, FAILED restart; about a sixth of
-# this fleet's runs act), the rest as RECOVERY_POLICY. Issue 43's rate target ("a recovery policy on every run") is read on it.
+# this fleet's runs act), the rest as RECOVERY_POLICY. The rate target of a recovery policy on every run reads it.
 DOCS_POLICY = {"*": {**RECOVERY_POLICY["*"], "on": {"STUCK": "resume", "FAILED": "restart"}}}
 POLICIES = {"worker-recovery-docs": DOCS_POLICY, "worker-recovery": RECOVERY_POLICY}  # app -> its agents' defaults
 ALT_ENV: dict[str, str] = {}  # worker-alt's extra environment (bench.run --alt-env KEY=VALUE)

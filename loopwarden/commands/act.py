@@ -8,7 +8,6 @@ signed it (the worker's check, as for a human receipt).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 from loopwarden.operator_action import ACTIONS, ActionError, build_action
@@ -51,9 +50,8 @@ def cmd_act(args: argparse.Namespace) -> int:
     key = _key(args.key, "act")
     action = key.sign_action(action)
     topic = args.steps_topic or os.environ.get("LOOPWARDEN_STEPS_TOPIC", "agent.steps")
-    if not publish_signed("act", action, args.out, args.broker, topic, "steps"):
-        return 0
     who = f"{key.key_id}/{args.actor}" if args.actor else key.key_id
-    print(f"loopwarden act: published {args.action} on run {args.run_id!r} to {topic} "
-          f"(request {action.request_id}, signed by {who!r})", file=sys.stderr)
+    publish_signed("act", action, args.out, args.broker, topic, "steps",
+                   f"published {args.action} on run {args.run_id!r} to {topic} (request {action.request_id}, "
+                   f"signed by {who!r})")
     return 0

@@ -87,16 +87,17 @@ def write_out(line: bytes, out: str) -> None:
             f.write(line + b"\n")
 
 
-def publish_signed(command: str, event, out: str | None, broker: str | None, topic: str, role: str) -> bool:
-    """A signed event (``loopwarden receipt``, ``loopwarden act``): written to ``out`` when given (:func:`write_out`;
-    False), else published on ``topic``, the Publisher's ``role`` topic (``steps``, ``outcomes``), at ``broker``
-    (default LOOPWARDEN_BROKER, then 127.0.0.1:9092; True). A broker that cannot be reached stops ``command`` in
-    one line."""
+def publish_signed(command: str, event, out: str | None, broker: str | None, topic: str, role: str,
+                   published: str) -> None:
+    """A signed event (``loopwarden receipt``, ``loopwarden act``): written to ``out`` when given (:func:`write_out`),
+    else published on ``topic``, the Publisher's ``role`` topic (``steps``, ``outcomes``), at ``broker`` (default
+    LOOPWARDEN_BROKER, then 127.0.0.1:9092), and then ``loopwarden COMMAND: published`` said on stderr. A broker
+    that cannot be reached stops ``command`` in one line."""
     from loopwarden.codecs import encode
 
     if out:
         write_out(encode(event), out)
-        return False
+        return
     from aiokafka.errors import KafkaConnectionError
 
     from loopwarden.publisher import Publisher
@@ -111,7 +112,7 @@ def publish_signed(command: str, event, out: str | None, broker: str | None, top
         asyncio.run(main())
     except KafkaConnectionError as exc:
         raise SystemExit(cannot_connect(command, Config(broker=broker), exc)) from None
-    return True
+    print(f"loopwarden {command}: {published}", file=sys.stderr)
 
 
 def plural(n: int, word: str) -> str:

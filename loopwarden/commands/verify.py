@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-import sys
 import time
 
 
@@ -130,8 +129,7 @@ def cmd_receipt(args: argparse.Namespace) -> int:
     topic = args.outcomes_topic or os.environ.get("LOOPWARDEN_OUTCOMES_TOPIC", "agent.outcomes")
     from loopwarden.commands.cliutil import publish_signed
 
-    if not publish_signed("receipt", receipt, args.out, args.broker, topic, "outcomes"):
-        return 0
-    print(f"loopwarden receipt: published {receipt.receipt_id!r} for run {args.run_id!r} "
-          f"(verified={args.verified}, signed by {key.key_id!r})", file=sys.stderr)
+    publish_signed("receipt", receipt, args.out, args.broker, topic, "outcomes",
+                   f"published {receipt.receipt_id!r} for run {args.run_id!r} (verified={args.verified}, "
+                   f"signed by {key.key_id!r})")
     return 0
