@@ -254,18 +254,17 @@ async def quietly(step, what: str, when: str = "") -> None:
 
 
 async def unless_stopped(step: Coroutine[Any, Any, None], stopping: asyncio.Event) -> bool:
-    """Run ``step`` unless ``stopping`` is set first: True when it finished (its error raised), False when the
-    process was told to stop meanwhile (the step cancelled, or its end, an error too, not looked at: a Ctrl-C while
-    clients bootstrap is a clean stop even when a connection gave up in the same turn of the loop)."""
+    """Run ``step`` unless ``stopping`` is set first: True when it finished (its error raised), False when it was
+    cancelled because the process was told to stop meanwhile."""
     task = asyncio.ensure_future(step)
     stopped = asyncio.ensure_future(stopping.wait())
     try:
         await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopped.cancel()
-    if stopping.is_set():
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        return False
-    task.result()
-    return True
+    if task.done():
+        task.result()
+        return True
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return False
