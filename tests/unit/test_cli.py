@@ -199,7 +199,7 @@ def test_a_bad_setting_from_the_environment_is_named_by_its_variable() -> None:
     assert res.stderr.strip() == "loopwarden: LOOPWARDEN_LOG_LEVEL: 'loud' must be one of debug, info, warning, error"
 
 
-@pytest.mark.alone  # failed twice in four runs beside the other session (a connection error at the Ctrl-C)
+@pytest.mark.alone  # beside the other session the worker can report a connection error at the Ctrl-C (docs/testing.md)
 @pytest.mark.parametrize("command, after_s", [
     (["worker"], 0.0), (["worker"], 0.1), (["worker"], 0.3), (["worker", "--otel"], 0.3), (["bridge"], 0.3),
 ], ids=["worker-at-once", "worker-0.1s", "worker-0.3s", "worker-otel", "bridge"])
