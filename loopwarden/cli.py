@@ -241,17 +241,27 @@ def build_parser(processor: bool | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# The commands that run until stopped, by SIGTERM or SIGINT.
+SERVICES = frozenset(("worker", "bridge", "board", "verify", "actions"))
+
+
 def set_up_process(args: argparse.Namespace) -> None:
-    """The process's logging, log filters and garbage collector, by command: the one place that sets them.
+    """The process's logging, log filters, garbage collector and SIGINT, by command: the one place that sets them.
 
     The worker logs at its configured level with aiokafka's repeated lines rate-limited, and
     freezes its restored states out of the collector after each assignment (``args.on_recovered``);
     the Kafka client commands log warnings only; replay and the worker collect rarely (``gctune``)."""
     import logging
+    import signal
 
     from loopwarden import gctune
 
     command = args.command
+    if command in SERVICES and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # A shell script's background job starts with SIGINT ignored. A service's event loop takes SIGINT as a stop
+        # once its handler is in place; a Ctrl-C or `kill -INT` before that (its first second) would be lost and
+        # the service would run on. From here such a signal is the clean "interrupted" exit until the handler is in.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if command in ("replay", "worker", "bridge"):
         gctune.for_streaming()  # fewer collector passes: a batch allocates many short-lived objects
     if command in ("worker", "bridge") and args.func is not _needs_processor:
