@@ -199,8 +199,8 @@ def test_a_bad_setting_from_the_environment_is_named_by_its_variable() -> None:
     assert res.stderr.strip() == "loopwarden: LOOPWARDEN_LOG_LEVEL: 'loud' must be one of debug, info, warning, error"
 
 
-# ignored: as a shell script's background job starts (and a test runner started by one), where a signal before the
-# worker's own handler is in place was lost and the worker ran on until its bootstrap failed.
+# ignored: as a shell script's background job starts (and a test runner started by one); a signal before the
+# worker's own handler is in place must still stop it, not leave it running until its bootstrap fails.
 @pytest.mark.parametrize("sigint", ["SIG_DFL", "SIG_IGN"], ids=["sigint-default", "sigint-ignored"])
 @pytest.mark.parametrize("command, after_s", [
     (["worker"], 0.0), (["worker"], 0.1), (["worker"], 0.3), (["worker", "--otel"], 0.3), (["bridge"], 0.3),
